@@ -1,0 +1,192 @@
+"""A deterministic generator source: every split yields the same rows in every run.
+
+Row ``seq`` of split ``s`` has ``id = s * records_per_split + seq``, ``key = id % num_keys``,
+``value = id * 7 % 1000`` and ``ts`` (event time, ms) ``= start_ms + seq * step_ms``. Splits are assigned
+to reader ``split % parallelism``; the position is the next ``seq`` to emit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sluice.errors import ConfigError
+from sluice.source import (
+    Boundedness,
+    EnumeratorContext,
+    InputStatus,
+    ReaderContext,
+    ReaderOutput,
+    Source,
+    SourceReader,
+    SourceSplit,
+    SplitEnumerator,
+)
+
+__all__ = ["GeneratorSource", "default_rows"]
+
+SCHEMA = pa.schema([("id", pa.int64()), ("split", pa.int32()), ("seq", pa.int64()), ("key", pa.int64()),
+                    ("value", pa.int64()), ("ts", pa.int64())])
+
+
+def default_rows(split: int, start: int, end: int, records_per_split: int, num_keys: int, step_ms: int) -> pa.RecordBatch:
+    """Rows ``start..end`` of ``split``."""
+    seq = np.arange(start, end, dtype=np.int64)
+    ids = split * records_per_split + seq
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ids), pa.array(np.full(len(seq), split, np.int32)), pa.array(seq), pa.array(ids % num_keys),
+         pa.array(ids * 7 % 1000), pa.array(1_600_000_000_000 + seq * step_ms)],
+        schema=SCHEMA,
+    )
+
+
+class GeneratorSource(Source):
+    """Deterministic rows in ``num_splits`` splits.
+
+    Args:
+        num_splits: number of splits.
+        records_per_split: rows per split; None = unbounded.
+        batch_size: rows per emitted batch.
+        num_keys: distinct values of the ``key`` column.
+        rows_per_second: per reader; None = as fast as possible.
+        step_ms: event-time step between consecutive rows of a split.
+        out_of_orderness_ms: watermark = min over splits of the last timestamp minus this.
+        rows: custom ``fn(split, start, end) -> RecordBatch`` replacing the default columns.
+    """
+
+    name = "generator"
+
+    def __init__(
+        self,
+        num_splits: int = 4,
+        records_per_split: int | None = 1000,
+        batch_size: int = 100,
+        num_keys: int = 100,
+        rows_per_second: float | None = None,
+        step_ms: int = 10,
+        out_of_orderness_ms: int = 0,
+        rows: Callable[[int, int, int], pa.RecordBatch] | None = None,
+        name: str = "generator",
+    ) -> None:
+        for opt, val, lo in (("num_splits", num_splits, 1), ("batch_size", batch_size, 1), ("num_keys", num_keys, 1)):
+            if not isinstance(val, int) or val < lo:
+                raise ConfigError(f"GeneratorSource: {opt} must be an integer >= {lo} (got {val!r})")
+        if records_per_split is not None and (not isinstance(records_per_split, int) or records_per_split < 0):
+            raise ConfigError(f"GeneratorSource: records_per_split must be an integer >= 0 or None (got {records_per_split!r})")
+        if rows_per_second is not None and rows_per_second <= 0:
+            raise ConfigError(f"GeneratorSource: rows_per_second must be > 0 or None (got {rows_per_second!r})")
+        self.num_splits = num_splits
+        self.records_per_split = records_per_split
+        self.batch_size = batch_size
+        self.num_keys = num_keys
+        self.rows_per_second = rows_per_second
+        self.step_ms = step_ms
+        self.out_of_orderness_ms = out_of_orderness_ms
+        self.rows = rows
+        self.name = name
+
+    @property
+    def boundedness(self) -> Boundedness:
+        return Boundedness.BOUNDED if self.records_per_split is not None else Boundedness.CONTINUOUS
+
+    def make_rows(self, split: int, start: int, end: int) -> pa.RecordBatch:
+        if self.rows is not None:
+            return self.rows(split, start, end)
+        return default_rows(split, start, end, self.records_per_split or 2**40, self.num_keys, self.step_ms)
+
+    def create_enumerator(self, ctx: EnumeratorContext, restored: Any | None) -> SplitEnumerator:
+        return _Enumerator(self, ctx, restored)
+
+    def create_reader(self, ctx: ReaderContext) -> SourceReader:
+        return _Reader(self, ctx)
+
+    def expected(self) -> pa.Table:
+        """Every row a bounded generator emits (for tests)."""
+        if self.records_per_split is None:
+            raise ConfigError("expected() needs a bounded generator")
+        return pa.Table.from_batches([self.make_rows(s, 0, self.records_per_split) for s in range(self.num_splits)])
+
+
+class _Enumerator(SplitEnumerator):
+    def __init__(self, src: GeneratorSource, ctx: EnumeratorContext, restored: list[SourceSplit] | None) -> None:
+        self.src = src
+        self.ctx = ctx
+        if restored is None:
+            self.unassigned = {str(i): SourceSplit(str(i), 0, src.records_per_split) for i in range(src.num_splits)}
+        else:
+            self.unassigned = {s.split_id: s for s in restored}
+        self.readers: list[int] = []
+        self.signalled: set[int] = set()
+
+    def add_reader(self, subtask: int) -> None:
+        self.readers.append(subtask)
+        self._assign()
+
+    def add_splits_back(self, splits: list[SourceSplit]) -> None:
+        for s in splits:
+            self.unassigned[s.split_id] = s
+        self._assign()
+
+    def _assign(self) -> None:
+        p = self.ctx.parallelism
+        out: dict[int, list[SourceSplit]] = {}
+        for sid in sorted(self.unassigned, key=int):
+            owner = int(sid) % p
+            if owner in self.readers:
+                out.setdefault(owner, []).append(self.unassigned.pop(sid))
+        self.ctx.assign_splits(out)
+        if not self.unassigned and self.src.boundedness is Boundedness.BOUNDED:
+            for r in self.readers:
+                if r not in self.signalled:
+                    self.signalled.add(r)
+                    self.ctx.signal_no_more_splits(r)
+
+    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
+        return [SourceSplit(s.split_id, s.position, s.end) for s in self.unassigned.values()]
+
+
+class _Reader(SourceReader):
+    def __init__(self, src: GeneratorSource, ctx: ReaderContext) -> None:
+        self.src = src
+        self.ctx = ctx
+        self.splits: dict[str, SourceSplit] = {}
+        self.no_more = False
+        self._rr = 0
+        self._started = time.monotonic()
+        self._emitted = 0
+
+    def add_splits(self, splits: list[SourceSplit]) -> None:
+        for s in splits:
+            self.splits[s.split_id] = SourceSplit(s.split_id, s.position, s.end)
+
+    def notify_no_more_splits(self) -> None:
+        self.no_more = True
+
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        live = [s for s in self.splits.values() if s.end is None or s.position < s.end]
+        if not live:
+            return InputStatus.END_OF_INPUT if self.no_more else InputStatus.NOTHING_AVAILABLE
+        if self.src.rows_per_second is not None:
+            allowed = (time.monotonic() - self._started) * self.src.rows_per_second
+            if self._emitted >= allowed:
+                return InputStatus.NOTHING_AVAILABLE
+        s = live[self._rr % len(live)]
+        self._rr += 1
+        start = s.position
+        end = start + self.src.batch_size if s.end is None else min(s.end, start + self.src.batch_size)
+        batch = self.src.make_rows(int(s.split_id), start, end)
+        s.position = end
+        self._emitted += end - start
+        output.emit(batch)
+        wm = min(1_600_000_000_000 + (x.position - 1) * self.src.step_ms for x in self.splits.values()
+                 if x.position > 0) if all(x.position > 0 for x in self.splits.values()) else None
+        if wm is not None:
+            output.emit_watermark(wm - self.src.out_of_orderness_ms)
+        return InputStatus.MORE_AVAILABLE
+
+    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
+        return [SourceSplit(s.split_id, s.position, s.end) for s in self.splits.values()]

@@ -1,0 +1,328 @@
+"""The public API to declare a job: ``Pipeline`` with sources, streams and sinks.
+
+Example::
+
+    p = Pipeline("orders", checkpoint=CheckpointConfig(interval=1.0, storage="/tmp/chk"))
+    orders = p.source(GeneratorSource(...))
+    totals = orders.filter(pc.field("amount") > 0).key_by("customer").process(RunningTotal())
+    totals.sink(FileSink("/data/totals", format="parquet"))
+    p.run(runtime="local")
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
+from sluice.errors import ConfigError, GraphError
+from sluice.functions import KeyedProcessFunction
+from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeKind, Partitioning, build_job_graph
+from sluice.keys import KeySelector, KeySpec
+from sluice.runtime.faults import FaultInjector
+from sluice.runtime.job import JobConfig, JobResult, run_job
+from sluice.runtime.operators import (
+    FilterOperator,
+    FlatMapOperator,
+    KeyedProcessOperator,
+    MapBatchesOperator,
+    MapOperator,
+    PassThroughOperator,
+    ReduceFunction,
+)
+from sluice.runtime.sink_operator import SinkOperator
+from sluice.sink import Sink
+from sluice.source import Source
+
+__all__ = ["JobClient", "KeyedStream", "Pipeline", "Stream"]
+
+RUNTIMES = ("local", "spark")
+
+
+class Stream:
+    """A stream of record batches produced by one node of a pipeline (optionally one of its side outputs)."""
+
+    def __init__(self, pipeline: Pipeline, node: LogicalNode, tag: str | None = None) -> None:
+        self.pipeline = pipeline
+        self.node = node
+        self.tag = tag
+
+    def _edge(self, partitioning: Partitioning = Partitioning.AUTO, key: KeySelector | None = None) -> LogicalEdge:
+        return LogicalEdge(self.node.id, partitioning, key, self.tag)
+
+    def _then(self, label: str, name: str | None, make: Callable[[str], Any], parallelism: int | None,
+              edge: LogicalEdge | None = None, **node_kw: Any) -> Stream:
+        node = self.pipeline._add(label, name, make, parallelism, [edge or self._edge()], **node_kw)
+        return Stream(self.pipeline, node)
+
+    def map_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+                    parallelism: int | None = None) -> Stream:
+        """Apply ``fn(batch) -> batch | table | batches | None`` to every batch (vectorized)."""
+        return self._then("map_batches", name, lambda n: MapBatchesOperator(n, fn), parallelism)
+
+    def filter(self, predicate: pc.Expression | Callable[[pa.RecordBatch], Any], *, name: str | None = None,
+               parallelism: int | None = None) -> Stream:
+        """Keep rows where ``predicate`` (a ``pyarrow.compute`` expression, or ``fn(batch) -> mask``) holds."""
+        if not isinstance(predicate, pc.Expression) and not callable(predicate):
+            raise ConfigError("filter: predicate must be a pyarrow.compute.Expression or fn(batch) -> mask")
+        return self._then("filter", name, lambda n: FilterOperator(n, predicate), parallelism)
+
+    def map(self, fn: Callable[[dict[str, Any]], dict[str, Any]], *, schema: pa.Schema | None = None,
+            name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Apply ``fn(row) -> row`` to every record. **Slow**: one Python call per record; prefer map_batches."""
+        return self._then("map", name, lambda n: MapOperator(n, fn, schema), parallelism)
+
+    def flat_map(self, fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]]], *, schema: pa.Schema | None = None,
+                 name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Apply ``fn(row) -> rows`` to every record. **Slow**: one Python call per record."""
+        return self._then("flat_map", name, lambda n: FlatMapOperator(n, fn, schema), parallelism)
+
+    def key_by(self, key: KeySpec) -> KeyedStream:
+        """Partition by key (a column, columns, or ``fn(batch) -> array``) for keyed state."""
+        return KeyedStream(self, KeySelector(key))
+
+    def rebalance(self, *, parallelism: int | None = None) -> Stream:
+        """Spread batches round-robin over the next operator's subtasks."""
+        return self._then("rebalance", None, PassThroughOperator, parallelism, self._edge(Partitioning.REBALANCE))
+
+    def broadcast(self, *, parallelism: int | None = None) -> Stream:
+        """Send every batch to every subtask of the next operator."""
+        return self._then("broadcast", None, PassThroughOperator, parallelism, self._edge(Partitioning.BROADCAST))
+
+    def union(self, *others: Stream, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Merge this stream with ``others`` (same schema expected)."""
+        for o in others:
+            if o.pipeline is not self.pipeline:
+                raise GraphError("union: all streams must belong to the same pipeline")
+        edges = [s._edge() for s in (self, *others)]
+        node = self.pipeline._add("union", name, PassThroughOperator, parallelism, edges)
+        return Stream(self.pipeline, node)
+
+    def side_output(self, tag: str) -> Stream:
+        """The side output ``tag`` of this stream's operator (e.g. a source's dead letters)."""
+        return Stream(self.pipeline, self.node, tag)
+
+    def sink(self, sink: Sink[Any], *, name: str | None = None, parallelism: int | None = None) -> None:
+        """Write this stream to ``sink`` with two-phase commit."""
+        if not isinstance(sink, Sink):
+            raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
+        sink.validate()
+        self.pipeline._add("sink", name or sink.name, lambda n: SinkOperator(n, sink), parallelism, [self._edge()],
+                           kind=NodeKind.SINK, spec=sink)
+
+
+class KeyedStream:
+    """A stream partitioned by key: follow with ``process`` or ``reduce``."""
+
+    def __init__(self, stream: Stream, key: KeySelector) -> None:
+        self.stream = stream
+        self.key = key
+
+    def process(self, fn: KeyedProcessFunction, *, schema: pa.Schema | None = None, name: str | None = None,
+                parallelism: int | None = None) -> Stream:
+        """Run a KeyedProcessFunction with keyed value/list/map state and timers."""
+        if not isinstance(fn, KeyedProcessFunction):
+            raise ConfigError("process: fn must be a KeyedProcessFunction")
+        key = self.key
+        return self.stream._then(
+            "process", name or type(fn).__name__, lambda n: KeyedProcessOperator(n, key, fn, schema), parallelism,
+            self.stream._edge(Partitioning.HASH, key), state_distribution="union", key=key,
+        )
+
+    def reduce(self, fn: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]], *, name: str | None = None,
+               parallelism: int | None = None) -> Stream:
+        """Running reduction per key, ``fn(acc, row) -> acc``; emits the updated value for every input row."""
+        return self.process(ReduceFunction(fn), name=name or "reduce", parallelism=parallelism)
+
+
+def _job_id(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "job"
+
+
+class Pipeline:
+    """A job: sources, the streams derived from them, and sinks.
+
+    Args:
+        name: the job's name; also its job id in checkpoint storage, so a re-run resumes from the latest
+            completed checkpoint of the same name (``restore="none"`` to start fresh).
+        parallelism: default parallelism of operators.
+        max_parallelism: number of key groups (upper bound for any operator's parallelism; fixed for the
+            life of the job's state).
+        checkpoint: a CheckpointConfig (or dict of its options).
+        restart: restart strategy (FixedDelayRestart, ExponentialBackoffRestart, FailureRateRestart, NoRestart).
+        buffers_per_channel: credits (and output queue slots) per channel: bounds memory under backpressure.
+        max_batch_rows: split larger batches so one batch's processing (and a barrier's wait) is bounded;
+            0 = never split.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        parallelism: int = 1,
+        max_parallelism: int = 128,
+        checkpoint: CheckpointConfig | dict[str, Any] | None = None,
+        restart: RestartStrategy | None = None,
+        buffers_per_channel: int = 4,
+        max_batch_rows: int = 0,
+    ) -> None:
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
+        if not isinstance(max_parallelism, int) or not 1 <= max_parallelism <= 32768:
+            raise ConfigError(f"Pipeline: max_parallelism must be an integer in 1..32768 (got {max_parallelism!r})")
+        if not isinstance(buffers_per_channel, int) or buffers_per_channel < 1:
+            raise ConfigError(f"Pipeline: buffers_per_channel must be an integer >= 1 (got {buffers_per_channel!r})")
+        if not isinstance(max_batch_rows, int) or max_batch_rows < 0:
+            raise ConfigError(f"Pipeline: max_batch_rows must be an integer >= 0 (got {max_batch_rows!r})")
+        if restart is not None and not isinstance(restart, RestartStrategy):
+            raise ConfigError("Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
+                              "ExponentialBackoffRestart, FailureRateRestart, NoRestart)")
+        self.name = name
+        self.checkpoint: CheckpointConfig = (
+            CheckpointConfig() if checkpoint is None else validated(CheckpointConfig, checkpoint, "checkpoint")
+        )
+        self.restart = restart or FixedDelayRestart(attempts=3, delay=1.0)
+        self.buffers_per_channel = buffers_per_channel
+        self.max_batch_rows = max_batch_rows
+        self.graph = LogicalGraph(max_parallelism=max_parallelism, default_parallelism=parallelism)
+        self._ids = itertools.count()
+        self._names: dict[str, int] = {}
+
+    # -- building --------------------------------------------------------------------------------------
+    def _unique(self, base: str) -> str:
+        n = self._names.get(base, 0)
+        self._names[base] = n + 1
+        return base if n == 0 else f"{base}-{n + 1}"
+
+    def _add(self, label: str, name: str | None, make: Callable[[str], Any], parallelism: int | None,
+             inputs: list[LogicalEdge], **kw: Any) -> LogicalNode:
+        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+            raise ConfigError(f"{name or label}: parallelism must be an integer >= 1 (got {parallelism!r})")
+        if name is not None and name in self._names:
+            raise GraphError(f"two operators are named {name!r}: names identify state, make them unique")
+        node_name = name if name is not None else self._unique(label)
+        if name is not None:
+            self._names[name] = 1
+        node_kind = kw.pop("kind", NodeKind.OPERATOR)
+        node = LogicalNode(next(self._ids), node_name, node_kind, functools.partial(make, node_name),
+                           parallelism, inputs, **kw)
+        return self.graph.add(node)
+
+    def source(self, source: Source, *, name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Add a source; returns its stream."""
+        if not isinstance(source, Source):
+            raise ConfigError(f"source: expected a sluice Source, got {type(source).__name__}")
+        source.validate()
+        node = self._add("source", name or source.name, PassThroughOperator, parallelism, [],
+                         kind=NodeKind.SOURCE, spec=source)
+        return Stream(self, node)
+
+    def build(self) -> JobGraph:
+        """Validate and chain the graph (raises GraphError / ConfigError)."""
+        return build_job_graph(self.graph)
+
+    def job_config(self, restore: str = "latest", recover_without_channel_state: int | None = None,
+                   job_id: str | None = None) -> JobConfig:
+        return JobConfig(
+            job_id=job_id or _job_id(self.name), checkpoint=self.checkpoint, restart=self.restart,
+            buffers_per_channel=self.buffers_per_channel, max_batch_rows=self.max_batch_rows, restore=restore,
+            recover_without_channel_state=recover_without_channel_state,
+        )
+
+    # -- running ---------------------------------------------------------------------------------------
+    def start(
+        self,
+        *,
+        runtime: Literal["local", "spark"] = "spark",
+        restore: str = "latest",
+        recover_without_channel_state: int | None = None,
+        faults: FaultInjector | None = None,
+        spark_master: str | None = None,
+    ) -> JobClient:
+        """Start the job in the background and return a client to wait for, cancel or savepoint it."""
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
+        job = self.build()
+        cfg = self.job_config(restore, recover_without_channel_state)
+        if runtime == "local":
+            from sluice.runtime.local import LocalRuntime
+
+            rt: Any = LocalRuntime()
+        else:
+            from sluice.runtime.spark import SparkRuntime
+
+            rt = SparkRuntime(master=spark_master)
+        return JobClient(job, cfg, rt, faults)
+
+    def run(self, **kwargs: Any) -> JobResult:
+        """Run the job to completion (bounded sources) and return its result. See :meth:`start`."""
+        return self.start(**kwargs).wait()
+
+
+class JobClient:
+    """A running job."""
+
+    def __init__(self, job: JobGraph, cfg: JobConfig, runtime: Any, faults: FaultInjector | None) -> None:
+        self.job = job
+        self.config = cfg
+        self.runtime = runtime
+        self._result: JobResult | None = None
+        self._error: BaseException | None = None
+        self._attempt: Any = None
+        self._thread = threading.Thread(target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True)
+        self._thread.start()
+
+    def _main(self, faults: FaultInjector | None) -> None:
+        try:
+            self._result = run_job(self.job, self.config, self.runtime.run_attempt, faults,
+                                   on_attempt=lambda a: setattr(self, "_attempt", a))
+            if getattr(self.runtime, "cancelled", None) is not None and self.runtime.cancelled.is_set():
+                self._result.status = "cancelled"
+        except BaseException as exc:  # noqa: BLE001
+            self._error = exc
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Wait for the job to end; raises JobFailedError if it failed for good."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"job {self.config.job_id!r} still running after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> JobResult:
+        """Stop the job (checkpoints are kept if ``retain_on_cancel``) and return its result."""
+        self.runtime.cancel()
+        result = self.wait()
+        if not self.config.checkpoint.retain_on_cancel:
+            from sluice.checkpoint.storage import checkpoint_storage
+
+            st = checkpoint_storage(self.config.checkpoint.storage, self.config.job_id)
+            for cid, _, sp in st.completed():
+                if not sp:
+                    st.discard(cid)
+        return result
+
+    def trigger_savepoint(self, timeout: float = 600.0) -> str:
+        """Take an aligned savepoint now; returns its path (usable as ``restore=``)."""
+        a = self._attempt
+        if a is None or a.coordinator is None:
+            raise RuntimeError("the job is not running yet")
+        return a.coordinator.trigger_savepoint(timeout)  # type: ignore[no-any-return]
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def checkpoint_history(self) -> list[Any]:
+        a = self._attempt
+        return list(a.coordinator.history) if a is not None and a.coordinator is not None else []

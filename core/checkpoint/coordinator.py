@@ -1,0 +1,350 @@
+"""The checkpoint coordinator: triggers checkpoints, collects acknowledgements, completes or aborts them.
+
+Runs in the driver. A checkpoint n goes: trigger (enumerator snapshots, barriers injected at the source
+tasks and at tasks whose inputs all ended) -> every running task acknowledges with a state handle ->
+metadata written **last** and atomically -> global committers commit -> tasks are notified
+``checkpoint_complete(n)`` -> subsumed checkpoints beyond ``num_retained`` are deleted. A checkpoint that
+expires or is declined is aborted: tasks get ``checkpoint_aborted(n)``, its files are deleted and the
+failure with its reason goes into the stats history.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sluice.checkpoint.stats import CheckpointStats
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.config import CheckpointConfig
+from sluice.errors import CheckpointError, CheckpointFailureReason
+from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind, CheckpointOptions
+from sluice.graph import SubtaskId
+
+__all__ = ["AckResult", "CheckpointCoordinator", "TaskHandle"]
+
+log = logging.getLogger("sluice.checkpoint")
+
+
+class TaskHandle(Protocol):
+    """The coordinator's view of a running subtask."""
+
+    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None: ...
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
+
+
+class AckResult:
+    SUCCESS = "success"
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
+    DISCARDED = "discarded"
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    barrier: CheckpointBarrier
+    waiting: set[SubtaskId]
+    acks: dict[SubtaskId, dict[str, Any]] = field(default_factory=dict)
+    enumerators: dict[str, bytes] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: CheckpointError | None = None
+
+
+class CheckpointCoordinator:
+    """Drives checkpoints of one job attempt."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        storage: CheckpointStorage,
+        tasks: dict[SubtaskId, TaskHandle],
+        source_tasks: set[SubtaskId],
+        job_info: dict[str, Any],
+        next_checkpoint_id: int,
+        enumerators: dict[str, Any] | None = None,
+        enumerator_lock: threading.RLock | None = None,
+        global_committers: dict[str, Callable[[int, list[Any]], None]] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        completed: list[tuple[int, str]] | None = None,
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.tasks = tasks
+        self.source_tasks = source_tasks
+        self.job_info = job_info
+        self.next_id = next_checkpoint_id
+        self.enumerators = enumerators or {}
+        self.lock = enumerator_lock or threading.RLock()
+        self.global_committers = global_committers or {}
+        self.on_fatal = on_fatal or (lambda exc: None)
+        self.pending: dict[int, _Pending] = {}
+        self.ended: set[SubtaskId] = set()
+        self.finished: dict[SubtaskId, dict[str, Any]] = {}
+        self.last_handles: dict[SubtaskId, dict[str, Any]] = {}
+        self.completed: list[tuple[int, str]] = list(completed or [])
+        self.history: list[CheckpointStats] = []
+        self.consecutive_failures = 0
+        self.last_completed_at = 0.0
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wanted = threading.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-coordinator", daemon=True)
+        self._thread.start()
+
+    def stop(self, reason: CheckpointFailureReason = CheckpointFailureReason.JOB_FAILOVER) -> None:
+        self._stopped.set()
+        self._wanted.set()
+        with self.lock:
+            for cid in list(self.pending):
+                self._abort(cid, reason, "", notify=False, count=False)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        interval = self.config.interval
+        next_at = time.monotonic() + (interval if interval is not None else 1e18)
+        while not self._stopped.is_set():
+            now = time.monotonic()
+            wait = max(0.0, min(next_at - now, 0.05))
+            if self._wanted.wait(wait):
+                self._wanted.clear()
+                if self._stopped.is_set():
+                    return
+                self._try_trigger(forced=True)
+            now = time.monotonic()
+            self._expire(now)
+            if now >= next_at:
+                if self._try_trigger(forced=False) is not None or not self.pending:
+                    next_at = now + (interval if interval is not None else 1e18)
+
+    def request_checkpoint(self) -> None:
+        """Trigger a checkpoint as soon as allowed (end of input)."""
+        self._wanted.set()
+
+    # -- triggering ----------------------------------------------------------------------------------
+    def _options(self, savepoint: bool) -> CheckpointOptions:
+        if savepoint:
+            return CheckpointOptions(CheckpointKind.SAVEPOINT, AlignmentMode.ALIGNED)
+        if self.config.mode == "at_least_once":
+            return CheckpointOptions(alignment=AlignmentMode.AT_LEAST_ONCE)
+        if self.config.unaligned and self.config.aligned_checkpoint_timeout is None:
+            return CheckpointOptions(alignment=AlignmentMode.UNALIGNED)
+        if self.config.unaligned or self.config.aligned_checkpoint_timeout is not None:
+            return CheckpointOptions(
+                alignment=AlignmentMode.ADAPTIVE, alignment_timeout=self.config.aligned_checkpoint_timeout or 0.0
+            )
+        return CheckpointOptions()
+
+    def _try_trigger(self, forced: bool, savepoint: bool = False) -> int | None:
+        with self.lock:
+            if self._stopped.is_set():
+                return None
+            running = [t for t in self.tasks if t not in self.finished]
+            if not running:
+                return None
+            if len(self.pending) >= self.config.max_concurrent:
+                return None
+            if not forced and time.monotonic() - self.last_completed_at < self.config.min_pause:
+                return None
+            opts = self._options(savepoint)
+            if opts.alignment is not AlignmentMode.ALIGNED and any(
+                p.barrier.options.alignment in (AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE)
+                for p in self.pending.values()
+            ):
+                return None  # at most one unaligned checkpoint in flight
+            return self._trigger(opts)
+
+    def trigger_savepoint(self, timeout: float = 600.0) -> str:
+        """Take an aligned savepoint now and return its path (blocks until it completed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if not self.pending:
+                    cid = self._trigger(self._options(True))
+                    p = self.pending[cid]
+                    break
+            if time.monotonic() > deadline:
+                raise CheckpointError(CheckpointFailureReason.EXPIRED, "no slot for a savepoint")
+            time.sleep(0.01)
+        p.done.wait(max(0.0, deadline - time.monotonic()))
+        if p.error is not None:
+            raise p.error
+        if not p.done.is_set():
+            raise CheckpointError(CheckpointFailureReason.EXPIRED, checkpoint_id=cid)
+        return self.storage.checkpoint_dir(cid, savepoint=True)
+
+    def _trigger(self, opts: CheckpointOptions) -> int:
+        cid = self.next_id
+        self.next_id += 1
+        barrier = CheckpointBarrier(cid, time.time(), opts)
+        waiting = {t for t in self.tasks if t not in self.finished}
+        p = _Pending(cid, barrier, waiting)
+        for t, handle in self.finished.items():
+            p.acks[t] = handle
+        for name, enum in self.enumerators.items():
+            p.enumerators[name] = base64.b64encode(pickle.dumps(enum.snapshot_state(cid))).decode()
+        self.pending[cid] = p
+        self.history.append(CheckpointStats(cid, "in_progress", barrier.timestamp, kind=opts.kind.value,
+                                            alignment=opts.alignment.value))
+        for t in sorted(waiting, key=lambda s: (s.vertex, s.index)):
+            if t in self.source_tasks or t in self.ended:
+                self.tasks[t].trigger_checkpoint(barrier)
+        return cid
+
+    # -- messages from tasks -------------------------------------------------------------------------
+    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> str:
+        with self.lock:
+            p = self.pending.get(checkpoint_id)
+            if p is None:
+                return AckResult.UNKNOWN if checkpoint_id >= self.next_id else AckResult.DISCARDED
+            if task not in p.waiting:
+                return AckResult.DUPLICATE
+            p.waiting.discard(task)
+            p.acks[task] = handle
+            self.last_handles[task] = handle
+            if not p.waiting:
+                self._complete(p)
+            return AckResult.SUCCESS
+
+    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
+        with self.lock:
+            if checkpoint_id in self.pending:
+                self._abort(checkpoint_id, CheckpointFailureReason.DECLINED, reason)
+
+    def end_of_input(self, task: SubtaskId) -> None:
+        """``task``'s inputs all ended: trigger it directly from now on, also for pending checkpoints."""
+        with self.lock:
+            self.ended.add(task)
+            for p in self.pending.values():
+                if task in p.waiting:
+                    self.tasks[task].trigger_checkpoint(p.barrier)
+            pending_any = bool(self.pending)
+        if not pending_any:
+            self.request_checkpoint()
+
+    def task_finished(self, task: SubtaskId) -> None:
+        """``task`` finished after its final checkpoint: later checkpoints reuse its last state handle."""
+        with self.lock:
+            handle = self.last_handles.get(task, {"path": None, "size": 0, "committables": [], "stats": {}})
+            self.finished[task] = {**handle, "committables": [], "finished": True}
+
+    # -- completion and abort ------------------------------------------------------------------------
+    def _complete(self, p: _Pending) -> None:
+        cid = p.checkpoint_id
+        savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
+        duration = time.monotonic() - p.started
+        committables: dict[str, list[Any]] = {}
+        for t, h in p.acks.items():
+            for sink_name, c in h.get("committables") or []:
+                committables.setdefault(sink_name, []).append(c)
+        metadata = {
+            **self.job_info,
+            "checkpoint_id": cid,
+            "kind": p.barrier.options.kind.value,
+            "alignment": p.barrier.options.alignment.value,
+            "trigger_time": p.barrier.timestamp,
+            "duration_s": duration,
+            "tasks": {
+                str(t): {k: v for k, v in h.items() if k != "committables"} for t, h in sorted(
+                    p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
+            },
+            "enumerators": p.enumerators,
+            "global_committables": base64.b64encode(pickle.dumps(committables)).decode(),
+        }
+        try:
+            path = self.storage.write_metadata(cid, metadata, savepoint)
+        except Exception as exc:  # noqa: BLE001
+            self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
+            return
+        del self.pending[cid]
+        stats = self._stats(cid)
+        stats.status = "completed"
+        stats.duration_s = duration
+        stats.path = path.rsplit("/", 1)[0]
+        stats.tasks = {str(t): dict(h.get("stats") or {}) for t, h in p.acks.items()}
+        stats.state_bytes = sum(int(h.get("size") or 0) for t, h in p.acks.items() if not h.get("finished"))
+        stats.inflight_bytes = sum(int(s.get("inflight_bytes", 0)) for s in stats.tasks.values())
+        if stats.is_unaligned:
+            stats.alignment = "unaligned"
+        self.storage.record_stats(stats.to_dict())
+        self.consecutive_failures = 0
+        self.last_completed_at = time.monotonic()
+        # older pending checkpoints are subsumed
+        for older in [c for c in self.pending if c < cid]:
+            self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed", count=False)
+        try:
+            for name, commit in self.global_committers.items():
+                commit(cid, committables.get(name, []))
+        except BaseException as exc:  # noqa: BLE001
+            self.on_fatal(exc)
+            return
+        for t, handle in self.tasks.items():
+            if t not in self.finished:
+                handle.notify_checkpoint_complete(cid)
+        if not savepoint:
+            self.completed.append((cid, stats.path))
+            while len(self.completed) > self.config.num_retained:
+                old, _ = self.completed.pop(0)
+                self.storage.discard(old)
+        p.done.set()
+        log.info("checkpoint %d completed in %.3fs (%d bytes)", cid, duration, stats.state_bytes)
+
+    def _stats(self, cid: int) -> CheckpointStats:
+        for s in reversed(self.history):
+            if s.checkpoint_id == cid:
+                return s
+        s = CheckpointStats(cid, "in_progress", time.time())
+        self.history.append(s)
+        return s
+
+    def _abort(
+        self, cid: int, reason: CheckpointFailureReason, detail: str, notify: bool = True, count: bool = True
+    ) -> None:
+        p = self.pending.pop(cid, None)
+        if p is None:
+            return
+        savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
+        p.error = CheckpointError(reason, detail, cid)
+        p.done.set()
+        stats = self._stats(cid)
+        stats.status = "failed"
+        stats.failure_reason = reason.name
+        stats.failure_detail = detail or reason.value
+        stats.duration_s = time.monotonic() - p.started
+        try:
+            self.storage.record_stats(stats.to_dict())
+        except Exception:  # noqa: BLE001 - stats are best effort
+            log.exception("recording stats of checkpoint %d failed", cid)
+        if notify:
+            for t, handle in self.tasks.items():
+                if t not in self.finished:
+                    handle.notify_checkpoint_aborted(cid)
+        self.storage.discard(cid, savepoint)
+        log.warning("checkpoint %d failed: %s %s", cid, reason.value, detail)
+        if count and reason is not CheckpointFailureReason.SUBSUMED:
+            self.consecutive_failures += 1
+            if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
+                self.on_fatal(CheckpointError(
+                    reason,
+                    f"{detail} ({self.consecutive_failures} consecutive failed checkpoints, "
+                    f"tolerable_failed_checkpoints={self.config.tolerable_failed_checkpoints})",
+                    cid,
+                ))
+
+    def _expire(self, now: float) -> None:
+        with self.lock:
+            for cid, p in list(self.pending.items()):
+                if now - p.started > self.config.timeout:
+                    missing = ", ".join(sorted(str(t) for t in p.waiting))
+                    self._abort(cid, CheckpointFailureReason.EXPIRED, f"no acknowledgement from {missing}")

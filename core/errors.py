@@ -1,0 +1,94 @@
+"""The exceptions sluice raises.
+
+Every exception derives from :class:`SluiceError`::
+
+    SluiceError
+    ├── ConfigError            a wrong option, found when the job is built
+    ├── GraphError             an invalid dataflow graph (cycle, unknown stream, parallelism)
+    ├── BadRecordError         a record that cannot be decoded (names topic, partition, offset)
+    ├── CheckpointError        a checkpoint failed; carries a CheckpointFailureReason
+    ├── RestoreError           a checkpoint or savepoint cannot be restored
+    ├── UserFunctionError      a user function raised; names the operator
+    ├── CommitError            a sink could not commit after its retries
+    └── JobFailedError         the job failed for good; ``__cause__`` is the root cause
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SluiceError(Exception):
+    """Root of every error sluice raises."""
+
+
+class ConfigError(SluiceError, ValueError):
+    """An option has a value that is not allowed. The message names the option and what is allowed."""
+
+
+class GraphError(SluiceError, ValueError):
+    """The pipeline's graph is invalid (cycle, unknown stream, parallelism above max_parallelism)."""
+
+
+class BadRecordError(SluiceError):
+    """A record could not be decoded.
+
+    Attributes:
+        topic: source topic (or source name).
+        partition: partition (or split) of the record.
+        offset: offset (or position) of the record.
+        snippet: the first bytes of the raw record.
+    """
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int, snippet: bytes = b"") -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.snippet = snippet[:120]
+        super().__init__(
+            f"{message} (topic={topic!r}, partition={partition}, offset={offset}, record={self.snippet!r})"
+        )
+
+
+class CheckpointFailureReason(enum.Enum):
+    """Why a checkpoint failed. ``value`` is the human-readable message."""
+
+    EXPIRED = "checkpoint expired before completing (timeout)"
+    DECLINED = "a task declined the checkpoint"
+    TASK_FAILURE = "a task failed while the checkpoint was pending"
+    STORAGE_FAILURE = "writing checkpoint data or metadata failed"
+    TOO_MANY_CONCURRENT = "too many concurrent checkpoints"
+    JOB_FAILOVER = "the job failed over while the checkpoint was pending"
+    SUBSUMED = "a later checkpoint completed first"
+    FINISHED = "tasks finished before the checkpoint reached them"
+
+
+class CheckpointError(SluiceError):
+    """A checkpoint failed, or too many failed in a row."""
+
+    def __init__(self, reason: CheckpointFailureReason, detail: str = "", checkpoint_id: int | None = None):
+        self.reason = reason
+        self.detail = detail
+        self.checkpoint_id = checkpoint_id
+        where = f"checkpoint {checkpoint_id}: " if checkpoint_id is not None else ""
+        super().__init__(f"{where}{reason.value}" + (f": {detail}" if detail else ""))
+
+
+class RestoreError(SluiceError):
+    """A checkpoint or savepoint cannot be restored (missing metadata, incompatible graph, ...)."""
+
+
+class UserFunctionError(SluiceError):
+    """A user function raised. ``operator`` names the operator; ``__cause__`` is the user's exception."""
+
+    def __init__(self, operator: str, error: BaseException) -> None:
+        self.operator = operator
+        super().__init__(f"operator {operator!r} failed: {type(error).__name__}: {error}")
+
+
+class CommitError(SluiceError):
+    """A sink could not commit (after its retries)."""
+
+
+class JobFailedError(SluiceError):
+    """The job failed for good: the restart budget is spent. ``__cause__`` is the root cause."""

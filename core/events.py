@@ -1,0 +1,84 @@
+"""What travels on a channel besides data batches: watermarks, barriers, cancel markers, end of partition."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "AlignmentMode",
+    "CancelCheckpointMarker",
+    "CheckpointBarrier",
+    "CheckpointKind",
+    "CheckpointOptions",
+    "EndOfPartition",
+    "Event",
+    "Watermark",
+]
+
+
+class CheckpointKind(enum.Enum):
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+class AlignmentMode(enum.Enum):
+    """How a task handles the barriers of one checkpoint."""
+
+    ALIGNED = "aligned"
+    AT_LEAST_ONCE = "at_least_once"
+    UNALIGNED = "unaligned"
+    #: aligned until ``alignment_timeout`` after the trigger, then unaligned
+    ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """Per-checkpoint options carried by its barriers."""
+
+    kind: CheckpointKind = CheckpointKind.CHECKPOINT
+    alignment: AlignmentMode = AlignmentMode.ALIGNED
+    alignment_timeout: float | None = None
+
+    @property
+    def is_unaligned(self) -> bool:
+        return self.alignment is AlignmentMode.UNALIGNED
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Event time has reached ``timestamp`` (milliseconds) on this channel."""
+
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class CheckpointBarrier:
+    """Separates the records of checkpoint ``checkpoint_id`` from those after it.
+
+    ``timestamp`` is the coordinator's trigger time (``time.time()``), which timeout-adaptive alignment
+    measures against.
+    """
+
+    checkpoint_id: int
+    timestamp: float
+    options: CheckpointOptions = CheckpointOptions()
+
+    def as_unaligned(self) -> CheckpointBarrier:
+        opts = CheckpointOptions(self.options.kind, AlignmentMode.UNALIGNED, self.options.alignment_timeout)
+        return CheckpointBarrier(self.checkpoint_id, self.timestamp, opts)
+
+
+@dataclass(frozen=True)
+class CancelCheckpointMarker:
+    """Checkpoint ``checkpoint_id`` was aborted: stop aligning for it."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class EndOfPartition:
+    """The sender has finished: no more data on this channel."""
+
+
+Event = Watermark | CheckpointBarrier | CancelCheckpointMarker | EndOfPartition

@@ -1,0 +1,88 @@
+"""Key selectors: which column(s) of a batch form the key of ``key_by``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.errors import ConfigError
+from sluice.state.keygroups import hash_columns
+
+__all__ = ["KeySelector"]
+
+KeySpec = str | Sequence[str] | Callable[[pa.RecordBatch], pa.Array]
+
+
+class KeySelector:
+    """Extracts keys from batches: a column name, several column names, or ``fn(batch) -> Array``."""
+
+    def __init__(self, spec: KeySpec) -> None:
+        if isinstance(spec, str):
+            self._columns: list[str] | None = [spec]
+            self._fn = None
+        elif callable(spec):
+            self._columns = None
+            self._fn = spec
+        elif isinstance(spec, Sequence) and spec and all(isinstance(c, str) for c in spec):
+            self._columns = list(spec)
+            self._fn = None
+        else:
+            raise ConfigError("key_by: key must be a column name, a list of column names, or fn(batch) -> Array")
+        self.description = ",".join(self._columns) if self._columns else getattr(spec, "__name__", "fn")
+
+    def arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
+        if self._fn is not None:
+            arr = self._fn(batch)
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            if not isinstance(arr, pa.Array):
+                arr = pa.array(arr)
+            return [arr]
+        assert self._columns is not None
+        try:
+            return [batch.column(c) for c in self._columns]
+        except KeyError:
+            raise ConfigError(
+                f"key_by: column(s) {self._columns} not all in the batch (columns: {batch.schema.names})"
+            ) from None
+
+    def hashes(self, batch: pa.RecordBatch) -> np.ndarray:
+        """Stable hash of each row's key."""
+        return hash_columns(self.arrays(batch))
+
+    def groups(self, batch: pa.RecordBatch) -> tuple[list[Any], list[np.ndarray], np.ndarray]:
+        """Rows grouped by key, in order of first appearance.
+
+        Returns (keys, row indices of each key in input order, hash of each key).
+        """
+        arrays = self.arrays(batch)
+        if len(arrays) == 1:
+            enc = pc.dictionary_encode(arrays[0])
+            keys = enc.dictionary.to_pylist()
+            codes = enc.indices.to_numpy(zero_copy_only=False)
+            if enc.indices.null_count:
+                keys.append(None)
+                codes = np.where(np.isnan(codes), len(keys) - 1, codes).astype(np.int64)
+            key_hashes = hash_columns([enc.dictionary]) if len(enc.dictionary) else np.zeros(0, np.uint64)
+            if enc.indices.null_count:
+                key_hashes = np.append(key_hashes, np.uint64(0))
+        else:
+            rows = list(zip(*(a.to_pylist() for a in arrays), strict=True))
+            index: dict[Any, int] = {}
+            codes = np.fromiter((index.setdefault(r, len(index)) for r in rows), dtype=np.int64, count=len(rows))
+            keys = list(index)
+            key_hashes = hash_columns([pa.array([k[i] for k in keys]) for i in range(len(arrays))])
+        order = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        chunks = np.split(order, bounds) if len(order) else []
+        present = [int(codes[c[0]]) for c in chunks]
+        first_seen = np.argsort([c[0] for c in chunks], kind="stable") if chunks else []
+        return (
+            [keys[present[i]] for i in first_seen],
+            [chunks[i] for i in first_seen],
+            np.array([key_hashes[present[i]] for i in first_seen], dtype=np.uint64),
+        )

@@ -1,0 +1,155 @@
+"""The operator that runs a two-phase-commit sink: writer and per-subtask committer, chained in one task."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pyarrow as pa
+import tenacity
+
+from sluice.errors import CommitError
+from sluice.runtime.faults import InjectedFault
+from sluice.runtime.operators import Operator, OperatorSnapshot
+from sluice.sink import Committer, Sink, SinkWriter
+
+__all__ = ["SinkOperator", "commit_with_retry"]
+
+log = logging.getLogger("sluice.sink")
+
+
+def commit_with_retry(name: str, commit: Any, *args: Any, attempts: int = 5) -> None:
+    """Call ``commit(*args)``, retrying transient failures with exponential backoff (tenacity)."""
+    try:
+        for attempt in tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
+            retry=tenacity.retry_if_not_exception_type(InjectedFault),
+            reraise=True,
+            before_sleep=lambda rs: log.warning(
+                "%s: commit failed (attempt %d), retrying: %s", name, rs.attempt_number, rs.outcome.exception()
+            ),
+        ):
+            with attempt:
+                commit(*args)
+    except InjectedFault:
+        raise
+    except Exception as exc:
+        raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
+
+
+class SinkOperator(Operator):
+    """Writes batches with the sink's writer; commits committables of checkpoint n once n completes.
+
+    State: the writer's state plus the committables not yet committed, by checkpoint id. After a restore
+    they are committed again (the committer is idempotent).
+    """
+
+    operator_state_distribution = "round_robin"
+
+    def __init__(self, name: str, sink: Sink[Any]) -> None:
+        super().__init__(name)
+        self.sink = sink
+        self.writer: SinkWriter[Any]
+        self.committer: Committer[Any] | None = None
+        self.global_commit = sink.create_global_committer() is not None
+        self._pending: dict[int, list[Any]] = {}
+        self._restored: list[Any] = []
+
+    def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
+        writer_states = []
+        for st in operator_states:
+            if not st:
+                continue
+            writer_states.append(st.get("writer"))
+            for cid, comms in st.get("pending", {}).items():
+                self._pending.setdefault(cid, []).extend(comms)
+        self._restored = [w for w in writer_states if w is not None]
+
+    def open(self) -> None:
+        self.writer = self.sink.create_writer(_Ctx(self), self._restored)
+        self.committer = self.sink.create_committer(_Ctx(self))
+        if self._pending:
+            self._commit_upto(max(self._pending))
+
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        self.writer.write(batch)
+
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
+        comms = self.writer.prepare_commit(checkpoint_id)
+        if comms:
+            self._pending[checkpoint_id] = list(comms)
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        state = {
+            "writer": self.writer.snapshot_state(checkpoint_id),
+            "pending": {} if self.global_commit else {k: list(v) for k, v in self._pending.items()},
+        }
+        comms = self._pending.get(checkpoint_id) if self.global_commit else None
+        if self.global_commit:
+            self._pending.pop(checkpoint_id, None)
+        snap = OperatorSnapshot(operator=state, committables=comms)
+        own = self._pending.get(checkpoint_id) or comms
+        if own and type(self.writer).compact is not SinkWriter.compact:
+            snap.async_part = lambda s: self._compact_async(checkpoint_id, list(own), s)
+        return snap
+
+    def _compact_async(self, checkpoint_id: int, comms: list[Any], snap: OperatorSnapshot) -> None:
+        """Upload thread: let the writer merge this checkpoint's staged files before the ack."""
+        self.ctx.fault_hook("compaction")
+        compacted = list(self.writer.compact(checkpoint_id, comms))
+        if self.global_commit:
+            snap.committables = compacted
+        else:
+            snap.operator["pending"][checkpoint_id] = compacted
+            self._pending[checkpoint_id] = compacted  # single assignment: atomic for the task thread
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.ctx.fault_hook("complete_to_commit")
+        self._commit_upto(checkpoint_id)
+
+    def _commit_upto(self, checkpoint_id: int) -> None:
+        ready = sorted(k for k in self._pending if k <= checkpoint_id)
+        if not ready or self.committer is None:
+            return
+        comms = [c for k in ready for c in self._pending[k]]
+        commit_with_retry(self.name, self.committer.commit, comms)
+        for k in ready:
+            del self._pending[k]
+        self.ctx.metric("committed_checkpoints", len(ready))
+
+    def end_input(self) -> None:
+        self.writer.end_input()
+
+    def close(self) -> None:
+        if hasattr(self, "writer"):
+            self.writer.close()
+        if self.committer is not None:
+            self.committer.close()
+
+
+class _Ctx:
+    """SinkContext view of the operator context."""
+
+    def __init__(self, op: SinkOperator) -> None:
+        self._c = op.ctx
+        self.fault_hook = op.ctx.fault_hook
+
+    @property
+    def subtask(self) -> int:
+        return self._c.subtask
+
+    @property
+    def parallelism(self) -> int:
+        return self._c.parallelism
+
+    @property
+    def job_id(self) -> str:
+        return self._c.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self._c.attempt
+
+    def metric(self, name: str, increment: int = 1) -> None:
+        self._c.metric(name, increment)

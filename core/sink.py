@@ -1,0 +1,110 @@
+"""Sink SPI: two-phase commit with a writer per subtask, an idempotent committer, an optional global committer.
+
+Lifecycle of the data a writer receives::
+
+    write(batch) ... -> barrier n: prepare_commit(n) -> committables  (stored in checkpoint n)
+                     -> checkpoint_complete(n): Committer.commit(committables of every checkpoint <= n)
+                     -> after a restore of checkpoint n: commit(committables of n) again, so commit is
+                        idempotent; Sink.recover() aborts everything that belonged to later attempts.
+
+A committable must be picklable. :class:`GlobalCommitter` runs once per checkpoint on the coordinator, for
+table formats that need one atomic commit recording the checkpoint id in the table.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import pyarrow as pa
+
+__all__ = ["Committer", "GlobalCommitter", "Sink", "SinkContext", "SinkWriter"]
+
+C = TypeVar("C")
+
+
+class SinkContext(Protocol):
+    """What a writer or committer knows of its subtask and job."""
+
+    @property
+    def subtask(self) -> int: ...
+    @property
+    def parallelism(self) -> int: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    def metric(self, name: str, increment: int = 1) -> None: ...
+
+
+class SinkWriter(ABC, Generic[C]):
+    """Buffers or stages data; hands over committables at each checkpoint."""
+
+    @abstractmethod
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Stage ``batch``: nothing written here may be visible to readers yet."""
+
+    @abstractmethod
+    def prepare_commit(self, checkpoint_id: int) -> list[C]:
+        """Pre-commit: make staged data durable and return what the committer needs to publish it."""
+
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        """Writer state to resume from (e.g. open files), or None."""
+        return None
+
+    def compact(self, checkpoint_id: int, committables: list[C]) -> list[C]:
+        """Optional: runs in the *asynchronous* part of checkpoint ``checkpoint_id`` (another thread, while
+        ``write`` goes on), before the acknowledgement. May merge the staged data of ``committables`` (e.g.
+        small files into target-size ones) and return the committables that replace them. It must touch only
+        what ``committables`` name, and leave the originals until the replacement is durable."""
+        return committables
+
+    def end_input(self) -> None:  # noqa: B027 - optional hook
+        """No more data: the next prepare_commit is the final one."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; uncommitted staged data is left for Sink.recover to clean up."""
+
+
+class Committer(ABC, Generic[C]):
+    """Publishes committables. Must be idempotent: the same committable may be committed again."""
+
+    @abstractmethod
+    def commit(self, committables: Sequence[C]) -> None:
+        """Publish every committable, oldest first. Raise to have the commit retried."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+class GlobalCommitter(ABC, Generic[C]):
+    """One atomic commit per checkpoint, on the coordinator (table formats)."""
+
+    @abstractmethod
+    def commit(self, checkpoint_id: int, committables: Sequence[C]) -> None:
+        """Publish all committables of ``checkpoint_id`` atomically; skip if the table already has it."""
+
+
+class Sink(ABC, Generic[C]):
+    """A two-phase-commit sink. Subclasses are the file and table sinks, or your own."""
+
+    name: str = "sink"
+
+    @abstractmethod
+    def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[C]:
+        """A writer for one subtask; ``restored`` holds the writer states assigned to it (may be empty)."""
+
+    def create_committer(self, ctx: SinkContext) -> Committer[C] | None:
+        """The per-subtask committer, or None if only a global committer is used."""
+        return None
+
+    def create_global_committer(self) -> GlobalCommitter[C] | None:
+        """The global committer, or None."""
+        return None
+
+    def recover(self, job_id: str, committables: Sequence[C]) -> None:  # noqa: B027 - optional hook
+        """Before (re)starting: abort staged data of ``job_id`` not in ``committables`` (the restored checkpoint's)."""
+
+    def validate(self) -> None:  # noqa: B027 - optional hook
+        """Check options at job build time; raise ConfigError naming the option."""

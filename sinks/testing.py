@@ -1,0 +1,106 @@
+"""A two-phase-commit sink for tests: Arrow IPC files moved from ``pending/`` to ``committed/`` on commit.
+
+It is the reference the fault-injection suite reads back: :func:`read_committed` is what a downstream
+reader would see. Pending file names are unique per (job, subtask, attempt, checkpoint), commit is an
+atomic rename that is skipped when already done, and :meth:`TwoPhaseCommitTestSink.recover` deletes pending
+files no completed checkpoint refers to.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from sluice.errors import CommitError
+from sluice.sink import Committer, GlobalCommitter, Sink, SinkContext, SinkWriter
+
+__all__ = ["TwoPhaseCommitTestSink", "read_committed"]
+
+
+class _Writer(SinkWriter[str]):
+    def __init__(self, sink: TwoPhaseCommitTestSink, ctx: SinkContext) -> None:
+        self.sink = sink
+        self.ctx = ctx
+        self.buffer: list[pa.RecordBatch] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.buffer.append(batch)
+
+    def prepare_commit(self, checkpoint_id: int) -> list[str]:
+        if not self.buffer:
+            return []
+        name = f"{self.ctx.job_id}-{checkpoint_id:08d}-{self.ctx.subtask:03d}-a{self.ctx.attempt}.arrow"
+        table = pa.Table.from_batches(self.buffer)
+        path = os.path.join(self.sink.directory, "pending", name)
+        tmp = path + ".inprogress"
+        with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        os.replace(tmp, path)
+        self.buffer = []
+        return [name]
+
+
+class _Committer(Committer[str], GlobalCommitter[str]):
+    def __init__(self, sink: TwoPhaseCommitTestSink, ctx: Any = None) -> None:
+        self.sink = sink
+        self.fault_hook = getattr(ctx, "fault_hook", None)
+
+    def commit(self, *args: Any) -> None:
+        committables: Sequence[str] = args[-1]
+        for i, name in enumerate(committables):
+            if i == 1 and self.fault_hook is not None:
+                self.fault_hook("commit")
+            src = os.path.join(self.sink.directory, "pending", name)
+            dst = os.path.join(self.sink.directory, "committed", name)
+            if os.path.exists(dst):
+                continue  # already committed: commit is idempotent
+            if not os.path.exists(src):
+                raise CommitError(f"committable {name} is neither pending nor committed: its data is lost")
+            os.replace(src, dst)
+
+
+class TwoPhaseCommitTestSink(Sink[str]):
+    """Arrow files in ``directory``: pending at pre-commit, committed when the checkpoint completes.
+
+    Args:
+        directory: where ``pending/`` and ``committed/`` live.
+        global_commit: commit on the coordinator (once per checkpoint) instead of in every subtask.
+    """
+
+    name = "test-sink"
+
+    def __init__(self, directory: str, global_commit: bool = False, name: str = "test-sink") -> None:
+        self.directory = str(directory)
+        self.global_commit = global_commit
+        self.name = name
+        os.makedirs(os.path.join(self.directory, "pending"), exist_ok=True)
+        os.makedirs(os.path.join(self.directory, "committed"), exist_ok=True)
+
+    def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[str]:
+        return _Writer(self, ctx)
+
+    def create_committer(self, ctx: SinkContext) -> Committer[str] | None:
+        return None if self.global_commit else _Committer(self, ctx)
+
+    def create_global_committer(self) -> GlobalCommitter[str] | None:
+        return _Committer(self) if self.global_commit else None
+
+    def recover(self, job_id: str, committables: Sequence[str]) -> None:
+        keep = set(committables)
+        pending = os.path.join(self.directory, "pending")
+        for name in os.listdir(pending):
+            if name.startswith(f"{job_id}-") and name not in keep:
+                os.remove(os.path.join(pending, name))
+
+
+def read_committed(directory: str) -> pa.Table | None:
+    """Everything committed so far, in commit-name order (None if nothing)."""
+    d = os.path.join(str(directory), "committed")
+    tables = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        with pa.memory_map(os.path.join(d, name)) as f:
+            tables.append(pa.ipc.open_file(f).read_all())
+    return pa.concat_tables(tables) if tables else None
