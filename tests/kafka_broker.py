@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from confluent_kafka import (
     Consumer,
@@ -37,13 +38,21 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    NewPartitions,
+    NewTopic,
+)
 
 __all__ = ["TansuBroker", "TansuNotFoundError", "find_tansu"]
 
 
 class TansuNotFoundError(RuntimeError):
     """Raised when the ``tansu`` broker binary cannot be located."""
+
+
+class _EarlyExit(RuntimeError):
+    """tansu exited during startup (e.g. the port was taken in the meantime)."""
 
 
 def find_tansu() -> Path:
@@ -122,11 +131,13 @@ class TansuBroker:
     def start(self) -> TansuBroker:
         """Launch the broker and block until it answers a metadata request.
 
-        Retries on a fresh port if the chosen one was grabbed before tansu bound it.
+        If tansu exits during startup (e.g. the free port was grabbed before it
+        bound it) it is retried twice on a fresh port. On failure the log file is
+        kept and its tail is part of the error message.
 
         :raises TansuNotFoundError: if the binary is missing.
         :raises RuntimeError: if the broker exits or is not ready within
-            ``startup_timeout`` (the message includes the log tail).
+            ``startup_timeout``.
         """
         if self._proc is not None:
             raise RuntimeError("TansuBroker already started")
@@ -134,16 +145,18 @@ class TansuBroker:
         if self._log_path is None:
             self._tmpdir = tempfile.mkdtemp(prefix="tansu-")
             self._log_path = Path(self._tmpdir) / "tansu.log"
-        last_error: Exception | None = None
-        for _attempt in range(3):
+        for attempt in range(3):
             try:
                 self._launch(binary)
                 return self
-            except RuntimeError as exc:  # port race or crash: retry on a new port
-                last_error = exc
+            except _EarlyExit:
                 self._kill()
-        assert last_error is not None
-        raise last_error
+                if attempt == 2:
+                    raise
+            except BaseException:
+                self._kill()
+                raise
+        raise AssertionError("unreachable")
 
     def _launch(self, binary: Path) -> None:
         assert self._log_path is not None
@@ -162,6 +175,7 @@ class TansuBroker:
             "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL",
             "STORAGE_ENGINE", "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT",
         }}
+        env["NO_COLOR"] = "1"  # plain-text log file
         with open(self._log_path, "ab") as log:
             log.write(f"$ {' '.join(cmd)}\n".encode())
             log.flush()
@@ -177,7 +191,7 @@ class TansuBroker:
         last: object = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(
+                raise _EarlyExit(
                     f"tansu exited with code {self._proc.returncode} during startup\n"
                     + self._log_tail()
                 )
@@ -287,10 +301,12 @@ class TansuBroker:
             while todo and time.monotonic() < deadline:
                 for msg in consumer.consume(10000, 0.1):
                     err = msg.error()
+                    part = msg.partition()
+                    assert part is not None
                     if err is None:
-                        records[msg.partition()].append(msg)
+                        records[part].append(msg)
                     elif err.code() == KafkaError._PARTITION_EOF:
-                        todo.discard(msg.partition())
+                        todo.discard(part)
                     else:
                         raise KafkaException(err)
             if todo:
@@ -359,6 +375,7 @@ class TansuBroker:
             "bootstrap.servers": self.bootstrap,
             "group.id": "sluice-tests-fixture",
             "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,  # PARTITION_EOF needs one empty long-poll
             "log_level": 0,
             **(extra or {}),
         })
@@ -371,7 +388,7 @@ class TansuBroker:
         value: bytes | None,
         key: bytes | None,
         partition: int | None,
-        **kwargs: object,
+        **kwargs: Any,
     ) -> None:
         def on_delivery(err: object, _msg: object) -> None:
             if err is not None:
@@ -457,9 +474,11 @@ class TansuBroker:
             while pending and time.monotonic() < deadline:
                 for msg in consumer.consume(10000, 0.1):
                     err = msg.error()
+                    part, offset = msg.partition(), msg.offset()
                     if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                        ends[msg.partition()] = msg.offset()
-                        pending.pop(msg.partition(), None)
+                        assert part is not None and offset is not None
+                        ends[part] = offset
+                        pending.pop(part, None)
                     elif err is not None:
                         raise KafkaException(err)
             if pending:

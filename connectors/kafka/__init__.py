@@ -1,0 +1,18 @@
+"""Kafka source connector: topic partitions as splits, exactly-once positions in sluice checkpoints.
+
+Example::
+
+    src = KafkaSource("broker:9092", ["orders"], format="json", schema=ORDER_SCHEMA,
+                      on_bad_record="dead_letter", event_time="kafka", max_out_of_orderness_ms=5_000)
+    orders = p.source(src, parallelism=4)
+    orders.side_output("dead_letters").sink(FileSink("/data/dead-letters", format="parquet"))
+    orders.sink(FileSink("/data/orders", format="parquet"))
+
+See ``docs/kafka.md`` for every option, the guarantees and known broker quirks.
+"""
+
+from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
+from sluice.connectors.kafka.offsets import OffsetsInitializer
+from sluice.connectors.kafka.source import KafkaSource
+
+__all__ = ["KafkaDataLossError", "KafkaSource", "KafkaSourceError", "OffsetsInitializer"]

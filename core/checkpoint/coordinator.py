@@ -89,6 +89,7 @@ class CheckpointCoordinator:
         self.ended: set[SubtaskId] = set()
         self.finished: dict[SubtaskId, dict[str, Any]] = {}
         self.last_handles: dict[SubtaskId, dict[str, Any]] = {}
+        self.completed_handles: dict[SubtaskId, dict[str, Any]] = {}
         self.completed: list[tuple[int, str]] = list(completed or [])
         self.history: list[CheckpointStats] = []
         self.consecutive_failures = 0
@@ -103,6 +104,7 @@ class CheckpointCoordinator:
         self._thread.start()
 
     def stop(self, reason: CheckpointFailureReason = CheckpointFailureReason.JOB_FAILOVER) -> None:
+        """Stop triggering; pending checkpoints are aborted with ``reason``."""
         self._stopped.set()
         self._wanted.set()
         with self.lock:
@@ -170,6 +172,8 @@ class CheckpointCoordinator:
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
+                if self._stopped.is_set() or all(t in self.finished for t in self.tasks):
+                    raise CheckpointError(CheckpointFailureReason.FINISHED, "the job is not running")
                 if not self.pending:
                     cid = self._trigger(self._options(True))
                     p = self.pending[cid]
@@ -236,8 +240,18 @@ class CheckpointCoordinator:
     def task_finished(self, task: SubtaskId) -> None:
         """``task`` finished after its final checkpoint: later checkpoints reuse its last state handle."""
         with self.lock:
-            handle = self.last_handles.get(task, {"path": None, "size": 0, "committables": [], "stats": {}})
-            self.finished[task] = {**handle, "committables": [], "finished": True}
+            handle = self.completed_handles.get(task) or self.last_handles.get(task) or {}
+            # keep its bytes: every later checkpoint gets its own copy, so retention never breaks a restore
+            data = self.storage.read_file(handle["path"]) if handle.get("path") else None
+            final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
+            self.finished[task] = final
+            # its state no longer changes: it acknowledges pending checkpoints with its final state
+            for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+                if task in p.waiting:
+                    p.waiting.discard(task)
+                    p.acks[task] = final
+                    if not p.waiting:
+                        self._complete(p)
 
     # -- completion and abort ------------------------------------------------------------------------
     def _complete(self, p: _Pending) -> None:
@@ -245,6 +259,14 @@ class CheckpointCoordinator:
         savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
         duration = time.monotonic() - p.started
         committables: dict[str, list[Any]] = {}
+        try:
+            for t, h in list(p.acks.items()):
+                if h.get("data") is not None:
+                    path = self.storage.write_task_state(cid, f"{t.vertex}-{t.index}.state", h["data"], savepoint)
+                    p.acks[t] = {k: v for k, v in h.items() if k != "data"} | {"path": path}
+        except Exception as exc:  # noqa: BLE001
+            self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
+            return
         for t, h in p.acks.items():
             for sink_name, c in h.get("committables") or []:
                 committables.setdefault(sink_name, []).append(c)
@@ -268,6 +290,9 @@ class CheckpointCoordinator:
             self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
             return
         del self.pending[cid]
+        for t, h in p.acks.items():
+            if not h.get("finished"):
+                self.completed_handles[t] = h
         stats = self._stats(cid)
         stats.status = "completed"
         stats.duration_s = duration
@@ -292,6 +317,8 @@ class CheckpointCoordinator:
         for t, handle in self.tasks.items():
             if t not in self.finished:
                 handle.notify_checkpoint_complete(cid)
+        if any(t not in self.finished for t in self.ended):
+            self.request_checkpoint()  # tasks that ended input may still need a checkpoint taken after that
         if not savepoint:
             self.completed.append((cid, stats.path))
             while len(self.completed) > self.config.num_retained:
@@ -331,7 +358,8 @@ class CheckpointCoordinator:
                 if t not in self.finished:
                     handle.notify_checkpoint_aborted(cid)
         self.storage.discard(cid, savepoint)
-        log.warning("checkpoint %d failed: %s %s", cid, reason.value, detail)
+        if reason not in (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED):
+            log.warning("checkpoint %d failed: %s %s", cid, reason.value, detail)
         if count and reason is not CheckpointFailureReason.SUBSUMED:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:

@@ -372,7 +372,10 @@ class JobAttempt:
     def stop(self) -> None:
         self.done.set()
         if self.coordinator is not None:
-            self.coordinator.stop()
+            from sluice.errors import CheckpointFailureReason
+
+            ok = self.failure is None and len(self.finished_tasks) == len(self.tasks)
+            self.coordinator.stop(CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER)
         for e in self.enumerators.values():
             try:
                 e.close()

@@ -251,6 +251,15 @@ class Task:
             return not self._thread.is_alive()
         return True
 
+    def describe(self) -> str:
+        """One line of diagnostics: status, alignment, queues (for logs and hung-job reports)."""
+        queues = [len(getattr(ch, "_input", ())) for ch in self.inputs]
+        outq = [ch.queued_output() for w in self.all_writers for ch in w.channels]
+        return (f"{self.name}: {self.status.value} handler={self.handler.state_name} "
+                f"current={self.handler.current.checkpoint_id if self.handler.current else None} "
+                f"last_done={self.handler.last_done} blocked={sorted(self._blocked)} ended={sorted(self._ended)} "
+                f"in={queues} out={outq} final_after={self._final_after} pending={sorted(self._pending)}")
+
     # -- the task thread -----------------------------------------------------------------------------
     def _fault(self, point: str) -> None:
         if self.faults is not None:

@@ -1,0 +1,198 @@
+"""Kafka -> Parquet: sluice with exactly-once checkpoints against the fastest raw loop (the ceiling).
+
+Starts a tansu broker (tests/kafka_broker.py), produces ``--messages`` JSON messages of ~140 bytes into
+4 partitions, then measures, on the same topic:
+
+(a) ceiling: one tuned confluent-kafka consumer, ``consume()`` in batches, ``pyarrow.json`` over the joined
+    values, a ``ParquetWriter`` -- no checkpoints, no guarantees;
+(b) sluice: ``KafkaSource(format="json")`` -> ``FileSink(parquet)`` on the local runtime with exactly-once
+    checkpoints every second, bounded by the end offsets.
+
+The last line is ``RESULT {"ceiling_rec_s": ..., "sluice_rec_s": ..., "ratio": ...}``.
+
+Usage: python benchmarks/kafka_ceiling.py [--messages 2000000] [--parallelism 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from kafka_broker import TansuBroker
+from sluice.api import Pipeline
+from sluice.config import NoRestart
+from sluice.connectors.kafka import KafkaSource
+from sluice.connectors.kafka.config import TUNING
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("ts", pa.int64()),
+        ("user", pa.string()),
+        ("event", pa.string()),
+        ("amount", pa.float64()),
+        ("payload", pa.string()),
+    ]
+)
+PARTITIONS = 4
+TOPIC = "bench"
+
+
+def value(i: int) -> bytes:
+    """A ~140-byte JSON record."""
+    return (
+        b'{"id": %d, "ts": %d, "user": "user-%06d", "event": "click", "amount": %d.25, '
+        b'"payload": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}' % (i, 1_700_000_000_000 + i, i % 100_000, i % 1000)
+    )
+
+
+def produce(bootstrap: str, n: int) -> None:
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 2_097_151,
+            "compression.type": "none",
+            "log_level": 0,
+        }
+    )
+    t0 = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                p.produce(TOPIC, value(i), partition=i % PARTITIONS)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 500_000 == 0 and i:
+            print(f"  produced {i:,}", flush=True)
+    if p.flush(300) != 0:
+        raise RuntimeError("messages not delivered")
+    print(f"produced {n:,} x ~{len(value(n))} B in {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+def ceiling(bootstrap: str, n: int, out: Path) -> float:
+    """The fastest loop we could write: batch consume, one JSON parse per batch, one Parquet file."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "ceiling",
+            "enable.auto.commit": False,
+            "log_level": 0,
+            **{k: v for k, v in TUNING.items() if k != "isolation.level"},
+        }
+    )
+    c.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+    parse = pjson.ParseOptions(explicit_schema=SCHEMA)
+    read = pjson.ReadOptions(block_size=1 << 22)
+    got = 0
+    t0 = time.perf_counter()
+    with pq.ParquetWriter(out / "ceiling.parquet", SCHEMA, compression="snappy") as w:
+        while got < n:
+            msgs = c.consume(10_000, 0.05)
+            if not msgs:
+                continue
+            values = [m.value() for m in msgs]
+            table = pjson.read_json(io.BytesIO(b"\n".join(values)), read_options=read, parse_options=parse)
+            w.write_table(table)
+            got += len(values)
+    dt = time.perf_counter() - t0
+    c.close()
+    return got / dt
+
+
+def _file_sink(directory: str) -> Any:
+    """The real exactly-once FileSink (sluice.sinks.files), Parquet with the ceiling's compression."""
+    from sluice.sinks.files import FileSink
+
+    return FileSink(directory, format="parquet", compression="snappy")
+
+
+def sluice_job(bootstrap: str, n: int, out: Path, ends: dict[int, int], parallelism: int) -> float:
+    p = Pipeline(
+        "kafka-bench",
+        parallelism=parallelism,
+        restart=NoRestart(),
+        checkpoint={"interval": 1.0, "storage": str(out / "chk"), "mode": "exactly_once"},
+    )
+    src = KafkaSource(
+        bootstrap,
+        TOPIC,
+        format="json",
+        schema=SCHEMA,
+        batch_size=10_000,
+        stopping_offsets={(TOPIC, q): off for q, off in ends.items()},
+        commit_offsets_on_checkpoint=True,
+    )
+    p.source(src).sink(_file_sink(str(out / "parquet")))
+    t0 = time.perf_counter()
+    result = p.run(runtime="local", restore="none")
+    dt = time.perf_counter() - t0
+    rows = sum(
+        pq.ParquetFile(os.path.join(d, f)).metadata.num_rows
+        for d, _, fs in os.walk(out / "parquet")
+        for f in fs
+        if f.endswith(".parquet")
+    )
+    print(
+        f"  sluice: {result.status}, {len([c for c in result.checkpoints if c.status == 'completed'])} "
+        f"checkpoints, {rows:,} rows committed",
+        flush=True,
+    )
+    if rows != n:
+        raise RuntimeError(f"sluice committed {rows} rows, expected {n}")
+    return n / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--parallelism", type=int, default=2, help="sluice source parallelism")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
+    try:
+        with TansuBroker() as broker:
+            broker.create_topic(TOPIC, PARTITIONS)
+            produce(broker.bootstrap, args.messages)
+            ends = broker.end_offsets(TOPIC, timeout=60)
+            assert sum(ends.values()) == args.messages, ends
+            (work / "ceiling").mkdir()
+            c_rate = ceiling(broker.bootstrap, args.messages, work / "ceiling")
+            print(f"(a) ceiling: {c_rate:,.0f} rec/s", flush=True)
+            s_rate = sluice_job(broker.bootstrap, args.messages, work / "sluice", ends, args.parallelism)
+            print(f"(b) sluice exactly-once, checkpoints every 1s: {s_rate:,.0f} rec/s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "messages": args.messages,
+                "parallelism": args.parallelism,
+                "ceiling_rec_s": round(c_rate),
+                "sluice_rec_s": round(s_rate),
+                "ratio": round(s_rate / c_rate, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

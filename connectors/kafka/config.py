@@ -1,0 +1,64 @@
+"""librdkafka settings of the Kafka source: defaults, reserved keys and secret redaction."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["LIBRDKAFKA_LOG", "RESERVED", "TUNING", "is_secret", "redact", "redact_text"]
+
+#: fetch/queue tuning (overridable through ``consumer_config``): fetch large batches and keep a deep
+#: prefetch queue, so the reader never waits on the network while it decodes (librdkafka's defaults pause
+#: fetching at 100k queued messages per partition and 1 MB per partition fetch).
+TUNING: dict[str, Any] = {
+    "fetch.max.bytes": 64 * 1024 * 1024,
+    "max.partition.fetch.bytes": 16 * 1024 * 1024,
+    "queued.max.messages.kbytes": 256 * 1024,
+    "queued.min.messages": 1_000_000,
+    "fetch.wait.max.ms": 100,
+    "isolation.level": "read_committed",
+    "socket.keepalive.enable": True,
+}
+
+#: keys the source sets itself, with the option to use instead
+RESERVED: dict[str, str] = {
+    "bootstrap.servers": "bootstrap_servers",
+    "enable.auto.commit": "commit_offsets_on_checkpoint (offsets live in checkpoints)",
+    "enable.auto.offset.store": "commit_offsets_on_checkpoint (offsets live in checkpoints)",
+    "auto.offset.reset": "fail_on_data_loss / starting_offsets",
+    "enable.partition.eof": "stopping_offsets (set for bounded reads)",
+}
+
+_SECRET_MARKERS = (
+    "password",
+    "secret",
+    "jaas",
+    "key.pem",
+    "private",
+    "token",
+    "credential",
+    "oauthbearer.config",
+)
+
+#: where librdkafka's own log lines go
+LIBRDKAFKA_LOG = logging.getLogger("sluice.kafka.librdkafka")
+
+
+def is_secret(key: str) -> bool:
+    """Whether a librdkafka setting holds a secret (never logged, never shown in repr or errors)."""
+    k = key.lower()
+    return any(m in k for m in _SECRET_MARKERS)
+
+
+def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` with the values of secret settings replaced by ``***``."""
+    return {k: "***" if is_secret(k) else v for k, v in conf.items()}
+
+
+def redact_text(text: str, conf: Mapping[str, Any]) -> str:
+    """``text`` with every secret value of ``conf`` replaced by ``***`` (for error messages)."""
+    for k, v in conf.items():
+        if is_secret(k) and isinstance(v, str) and v:
+            text = text.replace(v, "***")
+    return text

@@ -1,0 +1,223 @@
+"""The Kafka split enumerator: discovers topic partitions, resolves their offsets, assigns them to readers."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from sluice.connectors.kafka.errors import KafkaSourceError
+from sluice.connectors.kafka.offsets import (
+    OffsetsInitializer,
+    TopicPartitionKey,
+    owner_of,
+    parse_split_id,
+    resolve_offsets,
+    split_id,
+)
+from sluice.source import Boundedness, EnumeratorContext, SourceSplit, SplitEnumerator
+
+if TYPE_CHECKING:
+    from sluice.connectors.kafka.source import KafkaSource
+
+__all__ = ["BrokerOffsetLookup", "KafkaSplitEnumerator"]
+
+log = logging.getLogger("sluice.kafka")
+
+
+class BrokerOffsetLookup:
+    """:class:`~sluice.connectors.kafka.offsets.OffsetLookup` over the broker.
+
+    Watermarks and timestamps come from the AdminClient (ListOffsets with fresh metadata, so partitions
+    added a moment ago resolve; read_committed, so "latest" is the last stable offset); committed offsets
+    from a never-subscribed consumer of the group.
+    """
+
+    def __init__(self, admin: AdminClient, consumer: Consumer, timeout_s: float) -> None:
+        self.admin = admin
+        self.consumer = consumer
+        self.timeout_s = timeout_s
+
+    def _list(self, tps: list[TopicPartitionKey], spec: OffsetSpec) -> dict[TopicPartitionKey, int]:
+        futures = self.admin.list_offsets(
+            {TopicPartition(*tp): spec for tp in tps},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self.timeout_s,
+        )
+        return {
+            (tp.topic, tp.partition): f.result(timeout=self.timeout_s).offset for tp, f in futures.items()
+        }
+
+    def watermarks(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, tuple[int, int]]:
+        low = self._list(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+        high = self._list(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        return {tp: (low[tp], high[tp]) for tp in tps}
+
+    def committed(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int | None]:
+        found = self.consumer.committed([TopicPartition(*tp) for tp in tps], timeout=self.timeout_s)
+        return {(x.topic, x.partition): x.offset if x.offset >= 0 else None for x in found}
+
+    def for_times(
+        self, tps: list[TopicPartitionKey], timestamp_ms: int
+    ) -> dict[TopicPartitionKey, int | None]:
+        found = self._list(tps, OffsetSpec.for_timestamp(timestamp_ms))
+        return {tp: off if off >= 0 else None for tp, off in found.items()}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaSplitEnumerator(SplitEnumerator):
+    """Discovers partitions (at start, then every ``discovery_interval_s`` when unbounded) and assigns each
+    to reader ``owner_of(topic, partition, parallelism)``.
+
+    Partitions found at start begin at ``starting_offsets``; partitions and topics found later begin at the
+    earliest offset (they are new, so everything in them is new). A bounded enumerator resolves each
+    split's stop offset at discovery and signals "no more splits" once its splits are assigned.
+    """
+
+    def __init__(self, source: KafkaSource, ctx: EnumeratorContext, restored: dict[str, Any] | None) -> None:
+        self.source = source
+        self.ctx = ctx
+        self.bounded = source.boundedness is Boundedness.BOUNDED
+        self._pending: dict[str, SourceSplit] = {}
+        self._discovered: set[str] = set()
+        self._readers: list[int] = []
+        self._signalled: set[int] = set()
+        self._restored = restored is not None
+        if restored is not None:
+            self._pending = {
+                s.split_id: SourceSplit(s.split_id, s.position, s.end) for s in restored["pending"]
+            }
+            self._discovered = set(restored["discovered"])
+        self._admin: AdminClient | None = None
+        self._lookup: BrokerOffsetLookup | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        src = self.source
+        self._admin = AdminClient(src.admin_conf())
+        self._lookup = BrokerOffsetLookup(
+            self._admin,
+            Consumer(src.consumer_conf("sluice-enumerator", bounded=False)),
+            src.request_timeout_s,
+        )
+        topics = self._list_topics()
+        if self._restored and self.bounded:
+            return  # every split of a bounded run was discovered before the checkpoint
+        self._discover(topics, initial=not self._restored)
+
+    def poll(self) -> None:
+        if self.bounded or self._admin is None:
+            return
+        try:
+            topics = self._list_topics()
+        except KafkaSourceError as exc:
+            log.warning("%s: partition discovery failed, retrying later: %s", self.source.name, exc)
+            return
+        self._discover(topics, initial=False)
+        self._assign()
+
+    def close(self) -> None:
+        if self._lookup is not None:
+            self._lookup.close()
+            self._lookup = None
+
+    # -- discovery -------------------------------------------------------------------------------------
+    def _list_topics(self) -> dict[str, list[int]]:
+        """Partitions of every topic the source reads; raises KafkaSourceError if the brokers don't answer."""
+        assert self._admin is not None
+        src = self.source
+        try:
+            md = self._admin.list_topics(timeout=src.request_timeout_s)
+        except KafkaException as exc:
+            raise KafkaSourceError(
+                f"KafkaSource {src.name!r}: cannot reach the Kafka brokers at {src.bootstrap_servers!r} "
+                f"within {src.request_timeout_s}s ({exc.args[0].str() if exc.args else exc}). Check "
+                "bootstrap_servers and the connection/security settings in consumer_config."
+            ) from None
+        pattern = src.pattern
+        listed = set(src.topics or ())
+        out: dict[str, list[int]] = {}
+        for name, meta in md.topics.items():
+            if meta.error is not None or not meta.partitions:
+                continue
+            if name in listed or (
+                src.topic_pattern is not None and not name.startswith("__") and pattern.fullmatch(name)
+            ):
+                out[name] = sorted(meta.partitions)
+        return out
+
+    def _discover(self, topics: dict[str, list[int]], initial: bool) -> None:
+        src = self.source
+        if initial and src.topics is not None:
+            missing = sorted(set(src.topics) - set(topics))
+            if missing:
+                raise KafkaSourceError(
+                    f"KafkaSource {src.name!r}: topic(s) {', '.join(map(repr, missing))} not found on "
+                    f"{src.bootstrap_servers!r}. Create them first, or fix the topics option."
+                )
+        new = [(t, p) for t in sorted(topics) for p in topics[t] if split_id(t, p) not in self._discovered]
+        if not new:
+            return
+        assert self._lookup is not None
+        start = src.starting_offsets if initial else OffsetsInitializer.earliest()
+        stop = src.stopping_offsets
+        try:
+            starts = resolve_offsets(start, new, self._lookup)
+            stops = resolve_offsets(stop, new, self._lookup) if stop is not None else {}
+        except (KafkaException, TimeoutError) as exc:
+            if not initial:  # e.g. metadata of a just-created partition not propagated yet: next poll
+                log.warning(
+                    "%s: offsets of new partitions not available yet, retrying later: %s", src.name, exc
+                )
+                return
+            raise KafkaSourceError(
+                f"KafkaSource {src.name!r}: cannot look up offsets of {len(new)} partition(s) on "
+                f"{src.bootstrap_servers!r}: {exc}"
+            ) from None
+        for tp in new:
+            sid = split_id(*tp)
+            self._discovered.add(sid)
+            self._pending[sid] = SourceSplit(sid, starts[tp], stops.get(tp))
+        if not initial:
+            log.info(
+                "%s: discovered %d new partition(s): %s", src.name, len(new), [split_id(*tp) for tp in new]
+            )
+
+    # -- assignment ------------------------------------------------------------------------------------
+    def add_reader(self, subtask: int) -> None:
+        if subtask not in self._readers:
+            self._readers.append(subtask)
+        self._assign()
+
+    def add_splits_back(self, splits: list[SourceSplit]) -> None:
+        for s in splits:
+            self._pending[s.split_id] = SourceSplit(s.split_id, s.position, s.end)
+            self._discovered.add(s.split_id)
+        self._assign()
+
+    def _owner(self, sid: str) -> int:
+        return owner_of(*parse_split_id(sid), int(self.ctx.parallelism))
+
+    def _assign(self) -> None:
+        out: dict[int, list[SourceSplit]] = {}
+        for sid in sorted(self._pending):
+            owner = self._owner(sid)
+            if owner in self._readers:
+                out.setdefault(owner, []).append(self._pending.pop(sid))
+        if out:
+            self.ctx.assign_splits(out)
+        if self.bounded:
+            waiting = {self._owner(sid) for sid in self._pending}
+            for r in self._readers:
+                if r not in self._signalled and r not in waiting:
+                    self._signalled.add(r)
+                    self.ctx.signal_no_more_splits(r)
+
+    def snapshot_state(self, checkpoint_id: int) -> dict[str, Any]:
+        return {
+            "pending": [SourceSplit(s.split_id, s.position, s.end) for s in self._pending.values()],
+            "discovered": sorted(self._discovered),
+        }

@@ -1,0 +1,447 @@
+"""The Kafka source reader: one consumer per subtask, manually assigned, batches decoded to Arrow.
+
+Positions: a split's position is the offset of the last message consumed + 1 (offsets may skip:
+transaction markers, compaction). A bounded split ends once its position reaches the stop offset, or the
+consumer reports the end of the partition at or after it (the stop offset itself may be a marker that is
+never delivered). Positions are snapshotted per checkpoint and committed to the consumer group when that
+checkpoint completes, for lag monitoring only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA, Decoded, make_decoder
+from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
+from sluice.connectors.kafka.offsets import TopicPartitionKey, parse_split_id
+from sluice.connectors.kafka.watermarks import PartitionWatermarks
+from sluice.errors import BadRecordError, ConfigError
+from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
+
+if TYPE_CHECKING:
+    from sluice.connectors.kafka.source import KafkaSource
+
+__all__ = ["KafkaSourceReader"]
+
+log = logging.getLogger("sluice.kafka")
+
+_TS = pa.timestamp("ms", tz="UTC")
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+_WARN_EVERY_S = 30.0
+
+
+@dataclass
+class _Split:
+    sid: str
+    topic: str
+    partition: int
+    position: int
+    end: int | None
+    done: bool = False
+
+
+class KafkaSourceReader(SourceReader):
+    """Reads the partitions assigned to one subtask (see the module docstring for positions)."""
+
+    #: how consumers are made (tests replace it with a fake)
+    consumer_factory: Callable[[dict[str, Any]], Any] = Consumer
+
+    def __init__(self, source: KafkaSource, ctx: ReaderContext) -> None:
+        self.source = source
+        self.ctx = ctx
+        self.bounded = source.boundedness is Boundedness.BOUNDED
+        self._splits: dict[TopicPartitionKey, _Split] = {}
+        self._no_more = False
+        self._consumer: Any = None
+        self._decoder = make_decoder(source.format, source.schema, source.csv_delimiter)
+        self._wm = (
+            PartitionWatermarks(source.max_out_of_orderness_ms, source.idle_timeout_s)
+            if source.event_time is not None
+            else None
+        )
+        self._last_wm: int | None = None
+        self._pending_commits: dict[int, dict[TopicPartitionKey, int]] = {}
+        self._committed: dict[TopicPartitionKey, int] = {}
+        self._timeout_s = source.poll_timeout_ms / 1000
+        self._warned: dict[tuple[int, str], float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._consumer is None:
+            group = f"sluice-{self.ctx.job_id}-{self.source.name}"
+            conf = self.source.consumer_conf(group, bounded=self.bounded)
+            conf.setdefault("on_commit", self._on_commit)
+            self._consumer = type(self).consumer_factory(conf)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
+
+    # -- splits ----------------------------------------------------------------------------------------
+    def add_splits(self, splits: list[SourceSplit]) -> None:
+        self.start()
+        assign: list[TopicPartition] = []
+        for s in splits:
+            topic, partition = parse_split_id(s.split_id)
+            sp = _Split(s.split_id, topic, partition, int(s.position), None if s.end is None else int(s.end))
+            self._splits[(topic, partition)] = sp
+            if sp.end is not None and sp.position >= sp.end:
+                sp.done = True
+                continue
+            assign.append(TopicPartition(topic, partition, sp.position))
+            if self._wm is not None:
+                self._wm.add(sp.sid)
+        if assign:
+            self._consumer.incremental_assign(assign)
+
+    def notify_no_more_splits(self) -> None:
+        self._no_more = True
+
+    def _finish(self, sp: _Split) -> None:
+        sp.done = True
+        self._consumer.incremental_unassign([TopicPartition(sp.topic, sp.partition)])
+        if self._wm is not None:
+            self._wm.remove(sp.sid)
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        if not any(not sp.done for sp in self._splits.values()):
+            if self.bounded and self._no_more:
+                return InputStatus.END_OF_INPUT
+            return InputStatus.NOTHING_AVAILABLE
+        msgs: list[Message] = self._consumer.consume(self.source.batch_size, self._timeout_s)
+        if not msgs:
+            self._emit_watermark(output)
+            return InputStatus.NOTHING_AVAILABLE
+        cls = type(msgs[0])  # unbound accessors through map(): no per-message attribute lookups
+        if not any(map(cls.error, msgs)):
+            self._process(msgs, output)
+        else:  # data first: an EOF or reset event follows the messages before it
+            good = [m for m in msgs if m.error() is None]
+            if good:
+                self._process(good, output)
+            for m in msgs:
+                if m.error() is not None:
+                    self._on_error(m, m.error())
+        self._emit_watermark(output)
+        return InputStatus.MORE_AVAILABLE
+
+    def _process(self, msgs: list[Message], output: ReaderOutput) -> None:
+        cls = type(msgs[0])
+        parts = np.fromiter(map(cls.partition, msgs), dtype=np.int32, count=len(msgs))
+        offsets = np.fromiter(map(cls.offset, msgs), dtype=np.int64, count=len(msgs))
+        topics: list[str] | None = None
+        topic_set = {sp.topic for sp in self._splits.values()}
+        if len(topic_set) == 1:
+            only = next(iter(topic_set))
+            keys = parts.astype(np.int64)
+            uniq = np.unique(keys)
+            by_key = {int(k): self._splits.get((only, int(k))) for k in uniq}
+        else:
+            topics = [str(m.topic()) for m in msgs]
+            ids: dict[TopicPartitionKey, int] = {}
+            keys = np.array(
+                [ids.setdefault((t, p), len(ids)) for t, p in zip(topics, parts.tolist(), strict=True)],
+                dtype=np.int64,
+            )
+            uniq = np.arange(len(ids))
+            by_key = {i: self._splits.get(tp) for tp, i in ids.items()}
+        keep: np.ndarray | None = None
+        finished: list[_Split] = []
+        for k in uniq.tolist():
+            sp = by_key[k]
+            sel = keys == k if len(uniq) > 1 else None
+            offs = offsets[sel] if sel is not None else offsets
+            if sp is None or sp.done:  # a stale message of a partition no longer assigned
+                drop = sel if sel is not None else np.ones(len(msgs), dtype=bool)
+            elif sp.end is not None and offs.size and offs.max() >= sp.end:
+                drop = (offsets >= sp.end) if sel is None else (sel & (offsets >= sp.end))
+                offs = offs[offs < sp.end]
+            else:
+                drop = None
+            if drop is not None:
+                keep = ~drop if keep is None else keep & ~drop
+            if sp is None or sp.done:
+                continue
+            if offs.size:
+                sp.position = max(sp.position, int(offs.max()) + 1)
+            if sp.end is not None and sp.position >= sp.end:
+                finished.append(sp)
+        if keep is not None:
+            idx = np.flatnonzero(keep)
+            msgs = [msgs[i] for i in idx.tolist()]
+            parts, offsets, keys = parts[idx], offsets[idx], keys[idx]
+            if topics is not None:
+                topics = [topics[i] for i in idx.tolist()]
+        if msgs:
+            self._emit(msgs, parts, offsets, keys, by_key, topics, output)
+        for sp in finished:
+            self._finish(sp)
+
+    def _emit(
+        self,
+        msgs: list[Message],
+        parts: np.ndarray,
+        offsets: np.ndarray,
+        keys: np.ndarray,
+        by_key: dict[int, _Split | None],
+        topics: list[str] | None,
+        output: ReaderOutput,
+    ) -> None:
+        src = self.source
+        need_ts = src.format == "raw" or src.include_metadata or src.event_time == "kafka"
+        ts = np.array([m.timestamp()[1] for m in msgs], dtype=np.int64) if need_ts else None
+        values = list(map(type(msgs[0]).value, msgs))
+        if self._decoder is None:
+            batch = self._raw_batch(msgs, values, parts, offsets, ts, topics)
+            rows = None
+        else:
+            decoded = self._decoder.decode(values)
+            self._handle_bad(decoded, msgs, values, output)
+            if decoded.batch is None:
+                batch = None
+                rows = None
+            else:
+                rows = decoded.rows
+                batch = decoded.batch
+                if src.include_metadata:
+                    batch = self._with_metadata(batch, msgs, rows, parts, offsets, ts, topics)
+        if batch is not None and batch.num_rows:
+            output.emit(batch)
+        if self._wm is not None:
+            self._track_event_time(batch, rows, keys, ts, by_key)
+
+    def _raw_batch(
+        self,
+        msgs: list[Message],
+        values: list[bytes | None],
+        parts: np.ndarray,
+        offsets: np.ndarray,
+        ts: np.ndarray | None,
+        topics: list[str] | None,
+    ) -> pa.RecordBatch:
+        assert ts is not None
+        headers = [m.headers() for m in msgs]
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([m.key() for m in msgs], pa.binary()),
+                pa.array(values, pa.binary()),
+                pa.array(headers, _HEADERS)
+                if any(h is not None for h in headers)
+                else pa.nulls(len(msgs), _HEADERS),
+                self._topic_column(msgs, topics),
+                pa.array(parts),
+                pa.array(offsets),
+                _timestamps(ts),
+            ],
+            names=["key", "value", "headers", "topic", "partition", "offset", "timestamp"],
+        )
+
+    def _topic_column(self, msgs: Sequence[Message], topics: list[str] | None) -> pa.Array:
+        if topics is None:
+            only = next(iter({sp.topic for sp in self._splits.values()}))
+            return pa.array([only] * len(msgs), pa.string())
+        return pa.array(topics, pa.string())
+
+    def _with_metadata(
+        self,
+        batch: pa.RecordBatch,
+        msgs: list[Message],
+        rows: np.ndarray | None,
+        parts: np.ndarray,
+        offsets: np.ndarray,
+        ts: np.ndarray | None,
+        topics: list[str] | None,
+    ) -> pa.RecordBatch:
+        assert ts is not None
+        sel = rows if rows is not None else slice(None)
+        picked = [msgs[i] for i in rows.tolist()] if rows is not None else msgs
+        cols = {
+            "_key": pa.array([m.key() for m in picked], pa.binary()),
+            "_topic": self._topic_column(
+                picked,
+                [topics[i] for i in rows.tolist()] if topics is not None and rows is not None else topics,
+            ),
+            "_partition": pa.array(parts[sel]),
+            "_offset": pa.array(offsets[sel]),
+            "_timestamp": _timestamps(ts[sel]),
+        }
+        for name, col in cols.items():
+            batch = batch.append_column(name, col)
+        return batch
+
+    # -- bad records -----------------------------------------------------------------------------------
+    def _handle_bad(
+        self, decoded: Decoded, msgs: list[Message], values: list[bytes | None], output: ReaderOutput
+    ) -> None:
+        if decoded.tombstones:
+            self.ctx.metric("tombstones", decoded.tombstones)
+        if not decoded.bad:
+            return
+        self.ctx.metric("bad_records", len(decoded.bad))
+        if self.source.on_bad_record == "fail":
+            i, err = decoded.bad[0]
+            m = msgs[i]
+            raise BadRecordError(
+                f"KafkaSource {self.source.name!r}: cannot decode a record as {self.source.format}: {err}",
+                topic=m.topic(),
+                partition=m.partition(),
+                offset=m.offset(),
+                snippet=values[i] or b"",
+            )
+        picked = [msgs[i] for i, _ in decoded.bad]
+        dead = pa.RecordBatch.from_arrays(
+            [
+                pa.array([m.topic() for m in picked], pa.string()),
+                pa.array([m.partition() for m in picked], pa.int32()),
+                pa.array([m.offset() for m in picked], pa.int64()),
+                pa.array([m.key() for m in picked], pa.binary()),
+                pa.array([values[i] for i, _ in decoded.bad], pa.binary()),
+                pa.array([e for _, e in decoded.bad], pa.string()),
+            ],
+            schema=DEAD_LETTER_SCHEMA,
+        )
+        output.emit_side("dead_letters", dead)
+
+    # -- event time ------------------------------------------------------------------------------------
+    def _track_event_time(
+        self,
+        batch: pa.RecordBatch | None,
+        rows: np.ndarray | None,
+        keys: np.ndarray,
+        ts: np.ndarray | None,
+        by_key: dict[int, _Split | None],
+    ) -> None:
+        assert self._wm is not None
+        name = self.source.event_time
+        if name == "kafka" or (self.source.format == "raw" and name == "timestamp"):
+            assert ts is not None
+            times, k = ts, keys
+        else:
+            if batch is None or batch.num_rows == 0:
+                return
+            if name not in batch.schema.names:
+                raise ConfigError(
+                    f"KafkaSource {self.source.name!r}: event_time column {name!r} is not in the "
+                    f"decoded records (columns: {batch.schema.names})"
+                )
+            col = batch.column(name)
+            if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
+                col = pc.cast(pc.cast(col, pa.timestamp("ms")), pa.int64())
+            times = pc.fill_null(pc.cast(col, pa.int64()), -(2**63)).to_numpy()
+            k = keys[rows] if rows is not None else keys
+        for key in np.unique(k).tolist():
+            sp = by_key.get(key)
+            if sp is None:
+                continue
+            t = times[k == key]
+            if t.size and int(t.max()) > -(2**63):
+                self._wm.update(sp.sid, int(t.max()))
+
+    def _emit_watermark(self, output: ReaderOutput) -> None:
+        if self._wm is None:
+            return
+        wm = self._wm.current()
+        if wm is not None and (self._last_wm is None or wm > self._last_wm):
+            self._last_wm = wm
+            output.emit_watermark(wm)
+
+    # -- consumer events -------------------------------------------------------------------------------
+    def _on_error(self, m: Message, err: KafkaError | None) -> None:
+        if err is None:
+            return
+        code = err.code()
+        topic, partition, offset = m.topic(), m.partition(), m.offset()
+        sp = self._splits.get((topic, partition)) if topic is not None and partition is not None else None
+        if code == KafkaError._PARTITION_EOF:
+            if (
+                sp is not None
+                and not sp.done
+                and sp.end is not None
+                and offset is not None
+                and offset >= sp.end
+            ):
+                sp.position = max(sp.position, offset)
+                self._finish(sp)
+            return
+        if code in _OUT_OF_RANGE and sp is not None and not sp.done:
+            self._on_out_of_range(sp)
+            return
+        if err.fatal():
+            raise KafkaSourceError(f"KafkaSource {self.source.name!r}: fatal consumer error: {err.str()}")
+        self.ctx.metric("kafka_errors")
+        self._warn(code, f"{m.topic()}[{m.partition()}]" if m.topic() else "", err.str())
+
+    def _on_out_of_range(self, sp: _Split) -> None:
+        if self.source.fail_on_data_loss:
+            raise KafkaDataLossError(self.source.name, sp.topic, sp.partition, sp.position)
+        tp = TopicPartition(sp.topic, sp.partition)
+        low, _high = self._consumer.get_watermark_offsets(tp, timeout=self.source.request_timeout_s)
+        log.warning(
+            "%s: offset %d of %s[%d] is out of range; fail_on_data_loss=False: continuing at the earliest "
+            "offset %d (records in between are lost)",
+            self.source.name,
+            sp.position,
+            sp.topic,
+            sp.partition,
+            low,
+        )
+        self.ctx.metric("data_loss_resets")
+        self._consumer.incremental_unassign([tp])
+        sp.position = int(low)
+        if sp.end is not None and sp.position >= sp.end:
+            sp.done = True
+            if self._wm is not None:
+                self._wm.remove(sp.sid)
+            return
+        self._consumer.incremental_assign([TopicPartition(sp.topic, sp.partition, sp.position)])
+
+    def _warn(self, code: int, where: str, text: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get((code, where), -_WARN_EVERY_S) >= _WARN_EVERY_S:
+            self._warned[(code, where)] = now
+            log.warning("%s: consumer error %s: %s", self.source.name, where, text)
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
+        if self.source.commit_offsets_on_checkpoint:
+            self._pending_commits[checkpoint_id] = {tp: sp.position for tp, sp in self._splits.items()}
+        return [SourceSplit(sp.sid, sp.position, sp.end) for sp in self._splits.values()]
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        offsets = self._pending_commits.pop(checkpoint_id, None)
+        for cid in [c for c in self._pending_commits if c < checkpoint_id]:
+            del self._pending_commits[cid]
+        if not offsets or self._consumer is None:
+            return
+        changed = [
+            TopicPartition(t, p, off) for (t, p), off in offsets.items() if self._committed.get((t, p)) != off
+        ]
+        if not changed:
+            return
+        try:
+            self._consumer.commit(offsets=changed, asynchronous=True)
+        except KafkaException as exc:
+            self.ctx.metric("offset_commit_failures")
+            self._warn(-1, "commit", f"committing offsets of checkpoint {checkpoint_id} failed: {exc}")
+            return
+        self._committed.update(offsets)
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is not None:
+            self.ctx.metric("offset_commit_failures")
+            self._warn(err.code(), "commit", f"offset commit failed (lag monitoring only): {err.str()}")
+
+
+def _timestamps(ts: np.ndarray) -> pa.Array:
+    return pa.array(ts, pa.int64(), mask=ts < 0).cast(_TS)

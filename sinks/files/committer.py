@@ -1,0 +1,41 @@
+"""The file sink's committer: publishes staged files under their final names, idempotently."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sluice.sink import Committer
+from sluice.sinks.files.committable import FileCommittable
+
+if TYPE_CHECKING:
+    from sluice.sinks.files.sink import FileSink
+
+__all__ = ["FileCommitter"]
+
+
+class FileCommitter(Committer[FileCommittable]):
+    """Renames (local) or completes / copies (S3) each staged file to its final name.
+
+    Idempotent: a file already visible under its final name is skipped, so a retried commit and the
+    re-commit after a restore publish nothing twice. Held committables (compaction across checkpoints)
+    are skipped: a later checkpoint publishes them.
+    """
+
+    def __init__(self, sink: FileSink, ctx: Any) -> None:
+        self.fs = sink.filesystem()
+        self.ctx = ctx
+        self._hook: Callable[[str], None] | None = getattr(ctx, "fault_hook", None)
+
+    def commit(self, committables: Sequence[FileCommittable]) -> None:
+        for i, c in enumerate(committables):
+            if i == 1 and self._hook is not None:
+                self._hook("commit")
+            if c.held:
+                continue
+            self.fs.publish(c)
+        if committables and hasattr(self.ctx, "metric"):
+            self.ctx.metric("files_committed", sum(1 for c in committables if not c.held))
+
+    def close(self) -> None:
+        self.fs.close()

@@ -1,0 +1,160 @@
+"""The file sink's storage: where in-progress files are written, how they are staged and published.
+
+A :class:`FileSystem` works with paths relative to the sink's root. Writers write in-progress files to a
+local path (:meth:`FileSystem.inprogress_path`); :meth:`~FileSystem.stage` makes one durable under its
+hidden pending name (local: fsync + rename; S3: upload) and :meth:`~FileSystem.publish` makes it visible
+under its final name, idempotently. :func:`filesystem_for` picks the implementation from the root's scheme.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from sluice.errors import CommitError
+from sluice.sinks.files.committable import FileCommittable, is_staging_of
+
+__all__ = ["FileSystem", "LocalFileSystem", "Staged", "filesystem_for"]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Where stage() put a file: a pending path, or an uncompleted multipart upload of the final key."""
+
+    staged: str
+    upload_id: str | None = None
+    parts: tuple[tuple[int, str], ...] = ()
+
+
+class FileSystem(ABC):
+    """Storage of one file sink root."""
+
+    root: str
+
+    @abstractmethod
+    def inprogress_path(self, rel: str) -> str:
+        """A local path to write the in-progress file ``rel`` (hidden) to; parent folders exist."""
+
+    @abstractmethod
+    def stage(self, local_path: str, pending: str, final: str) -> Staged:
+        """Make the closed file at ``local_path`` durable as ``pending`` (or as an upload of ``final``)."""
+
+    @abstractmethod
+    def open_staged(self, c: FileCommittable) -> pa.NativeFile:
+        """Read a staged (not multipart) file."""
+
+    @abstractmethod
+    def publish(self, c: FileCommittable) -> None:
+        """Make ``c`` visible under ``c.final``; a no-op if it already is. Then delete ``c.replaces``."""
+
+    @abstractmethod
+    def delete_staged(self, rel: str) -> None:
+        """Delete a staged file; a no-op if it is gone."""
+
+    @abstractmethod
+    def cleanup(self, job_id: str, keep: set[str]) -> int:
+        """Delete staged files and abort uploads of ``job_id`` whose path or upload id is not in ``keep``."""
+
+    def discard_local(self, local_path: str) -> None:
+        """Drop an in-progress file that will never be staged."""
+        try:
+            os.remove(local_path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and temporary folders."""
+
+
+class LocalFileSystem(FileSystem):
+    """A local (or mounted) folder. In-progress and pending files are hidden siblings of the final file."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root.removeprefix("file://"))
+
+    def _abs(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/"))
+
+    def inprogress_path(self, rel: str) -> str:
+        path = self._abs(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def stage(self, local_path: str, pending: str, final: str) -> Staged:
+        dst = self._abs(pending)
+        fd = os.open(local_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(local_path, dst)
+        _fsync_dir(os.path.dirname(dst))
+        return Staged(pending)
+
+    def open_staged(self, c: FileCommittable) -> pa.NativeFile:
+        return pa.memory_map(self._abs(c.staged))
+
+    def publish(self, c: FileCommittable) -> None:
+        src, dst = self._abs(c.staged), self._abs(c.final)
+        if os.path.exists(dst):
+            pass  # already visible: commit is idempotent
+        elif os.path.exists(src):
+            os.replace(src, dst)
+        else:
+            raise CommitError(
+                f"file sink: {c.final} is neither pending ({c.staged}) nor committed under {self.root}:"
+                " its data is lost (was the staging file deleted by hand?)"
+            )
+        for r in c.replaces:
+            self.delete_staged(r)
+
+    def delete_staged(self, rel: str) -> None:
+        try:
+            os.remove(self._abs(rel))
+        except FileNotFoundError:
+            pass
+
+    def cleanup(self, job_id: str, keep: set[str]) -> int:
+        n = 0
+        for dirpath, _, files in os.walk(self.root):
+            for f in files:
+                if not is_staging_of(f, job_id):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, f), self.root).replace(os.sep, "/")
+                if rel not in keep:
+                    self.delete_staged(rel)
+                    n += 1
+        return n
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def local_tmp_dir(base: str | None) -> str:
+    """A private temporary folder for in-progress files of a remote file system."""
+    return tempfile.mkdtemp(prefix="sluice-filesink-", dir=base)
+
+
+def filesystem_for(
+    root: str, s3_options: dict[str, Any], multipart_threshold: int, part_size: int, local_tmp: str | None
+) -> FileSystem:
+    """The FileSystem of ``root``: ``s3://bucket/prefix`` or a local path / ``file://`` URI."""
+    if root.startswith("s3://"):
+        from sluice.sinks.files.s3filesystem import S3FileSystem
+
+        return S3FileSystem(root, s3_options, multipart_threshold, part_size, local_tmp)
+    return LocalFileSystem(root)

@@ -1,0 +1,206 @@
+"""``FileSink``: exactly-once Parquet, JSON lines or CSV files on local disk or S3."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.errors import ConfigError
+from sluice.sink import Committer, Sink, SinkContext, SinkWriter
+from sluice.sinks.files.buckets import BucketAssigner
+from sluice.sinks.files.committable import FileCommittable
+from sluice.sinks.files.committer import FileCommitter
+from sluice.sinks.files.compaction import CompactionPolicy
+from sluice.sinks.files.filesystem import FileSystem, filesystem_for
+from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions
+from sluice.sinks.files.rolling import RollingPolicy
+from sluice.sinks.files.writer import FileSinkWriter
+
+__all__ = ["FileSink"]
+
+log = logging.getLogger("sluice.sinks.files")
+
+_DEFAULT_COMPRESSION = {"parquet": "snappy", "json": "none", "csv": "none"}
+_MIN_PART = 5 * 1024 * 1024
+
+
+def _policy(value: Any, cls: type, option: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        try:
+            return cls(**value)
+        except TypeError as exc:
+            raise ConfigError(f"FileSink: {option}: {exc}") from None
+    raise ConfigError(
+        f"FileSink: {option} must be a {cls.__name__} or a dict of its options (got {type(value).__name__})"
+    )
+
+
+class FileSink(Sink[FileCommittable]):
+    """Files that become visible exactly once, when the checkpoint that staged them completes.
+
+    Lifecycle: in-progress (hidden) -> pending at pre-commit (hidden, durable, named in the checkpoint) ->
+    visible under ``part-<job>-<checkpoint>-<subtask>-<seq><ext>`` when the checkpoint completes. See
+    ``docs/file-sink.md``.
+
+    Args:
+        path: a local folder, ``file://`` URI or ``s3://bucket/prefix``.
+        format: ``"parquet"``, ``"json"`` (JSON lines) or ``"csv"``.
+        compression: Parquet: snappy, zstd, gzip, brotli, lz4, none (default snappy); JSON / CSV: none or
+            gzip (default none).
+        row_group_size: Parquet rows per row group.
+        bucket_by: columns whose values name Hive-style ``col=value/`` folders (the columns are not written
+            into the files, as with Spark's ``partitionBy``).
+        time_bucket: strftime pattern of time folders after the column folders, e.g. ``"dt=%Y-%m-%d/hour=%H"``
+            (UTC).
+        time_column: event-time column for ``time_bucket`` (epoch ms or a timestamp); None = processing time.
+        rolling: a RollingPolicy (or dict): roll on size, age, inactivity; always at each checkpoint.
+        compaction: a CompactionPolicy (or dict, or True for the defaults) to merge small files; None = off.
+        schema_evolution: on a schema change within a bucket, start a new file instead of failing.
+        s3_options: boto3 client options (endpoint_url, region_name, credentials, profile_name, max_attempts);
+            unset ones come from the standard AWS chain.
+        multipart_threshold: S3: files of at least this many bytes are multipart uploads completed at commit;
+            smaller ones are put under a hidden key and copied at commit.
+        part_size: S3 multipart part size in bytes (>= 5 MiB).
+        local_tmp_dir: S3: local folder for in-progress files (default: the system temp folder).
+        name: the sink operator's name.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        format: str = "parquet",
+        *,
+        compression: str | None = None,
+        row_group_size: int = 1024 * 1024,
+        bucket_by: Sequence[str] = (),
+        time_bucket: str | None = None,
+        time_column: str | None = None,
+        rolling: RollingPolicy | dict[str, Any] | None = None,
+        compaction: CompactionPolicy | dict[str, Any] | bool | None = None,
+        schema_evolution: bool = False,
+        s3_options: dict[str, Any] | None = None,
+        multipart_threshold: int = 16 * 1024 * 1024,
+        part_size: int = 16 * 1024 * 1024,
+        local_tmp_dir: str | None = None,
+        name: str = "file-sink",
+    ) -> None:
+        if not isinstance(path, str) or not path:
+            raise ConfigError(
+                f"FileSink: path must be a local folder, file:// or s3://bucket/prefix (got {path!r})"
+            )
+        self.path = path
+        self.format = format
+        self.compression = (
+            compression if compression is not None else _DEFAULT_COMPRESSION.get(format, "none")
+        )
+        self.row_group_size = row_group_size
+        self.bucket_by = [bucket_by] if isinstance(bucket_by, str) else list(bucket_by)
+        self.time_bucket = time_bucket
+        self.time_column = time_column
+        self.rolling: RollingPolicy = (
+            RollingPolicy() if rolling is None else _policy(rolling, RollingPolicy, "rolling")
+        )
+        if compaction is True:
+            compaction = CompactionPolicy()
+        self.compaction: CompactionPolicy | None = (
+            None
+            if compaction is None or compaction is False
+            else _policy(compaction, CompactionPolicy, "compaction")
+        )
+        self.schema_evolution = schema_evolution
+        self.s3_options = dict(s3_options or {})
+        self.multipart_threshold = multipart_threshold
+        self.part_size = part_size
+        self.local_tmp_dir = local_tmp_dir
+        self.name = name
+        self.validate()
+
+    def __repr__(self) -> str:  # never shows credentials
+        return f"FileSink({self.path!r}, format={self.format!r}, compression={self.compression!r})"
+
+    # -- validation ------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError naming the wrong option and the allowed values."""
+        if self.format not in FORMATS:
+            raise ConfigError(f"FileSink: format must be one of {', '.join(FORMATS)} (got {self.format!r})")
+        allowed = COMPRESSIONS[self.format]
+        if self.compression not in allowed:
+            raise ConfigError(
+                f"FileSink: compression for format {self.format!r} must be one of "
+                f"{', '.join(allowed)} (got {self.compression!r})"
+            )
+        for opt in ("row_group_size", "multipart_threshold", "part_size"):
+            v = getattr(self, opt)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"FileSink: {opt} must be an integer >= 1 (got {v!r})")
+        if self.part_size < _MIN_PART:
+            raise ConfigError(
+                f"FileSink: part_size must be >= {_MIN_PART} bytes (S3's minimum part size; "
+                f"got {self.part_size})"
+            )
+        if not isinstance(self.schema_evolution, bool):
+            raise ConfigError(
+                f"FileSink: schema_evolution must be True or False (got {self.schema_evolution!r})"
+            )
+        if "://" in self.path and not self.path.startswith(("s3://", "file://")):
+            raise ConfigError(
+                f"FileSink: path must be a local folder, file:// or s3://bucket/prefix (got {self.path!r})"
+            )
+        if self.path.startswith("s3://"):
+            from sluice.sinks.s3 import S3_OPTIONS, parse_s3_uri
+
+            parse_s3_uri(self.path)
+            unknown = sorted(set(self.s3_options) - set(S3_OPTIONS))
+            if unknown:
+                raise ConfigError(
+                    f"FileSink: s3_options has unknown option(s) {unknown} (allowed: {', '.join(S3_OPTIONS)})"
+                )
+        self.rolling.validate()
+        if self.compaction is not None:
+            self.compaction.validate()
+        self.bucket_assigner().validate()
+
+    # -- parts -----------------------------------------------------------------------------------------
+    def filesystem(self) -> FileSystem:
+        """A new FileSystem for this sink's root (one per writer / committer: clients are not shared)."""
+        return filesystem_for(
+            self.path, self.s3_options, self.multipart_threshold, self.part_size, self.local_tmp_dir
+        )
+
+    def format_options(self) -> FormatOptions:
+        return FormatOptions(self.format, self.compression, self.row_group_size)
+
+    def bucket_assigner(self) -> BucketAssigner:
+        return BucketAssigner(self.bucket_by, self.time_bucket, self.time_column)
+
+    # -- Sink SPI --------------------------------------------------------------------------------------
+    def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[FileCommittable]:
+        return FileSinkWriter(self, ctx, restored)
+
+    def create_committer(self, ctx: SinkContext) -> Committer[FileCommittable] | None:
+        return FileCommitter(self, ctx)
+
+    def recover(self, job_id: str, committables: Sequence[FileCommittable]) -> None:
+        """Delete staged files and abort multipart uploads of ``job_id`` that the restored checkpoint does not
+        name: in-progress files, pending files of checkpoints that never completed, half-done compactions."""
+        keep: set[str] = set()
+        for c in committables:
+            keep.add(c.staged)
+            keep.update(c.replaces)
+            if c.upload_id is not None:
+                keep.add(c.upload_id)
+        fs = self.filesystem()
+        try:
+            n = fs.cleanup(job_id, keep)
+        finally:
+            fs.close()
+        if n:
+            log.info(
+                "%s: recover removed %d staged file(s) of unfinished checkpoints of job %s",
+                self.name,
+                n,
+                job_id,
+            )
