@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from sluice.errors import ConfigError
 from sluice.source import (
     Boundedness,
@@ -29,17 +28,33 @@ from sluice.source import (
 
 __all__ = ["GeneratorSource", "default_rows"]
 
-SCHEMA = pa.schema([("id", pa.int64()), ("split", pa.int32()), ("seq", pa.int64()), ("key", pa.int64()),
-                    ("value", pa.int64()), ("ts", pa.int64())])
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("split", pa.int32()),
+        ("seq", pa.int64()),
+        ("key", pa.int64()),
+        ("value", pa.int64()),
+        ("ts", pa.int64()),
+    ]
+)
 
 
-def default_rows(split: int, start: int, end: int, records_per_split: int, num_keys: int, step_ms: int) -> pa.RecordBatch:
+def default_rows(
+    split: int, start: int, end: int, records_per_split: int, num_keys: int, step_ms: int
+) -> pa.RecordBatch:
     """Rows ``start..end`` of ``split``."""
     seq = np.arange(start, end, dtype=np.int64)
     ids = split * records_per_split + seq
     return pa.RecordBatch.from_arrays(
-        [pa.array(ids), pa.array(np.full(len(seq), split, np.int32)), pa.array(seq), pa.array(ids % num_keys),
-         pa.array(ids * 7 % 1000), pa.array(1_600_000_000_000 + seq * step_ms)],
+        [
+            pa.array(ids),
+            pa.array(np.full(len(seq), split, np.int32)),
+            pa.array(seq),
+            pa.array(ids % num_keys),
+            pa.array(ids * 7 % 1000),
+            pa.array(1_600_000_000_000 + seq * step_ms),
+        ],
         schema=SCHEMA,
     )
 
@@ -72,13 +87,23 @@ class GeneratorSource(Source):
         rows: Callable[[int, int, int], pa.RecordBatch] | None = None,
         name: str = "generator",
     ) -> None:
-        for opt, val, lo in (("num_splits", num_splits, 1), ("batch_size", batch_size, 1), ("num_keys", num_keys, 1)):
+        for opt, val, lo in (
+            ("num_splits", num_splits, 1),
+            ("batch_size", batch_size, 1),
+            ("num_keys", num_keys, 1),
+        ):
             if not isinstance(val, int) or val < lo:
                 raise ConfigError(f"GeneratorSource: {opt} must be an integer >= {lo} (got {val!r})")
-        if records_per_split is not None and (not isinstance(records_per_split, int) or records_per_split < 0):
-            raise ConfigError(f"GeneratorSource: records_per_split must be an integer >= 0 or None (got {records_per_split!r})")
+        if records_per_split is not None and (
+            not isinstance(records_per_split, int) or records_per_split < 0
+        ):
+            raise ConfigError(
+                f"GeneratorSource: records_per_split must be an integer >= 0 or None (got {records_per_split!r})"
+            )
         if rows_per_second is not None and rows_per_second <= 0:
-            raise ConfigError(f"GeneratorSource: rows_per_second must be > 0 or None (got {rows_per_second!r})")
+            raise ConfigError(
+                f"GeneratorSource: rows_per_second must be > 0 or None (got {rows_per_second!r})"
+            )
         self.num_splits = num_splits
         self.records_per_split = records_per_split
         self.batch_size = batch_size
@@ -108,15 +133,21 @@ class GeneratorSource(Source):
         """Every row a bounded generator emits (for tests)."""
         if self.records_per_split is None:
             raise ConfigError("expected() needs a bounded generator")
-        return pa.Table.from_batches([self.make_rows(s, 0, self.records_per_split) for s in range(self.num_splits)])
+        return pa.Table.from_batches(
+            [self.make_rows(s, 0, self.records_per_split) for s in range(self.num_splits)]
+        )
 
 
 class _Enumerator(SplitEnumerator):
-    def __init__(self, src: GeneratorSource, ctx: EnumeratorContext, restored: list[SourceSplit] | None) -> None:
+    def __init__(
+        self, src: GeneratorSource, ctx: EnumeratorContext, restored: list[SourceSplit] | None
+    ) -> None:
         self.src = src
         self.ctx = ctx
         if restored is None:
-            self.unassigned = {str(i): SourceSplit(str(i), 0, src.records_per_split) for i in range(src.num_splits)}
+            self.unassigned = {
+                str(i): SourceSplit(str(i), 0, src.records_per_split) for i in range(src.num_splits)
+            }
         else:
             self.unassigned = {s.split_id: s for s in restored}
         self.readers: list[int] = []
@@ -182,8 +213,15 @@ class _Reader(SourceReader):
         s.position = end
         self._emitted += end - start
         output.emit(batch)
-        wm = min(1_600_000_000_000 + (x.position - 1) * self.src.step_ms for x in self.splits.values()
-                 if x.position > 0) if all(x.position > 0 for x in self.splits.values()) else None
+        wm = (
+            min(
+                1_600_000_000_000 + (x.position - 1) * self.src.step_ms
+                for x in self.splits.values()
+                if x.position > 0
+            )
+            if all(x.position > 0 for x in self.splits.values())
+            else None
+        )
         if wm is not None:
             output.emit_watermark(wm - self.src.out_of_orderness_ms)
         return InputStatus.MORE_AVAILABLE

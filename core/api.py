@@ -20,11 +20,18 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.errors import ConfigError, GraphError
 from sluice.functions import KeyedProcessFunction
-from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeKind, Partitioning, build_job_graph
+from sluice.graph import (
+    JobGraph,
+    LogicalEdge,
+    LogicalGraph,
+    LogicalNode,
+    NodeKind,
+    Partitioning,
+    build_job_graph,
+)
 from sluice.keys import KeySelector, KeySpec
 from sluice.runtime.faults import FaultInjector
 from sluice.runtime.job import JobConfig, JobResult, run_job
@@ -54,33 +61,60 @@ class Stream:
         self.node = node
         self.tag = tag
 
-    def _edge(self, partitioning: Partitioning = Partitioning.AUTO, key: KeySelector | None = None) -> LogicalEdge:
+    def _edge(
+        self, partitioning: Partitioning = Partitioning.AUTO, key: KeySelector | None = None
+    ) -> LogicalEdge:
         return LogicalEdge(self.node.id, partitioning, key, self.tag)
 
-    def _then(self, label: str, name: str | None, make: Callable[[str], Any], parallelism: int | None,
-              edge: LogicalEdge | None = None, **node_kw: Any) -> Stream:
+    def _then(
+        self,
+        label: str,
+        name: str | None,
+        make: Callable[[str], Any],
+        parallelism: int | None,
+        edge: LogicalEdge | None = None,
+        **node_kw: Any,
+    ) -> Stream:
         node = self.pipeline._add(label, name, make, parallelism, [edge or self._edge()], **node_kw)
         return Stream(self.pipeline, node)
 
-    def map_batches(self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None,
-                    parallelism: int | None = None) -> Stream:
+    def map_batches(
+        self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None, parallelism: int | None = None
+    ) -> Stream:
         """Apply ``fn(batch) -> batch | table | batches | None`` to every batch (vectorized)."""
         return self._then("map_batches", name, lambda n: MapBatchesOperator(n, fn), parallelism)
 
-    def filter(self, predicate: pc.Expression | Callable[[pa.RecordBatch], Any], *, name: str | None = None,
-               parallelism: int | None = None) -> Stream:
+    def filter(
+        self,
+        predicate: pc.Expression | Callable[[pa.RecordBatch], Any],
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Keep rows where ``predicate`` (a ``pyarrow.compute`` expression, or ``fn(batch) -> mask``) holds."""
         if not isinstance(predicate, pc.Expression) and not callable(predicate):
             raise ConfigError("filter: predicate must be a pyarrow.compute.Expression or fn(batch) -> mask")
         return self._then("filter", name, lambda n: FilterOperator(n, predicate), parallelism)
 
-    def map(self, fn: Callable[[dict[str, Any]], dict[str, Any]], *, schema: pa.Schema | None = None,
-            name: str | None = None, parallelism: int | None = None) -> Stream:
+    def map(
+        self,
+        fn: Callable[[dict[str, Any]], dict[str, Any]],
+        *,
+        schema: pa.Schema | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Apply ``fn(row) -> row`` to every record. **Slow**: one Python call per record; prefer map_batches."""
         return self._then("map", name, lambda n: MapOperator(n, fn, schema), parallelism)
 
-    def flat_map(self, fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]]], *, schema: pa.Schema | None = None,
-                 name: str | None = None, parallelism: int | None = None) -> Stream:
+    def flat_map(
+        self,
+        fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]]],
+        *,
+        schema: pa.Schema | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Apply ``fn(row) -> rows`` to every record. **Slow**: one Python call per record."""
         return self._then("flat_map", name, lambda n: FlatMapOperator(n, fn, schema), parallelism)
 
@@ -90,11 +124,15 @@ class Stream:
 
     def rebalance(self, *, parallelism: int | None = None) -> Stream:
         """Spread batches round-robin over the next operator's subtasks."""
-        return self._then("rebalance", None, PassThroughOperator, parallelism, self._edge(Partitioning.REBALANCE))
+        return self._then(
+            "rebalance", None, PassThroughOperator, parallelism, self._edge(Partitioning.REBALANCE)
+        )
 
     def broadcast(self, *, parallelism: int | None = None) -> Stream:
         """Send every batch to every subtask of the next operator."""
-        return self._then("broadcast", None, PassThroughOperator, parallelism, self._edge(Partitioning.BROADCAST))
+        return self._then(
+            "broadcast", None, PassThroughOperator, parallelism, self._edge(Partitioning.BROADCAST)
+        )
 
     def union(self, *others: Stream, name: str | None = None, parallelism: int | None = None) -> Stream:
         """Merge this stream with ``others`` (same schema expected)."""
@@ -114,8 +152,15 @@ class Stream:
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
         sink.validate()
-        self.pipeline._add("sink", name or sink.name, lambda n: SinkOperator(n, sink), parallelism, [self._edge()],
-                           kind=NodeKind.SINK, spec=sink)
+        self.pipeline._add(
+            "sink",
+            name or sink.name,
+            lambda n: SinkOperator(n, sink),
+            parallelism,
+            [self._edge()],
+            kind=NodeKind.SINK,
+            spec=sink,
+        )
 
 
 class KeyedStream:
@@ -125,19 +170,35 @@ class KeyedStream:
         self.stream = stream
         self.key = key
 
-    def process(self, fn: KeyedProcessFunction, *, schema: pa.Schema | None = None, name: str | None = None,
-                parallelism: int | None = None) -> Stream:
+    def process(
+        self,
+        fn: KeyedProcessFunction,
+        *,
+        schema: pa.Schema | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Run a KeyedProcessFunction with keyed value/list/map state and timers."""
         if not isinstance(fn, KeyedProcessFunction):
             raise ConfigError("process: fn must be a KeyedProcessFunction")
         key = self.key
         return self.stream._then(
-            "process", name or type(fn).__name__, lambda n: KeyedProcessOperator(n, key, fn, schema), parallelism,
-            self.stream._edge(Partitioning.HASH, key), state_distribution="union", key=key,
+            "process",
+            name or type(fn).__name__,
+            lambda n: KeyedProcessOperator(n, key, fn, schema),
+            parallelism,
+            self.stream._edge(Partitioning.HASH, key),
+            state_distribution="union",
+            key=key,
         )
 
-    def reduce(self, fn: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]], *, name: str | None = None,
-               parallelism: int | None = None) -> Stream:
+    def reduce(
+        self,
+        fn: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream:
         """Running reduction per key, ``fn(acc, row) -> acc``; emits the updated value for every input row."""
         return self.process(ReduceFunction(fn), name=name or "reduce", parallelism=parallelism)
 
@@ -176,17 +237,25 @@ class Pipeline:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
         if not isinstance(max_parallelism, int) or not 1 <= max_parallelism <= 32768:
-            raise ConfigError(f"Pipeline: max_parallelism must be an integer in 1..32768 (got {max_parallelism!r})")
+            raise ConfigError(
+                f"Pipeline: max_parallelism must be an integer in 1..32768 (got {max_parallelism!r})"
+            )
         if not isinstance(buffers_per_channel, int) or buffers_per_channel < 1:
-            raise ConfigError(f"Pipeline: buffers_per_channel must be an integer >= 1 (got {buffers_per_channel!r})")
+            raise ConfigError(
+                f"Pipeline: buffers_per_channel must be an integer >= 1 (got {buffers_per_channel!r})"
+            )
         if not isinstance(max_batch_rows, int) or max_batch_rows < 0:
             raise ConfigError(f"Pipeline: max_batch_rows must be an integer >= 0 (got {max_batch_rows!r})")
         if restart is not None and not isinstance(restart, RestartStrategy):
-            raise ConfigError("Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
-                              "ExponentialBackoffRestart, FailureRateRestart, NoRestart)")
+            raise ConfigError(
+                "Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
+                "ExponentialBackoffRestart, FailureRateRestart, NoRestart)"
+            )
         self.name = name
         self.checkpoint: CheckpointConfig = (
-            CheckpointConfig() if checkpoint is None else validated(CheckpointConfig, checkpoint, "checkpoint")
+            CheckpointConfig()
+            if checkpoint is None
+            else validated(CheckpointConfig, checkpoint, "checkpoint")
         )
         self.restart = restart or FixedDelayRestart(attempts=3, delay=1.0)
         self.buffers_per_channel = buffers_per_channel
@@ -201,8 +270,15 @@ class Pipeline:
         self._names[base] = n + 1
         return base if n == 0 else f"{base}-{n + 1}"
 
-    def _add(self, label: str, name: str | None, make: Callable[[str], Any], parallelism: int | None,
-             inputs: list[LogicalEdge], **kw: Any) -> LogicalNode:
+    def _add(
+        self,
+        label: str,
+        name: str | None,
+        make: Callable[[str], Any],
+        parallelism: int | None,
+        inputs: list[LogicalEdge],
+        **kw: Any,
+    ) -> LogicalNode:
         if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
             raise ConfigError(f"{name or label}: parallelism must be an integer >= 1 (got {parallelism!r})")
         if name is not None and name in self._names:
@@ -211,8 +287,15 @@ class Pipeline:
         if name is not None:
             self._names[name] = 1
         node_kind = kw.pop("kind", NodeKind.OPERATOR)
-        node = LogicalNode(next(self._ids), node_name, node_kind, functools.partial(make, node_name),
-                           parallelism, inputs, **kw)
+        node = LogicalNode(
+            next(self._ids),
+            node_name,
+            node_kind,
+            functools.partial(make, node_name),
+            parallelism,
+            inputs,
+            **kw,
+        )
         return self.graph.add(node)
 
     def source(self, source: Source, *, name: str | None = None, parallelism: int | None = None) -> Stream:
@@ -220,19 +303,34 @@ class Pipeline:
         if not isinstance(source, Source):
             raise ConfigError(f"source: expected a sluice Source, got {type(source).__name__}")
         source.validate()
-        node = self._add("source", name or source.name, PassThroughOperator, parallelism, [],
-                         kind=NodeKind.SOURCE, spec=source)
+        node = self._add(
+            "source",
+            name or source.name,
+            PassThroughOperator,
+            parallelism,
+            [],
+            kind=NodeKind.SOURCE,
+            spec=source,
+        )
         return Stream(self, node)
 
     def build(self) -> JobGraph:
         """Validate and chain the graph (raises GraphError / ConfigError)."""
         return build_job_graph(self.graph)
 
-    def job_config(self, restore: str = "latest", recover_without_channel_state: int | None = None,
-                   job_id: str | None = None) -> JobConfig:
+    def job_config(
+        self,
+        restore: str = "latest",
+        recover_without_channel_state: int | None = None,
+        job_id: str | None = None,
+    ) -> JobConfig:
         return JobConfig(
-            job_id=job_id or _job_id(self.name), checkpoint=self.checkpoint, restart=self.restart,
-            buffers_per_channel=self.buffers_per_channel, max_batch_rows=self.max_batch_rows, restore=restore,
+            job_id=job_id or _job_id(self.name),
+            checkpoint=self.checkpoint,
+            restart=self.restart,
+            buffers_per_channel=self.buffers_per_channel,
+            max_batch_rows=self.max_batch_rows,
+            restore=restore,
             recover_without_channel_state=recover_without_channel_state,
         )
 
@@ -276,16 +374,23 @@ class JobClient:
         self._result: JobResult | None = None
         self._error: BaseException | None = None
         self._attempt: Any = None
-        self._thread = threading.Thread(target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True
+        )
         self._thread.start()
 
     def _main(self, faults: FaultInjector | None) -> None:
         try:
-            self._result = run_job(self.job, self.config, self.runtime.run_attempt, faults,
-                                   on_attempt=lambda a: setattr(self, "_attempt", a))
+            self._result = run_job(
+                self.job,
+                self.config,
+                self.runtime.run_attempt,
+                faults,
+                on_attempt=lambda a: setattr(self, "_attempt", a),
+            )
             if getattr(self.runtime, "cancelled", None) is not None and self.runtime.cancelled.is_set():
                 self._result.status = "cancelled"
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             self._error = exc
 
     def wait(self, timeout: float | None = None) -> JobResult:
@@ -305,7 +410,9 @@ class JobClient:
         if not self.config.checkpoint.retain_on_cancel:
             from sluice.checkpoint.storage import checkpoint_storage
 
-            st = checkpoint_storage(self.config.checkpoint.storage, self.config.job_id)
+            st = checkpoint_storage(
+                self.config.checkpoint.storage, self.config.job_id, **self.config.checkpoint.storage_options
+            )
             for cid, _, sp in st.completed():
                 if not sp:
                     st.discard(cid)

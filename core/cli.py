@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-
 from sluice.api import Pipeline
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage, parse_checkpoint_uri
 from sluice.errors import SluiceError
@@ -30,7 +29,9 @@ def load_pipeline(path: str) -> Pipeline:
         p = ns["build_pipeline"]()
         if isinstance(p, Pipeline):
             return p
-    raise click.ClickException(f"{path} defines neither `pipeline = Pipeline(...)` nor `build_pipeline() -> Pipeline`")
+    raise click.ClickException(
+        f"{path} defines neither `pipeline = Pipeline(...)` nor `build_pipeline() -> Pipeline`"
+    )
 
 
 @click.group()
@@ -43,23 +44,46 @@ def main(verbose: int) -> None:
 
 @main.command()
 @click.argument("job", type=click.Path(dir_okay=False))
-@click.option("--runtime", type=click.Choice(["spark", "local"]), default="spark", show_default=True,
-              help="spark: embedded local[P] unless --master is given; local: threads in this process (no JVM).")
-@click.option("--master", default=None, help="Spark master URL (default: spark-submit's, else embedded local[P]).")
-@click.option("--restore", default="latest", show_default=True,
-              help="'latest' (resume the job's latest completed checkpoint), 'none', or a checkpoint/savepoint path.")
-@click.option("--recover-without-channel-state", type=int, default=None,
-              help="Drop the unaligned channel state of this checkpoint id on restore (LOSES its in-flight data).")
-def run(job: str, runtime: str, master: str | None, restore: str, recover_without_channel_state: int | None) -> None:
+@click.option(
+    "--runtime",
+    type=click.Choice(["spark", "local"]),
+    default="spark",
+    show_default=True,
+    help="spark: embedded local[P] unless --master is given; local: threads in this process (no JVM).",
+)
+@click.option(
+    "--master", default=None, help="Spark master URL (default: spark-submit's, else embedded local[P])."
+)
+@click.option(
+    "--restore",
+    default="latest",
+    show_default=True,
+    help="'latest' (resume the job's latest completed checkpoint), 'none', or a checkpoint/savepoint path.",
+)
+@click.option(
+    "--recover-without-channel-state",
+    type=int,
+    default=None,
+    help="Drop the unaligned channel state of this checkpoint id on restore (LOSES its in-flight data).",
+)
+def run(
+    job: str, runtime: str, master: str | None, restore: str, recover_without_channel_state: int | None
+) -> None:
     """Run the pipeline defined in JOB (a Python file)."""
     pipeline = load_pipeline(job)
     try:
-        result = pipeline.run(runtime=runtime, restore=restore, spark_master=master,  # type: ignore[arg-type]
-                              recover_without_channel_state=recover_without_channel_state)
+        result = pipeline.run(
+            runtime=runtime,
+            restore=restore,
+            spark_master=master,  # type: ignore[arg-type, unused-ignore]
+            recover_without_channel_state=recover_without_channel_state,
+        )
     except SluiceError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
-               f"last checkpoint {result.last_checkpoint}")
+    click.echo(
+        f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
+        f"last checkpoint {result.last_checkpoint}"
+    )
 
 
 @main.group()
@@ -106,8 +130,10 @@ def list_checkpoints(uri: str, job: str | None, as_json: bool) -> None:
         click.echo(json.dumps([{**r, "retained": r["checkpoint_id"] in retained} for r in rows], indent=1))
         return
     click.echo(f"job {st.job_id} in {st.base}")
-    click.echo(f"{'id':>6}  {'status':<10} {'kind':<10} {'alignment':<14} {'started':<19} {'duration':>9} "
-               f"{'size':>10} {'in-flight':>10}  retained  failure")
+    click.echo(
+        f"{'id':>6}  {'status':<10} {'kind':<10} {'alignment':<14} {'started':<19} {'duration':>9} "
+        f"{'size':>10} {'in-flight':>10}  retained  failure"
+    )
     for r in rows:
         align = r.get("alignment", "")
         if r.get("switched_to_unaligned"):
@@ -140,23 +166,33 @@ def show_checkpoint(uri: str, checkpoint_id: int | None, job: str | None) -> Non
         raise click.ClickException(f"job {st.job_id} has no checkpoint {checkpoint_id}")
     r: dict[str, Any] = stats[-1]
     click.echo(f"checkpoint {checkpoint_id} of job {st.job_id}: {r['status']}")
-    click.echo(f"  kind: {r.get('kind')}   alignment: {r.get('alignment')}"
-               f"{'  (switched from aligned to unaligned)' if r.get('switched_to_unaligned') else ''}")
-    click.echo(f"  triggered: {_fmt_time(r.get('trigger_time'))}   end-to-end duration: {r.get('duration_s', 0):.3f}s")
-    click.echo(f"  state size: {_size(r.get('state_bytes', 0))}   persisted in-flight data: "
-               f"{_size(r.get('inflight_bytes', 0))}")
+    click.echo(
+        f"  kind: {r.get('kind')}   alignment: {r.get('alignment')}"
+        f"{'  (switched from aligned to unaligned)' if r.get('switched_to_unaligned') else ''}"
+    )
+    click.echo(
+        f"  triggered: {_fmt_time(r.get('trigger_time'))}   end-to-end duration: {r.get('duration_s', 0):.3f}s"
+    )
+    click.echo(
+        f"  state size: {_size(r.get('state_bytes', 0))}   persisted in-flight data: "
+        f"{_size(r.get('inflight_bytes', 0))}"
+    )
     if r.get("path"):
         click.echo(f"  path: {r['path']}")
     if r.get("failure_reason"):
         click.echo(f"  failure: {r['failure_reason']}: {r.get('failure_detail')}")
     tasks = r.get("tasks") or {}
     if tasks:
-        click.echo(f"  {'subtask':<9} {'mode':<10} {'alignment':>10} {'sync':>9} {'async':>9} {'state':>10} {'in-flight':>10}")
+        click.echo(
+            f"  {'subtask':<9} {'mode':<10} {'alignment':>10} {'sync':>9} {'async':>9} {'state':>10} {'in-flight':>10}"
+        )
         for name, t in sorted(tasks.items()):
             mode = ("unaligned*" if t.get("switched") else "unaligned") if t.get("unaligned") else "aligned"
-            click.echo(f"  {name:<9} {mode:<10} {t.get('alignment_s', 0):>9.4f}s {t.get('sync_s', 0):>8.4f}s "
-                       f"{t.get('async_s', 0):>8.4f}s {_size(t.get('state_bytes', 0)):>10} "
-                       f"{_size(t.get('inflight_bytes', 0)):>10}")
+            click.echo(
+                f"  {name:<9} {mode:<10} {t.get('alignment_s', 0):>9.4f}s {t.get('sync_s', 0):>8.4f}s "
+                f"{t.get('async_s', 0):>8.4f}s {_size(t.get('state_bytes', 0)):>10} "
+                f"{_size(t.get('inflight_bytes', 0)):>10}"
+            )
         click.echo("  (* switched from aligned to unaligned after aligned_checkpoint_timeout)")
 
 
@@ -175,8 +211,13 @@ def demo(runtime: str, out: str | None) -> None:
 
 @main.command()
 @click.argument("name")
-@click.option("--template", "template", default="kafka-to-parquet", show_default=True,
-              help="Template to start from (see --list).")
+@click.option(
+    "--template",
+    "template",
+    default="kafka-to-parquet",
+    show_default=True,
+    help="Template to start from (see --list).",
+)
 @click.option("--dir", "directory", default=".", show_default=True, help="Where to create the job file.")
 def new(name: str, template: str, directory: str) -> None:
     """Scaffold a job file NAME.py from a template."""

@@ -12,8 +12,7 @@ from collections import deque
 from typing import Any, Literal
 
 import tenacity
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
-
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sluice.errors import ConfigError
 
 __all__ = [
@@ -75,6 +74,7 @@ class CheckpointConfig(_Frozen):
         num_retained: completed checkpoints kept; older ones are deleted once subsumed.
         retain_on_cancel: keep the retained checkpoints when the job is cancelled.
         storage: where checkpoints are written: a local path, ``file://`` or ``s3://`` URI.
+        storage_options: options for the storage (for ``s3://``: endpoint_url, region_name, credentials).
         unaligned: barriers overtake in-flight data, which is persisted as channel state.
         aligned_checkpoint_timeout: seconds; start aligned and switch to unaligned once alignment takes longer.
     """
@@ -90,6 +90,7 @@ class CheckpointConfig(_Frozen):
     storage: str = "./checkpoints"
     unaligned: bool = False
     aligned_checkpoint_timeout: float | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)  # may hold credentials
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointConfig:
@@ -97,7 +98,9 @@ class CheckpointConfig(_Frozen):
             return ConfigError(f"invalid CheckpointConfig: {option} must be {allowed} (got {got!r})")
 
         if self.interval is not None and not self.interval > 0:
-            raise bad("interval", "a number of seconds > 0, or None to disable periodic checkpoints", self.interval)
+            raise bad(
+                "interval", "a number of seconds > 0, or None to disable periodic checkpoints", self.interval
+            )
         if not self.timeout > 0:
             raise bad("timeout", "a number of seconds > 0", self.timeout)
         if self.min_pause < 0:
@@ -114,7 +117,11 @@ class CheckpointConfig(_Frozen):
         if scheme not in ("file", "s3"):
             raise bad("storage", "a local path, file:// or s3:// URI", self.storage)
         if self.aligned_checkpoint_timeout is not None and self.aligned_checkpoint_timeout < 0:
-            raise bad("aligned_checkpoint_timeout", "a number of seconds >= 0, or None", self.aligned_checkpoint_timeout)
+            raise bad(
+                "aligned_checkpoint_timeout",
+                "a number of seconds >= 0, or None",
+                self.aligned_checkpoint_timeout,
+            )
         if (self.unaligned or self.aligned_checkpoint_timeout is not None) and self.mode != "exactly_once":
             raise bad("mode", "'exactly_once' when unaligned or aligned_checkpoint_timeout is set", self.mode)
         return self
@@ -160,7 +167,9 @@ class FixedDelayRestart(RestartStrategy):
     @model_validator(mode="after")
     def _check(self) -> FixedDelayRestart:
         if self.attempts < 0:
-            raise ConfigError(f"invalid FixedDelayRestart: attempts must be an integer >= 0 (got {self.attempts})")
+            raise ConfigError(
+                f"invalid FixedDelayRestart: attempts must be an integer >= 0 (got {self.attempts})"
+            )
         if self.delay < 0:
             raise ConfigError(f"invalid FixedDelayRestart: delay must be seconds >= 0 (got {self.delay})")
         return self
@@ -192,9 +201,13 @@ class ExponentialBackoffRestart(RestartStrategy):
                 f"(got initial={self.initial}, max_delay={self.max_delay})"
             )
         if self.multiplier < 1:
-            raise ConfigError(f"invalid ExponentialBackoffRestart: multiplier must be >= 1 (got {self.multiplier})")
+            raise ConfigError(
+                f"invalid ExponentialBackoffRestart: multiplier must be >= 1 (got {self.multiplier})"
+            )
         if self.max_attempts is not None and self.max_attempts < 0:
-            raise ConfigError(f"invalid ExponentialBackoffRestart: max_attempts must be >= 0 or None (got {self.max_attempts})")
+            raise ConfigError(
+                f"invalid ExponentialBackoffRestart: max_attempts must be >= 0 or None (got {self.max_attempts})"
+            )
         return self
 
     def stop(self) -> Any:
@@ -203,7 +216,9 @@ class ExponentialBackoffRestart(RestartStrategy):
         return tenacity.stop_after_attempt(self.max_attempts + 1)
 
     def wait(self) -> Any:
-        base = tenacity.wait_exponential(multiplier=self.initial, exp_base=self.multiplier, max=self.max_delay)
+        base = tenacity.wait_exponential(
+            multiplier=self.initial, exp_base=self.multiplier, max=self.max_delay
+        )
         return base + tenacity.wait_random(0, self.jitter) if self.jitter else base
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sluice.api import Pipeline
 from sluice.config import CheckpointConfig, FixedDelayRestart
 from sluice.functions import KeyedProcessFunction
@@ -29,12 +28,24 @@ class RunningTotals(KeyedProcessFunction):
         n, a = ctx.state(self.orders), ctx.state(self.amount)
         n.update(n.value() + rows.num_rows)
         a.update(a.value() + pc.sum(rows.column("amount")).as_py())
-        return [{"customer": key, "orders": n.value(), "amount": a.value(), "last_id": rows.column("id")[-1].as_py()}]
+        return [
+            {
+                "customer": key,
+                "orders": n.value(),
+                "amount": a.value(),
+                "last_id": rows.column("id")[-1].as_py(),
+            }
+        ]
 
 
 def _orders(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
-        [batch.column("id"), pc.cast(batch.column("key"), pa.int32()), batch.column("value"), batch.column("ts")],
+        [
+            batch.column("id"),
+            pc.cast(batch.column("key"), pa.int32()),
+            batch.column("value"),
+            batch.column("ts"),
+        ],
         names=["id", "customer", "amount", "ts"],
     )
 
@@ -44,13 +55,17 @@ def build_demo(out: str, parallelism: int = 2) -> Pipeline:
     from sluice.connectors.generator import GeneratorSource
     from sluice.sinks.files import FileSink
 
-    p = Pipeline("sluice-demo", parallelism=parallelism,
-                 checkpoint=CheckpointConfig(interval=0.5, storage=f"{out}/checkpoints"),
-                 restart=FixedDelayRestart(attempts=2, delay=0.5))
+    p = Pipeline(
+        "sluice-demo",
+        parallelism=parallelism,
+        checkpoint=CheckpointConfig(interval=0.5, storage=f"{out}/checkpoints"),
+        restart=FixedDelayRestart(attempts=2, delay=0.5),
+    )
     orders = p.source(GeneratorSource(num_splits=4, records_per_split=5000, batch_size=500, num_keys=20))
     totals = orders.map_batches(_orders, name="orders").filter(pc.field("amount") > 0, name="paid")
     totals.key_by("customer").process(RunningTotals(), name="totals").sink(
-        FileSink(f"{out}/totals", format="parquet"), name="parquet")
+        FileSink(f"{out}/totals", format="parquet"), name="parquet"
+    )
     return p
 
 
@@ -59,16 +74,22 @@ def run_demo(runtime: str = "spark", out: str | None = None, echo: Callable[[str
     import pyarrow.dataset as ds
 
     out = out or tempfile.mkdtemp(prefix="sluice-demo-")
-    echo(f"sluice demo: 20,000 orders -> running totals per customer -> Parquet in {out}/totals ({runtime} runtime)")
+    echo(
+        f"sluice demo: 20,000 orders -> running totals per customer -> Parquet in {out}/totals ({runtime} runtime)"
+    )
     t0 = time.monotonic()
-    result = build_demo(out).run(runtime=runtime, restore="none")  # type: ignore[arg-type]
+    result = build_demo(out).run(runtime=runtime, restore="none")  # type: ignore[arg-type, unused-ignore]
     took = time.monotonic() - t0
     table = ds.dataset(f"{out}/totals", format="parquet").to_table()
     final = table.group_by("customer").aggregate([("orders", "max"), ("amount", "max")]).sort_by("customer")
-    echo(f"job {result.job_id} {result.status} in {took:.1f}s; {result.checkpoints and len(result.checkpoints)} "
-         f"checkpoints, last completed: {result.last_checkpoint}")
-    echo(f"committed {table.num_rows} rows in {len(ds.dataset(f'{out}/totals', format='parquet').files)} "
-         f"visible Parquet file(s); final totals per customer:")
+    echo(
+        f"job {result.job_id} {result.status} in {took:.1f}s; {result.checkpoints and len(result.checkpoints)} "
+        f"checkpoints, last completed: {result.last_checkpoint}"
+    )
+    echo(
+        f"committed {table.num_rows} rows in {len(ds.dataset(f'{out}/totals', format='parquet').files)} "
+        f"visible Parquet file(s); final totals per customer:"
+    )
     for row in final.to_pylist()[:20]:
         echo(f"  customer {row['customer']:>2}: {row['orders_max']:>5} orders, amount {row['amount_max']:>9}")
     total_orders = sum(r["orders_max"] for r in final.to_pylist())

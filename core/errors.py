@@ -40,7 +40,9 @@ class BadRecordError(SluiceError):
         snippet: the first bytes of the raw record.
     """
 
-    def __init__(self, message: str, *, topic: str, partition: int, offset: int, snippet: bytes = b"") -> None:
+    def __init__(
+        self, message: str, *, topic: str, partition: int, offset: int, snippet: bytes = b""
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.offset = offset

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 __all__ = [
     "AlignmentMode",
     "CancelCheckpointMarker",
+    "CheckpointAnnouncement",
     "CheckpointBarrier",
     "CheckpointKind",
     "CheckpointOptions",
     "EndOfPartition",
     "Event",
     "Watermark",
+    "WatermarkStatus",
 ]
 
 
@@ -53,6 +55,14 @@ class Watermark:
 
 
 @dataclass(frozen=True)
+class WatermarkStatus:
+    """The sender went idle (``idle=True``): leave its channel out of the watermark minimum until its next
+    watermark."""
+
+    idle: bool
+
+
+@dataclass(frozen=True)
 class CheckpointBarrier:
     """Separates the records of checkpoint ``checkpoint_id`` from those after it.
 
@@ -70,6 +80,15 @@ class CheckpointBarrier:
 
 
 @dataclass(frozen=True)
+class CheckpointAnnouncement:
+    """Priority event sent ahead of an aligned barrier (timeout-adaptive mode): the receiver learns of the
+    checkpoint while its barrier is still queued behind data, so it can pull the barrier forward once
+    ``aligned_checkpoint_timeout`` passed."""
+
+    barrier: CheckpointBarrier
+
+
+@dataclass(frozen=True)
 class CancelCheckpointMarker:
     """Checkpoint ``checkpoint_id`` was aborted: stop aligning for it."""
 
@@ -81,4 +100,4 @@ class EndOfPartition:
     """The sender has finished: no more data on this channel."""
 
 
-Event = Watermark | CheckpointBarrier | CancelCheckpointMarker | EndOfPartition
+Event = Watermark | WatermarkStatus | CheckpointBarrier | CheckpointAnnouncement | CancelCheckpointMarker | EndOfPartition

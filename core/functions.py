@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import pyarrow as pa
-
 from sluice.state.api import StateDescriptor
 
 __all__ = ["KeyedContext", "KeyedProcessFunction", "Output", "RuntimeContext", "TimerService"]
 
 #: What process/on_timer may return: nothing, a batch, a table, a list of row dicts, or batches.
-Output = pa.RecordBatch | pa.Table | Iterable[dict[str, Any]] | Iterable[pa.RecordBatch] | None
+Output: TypeAlias = pa.RecordBatch | pa.Table | Iterable[dict[str, Any]] | Iterable[pa.RecordBatch] | None
 
 
 class TimerService(Protocol):

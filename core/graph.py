@@ -15,8 +15,18 @@ from typing import Any
 from sluice.errors import GraphError
 from sluice.keys import KeySelector
 
-__all__ = ["ExecutionGraph", "JobEdge", "JobGraph", "JobVertex", "LogicalEdge", "LogicalGraph", "LogicalNode",
-           "NodeKind", "Partitioning", "build_job_graph"]
+__all__ = [
+    "ExecutionGraph",
+    "JobEdge",
+    "JobGraph",
+    "JobVertex",
+    "LogicalEdge",
+    "LogicalGraph",
+    "LogicalNode",
+    "NodeKind",
+    "Partitioning",
+    "build_job_graph",
+]
 
 
 class NodeKind(enum.Enum):
@@ -85,7 +95,9 @@ class LogicalGraph:
         names: dict[str, int] = {}
         for n in self.nodes.values():
             if n.name in names:
-                raise GraphError(f"two operators are named {n.name!r}: names identify state, make them unique")
+                raise GraphError(
+                    f"two operators are named {n.name!r}: names identify state, make them unique"
+                )
             names[n.name] = n.id
             p = self.parallelism_of(n)
             if p < 1:
@@ -105,6 +117,14 @@ class LogicalGraph:
                     raise GraphError(
                         f"forward edge {up.name!r} -> {n.name!r} needs equal parallelism "
                         f"({self.parallelism_of(up)} != {p}); use rebalance()"
+                    )
+        consumed = {(e.upstream, e.tag) for n in self.nodes.values() for e in n.inputs}
+        for n in self.nodes.values():
+            for tag in getattr(n.spec, "side_outputs", ()) if n.kind is NodeKind.SOURCE else ():
+                if (n.id, tag) not in consumed:
+                    raise GraphError(
+                        f"source {n.name!r} emits side output {tag!r} but nothing reads it: connect "
+                        f"stream.side_output({tag!r}).sink(...) so those records are not lost"
                     )
         order: list[int] = []
         state: dict[int, int] = {}  # 1 = visiting, 2 = done
@@ -185,7 +205,9 @@ class JobGraph:
     def describe(self) -> str:
         lines = []
         for v in self.vertices.values():
-            ins = ", ".join(f"{self.vertices[e.upstream].chain[-1].name}[{e.partitioning.value}]" for e in v.inputs)
+            ins = ", ".join(
+                f"{self.vertices[e.upstream].chain[-1].name}[{e.partitioning.value}]" for e in v.inputs
+            )
             lines.append(f"  [{v.id}] {v.name}  x{v.parallelism}" + (f"  <- {ins}" if ins else ""))
         return "\n".join(lines)
 

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sluice.errors import ConfigError
 from sluice.state.keygroups import hash_columns
 
@@ -31,7 +30,9 @@ class KeySelector:
             self._columns = list(spec)
             self._fn = None
         else:
-            raise ConfigError("key_by: key must be a column name, a list of column names, or fn(batch) -> Array")
+            raise ConfigError(
+                "key_by: key must be a column name, a list of column names, or fn(batch) -> Array"
+            )
         self.description = ",".join(self._columns) if self._columns else getattr(spec, "__name__", "fn")
 
     def arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
@@ -73,14 +74,16 @@ class KeySelector:
         else:
             rows = list(zip(*(a.to_pylist() for a in arrays), strict=True))
             index: dict[Any, int] = {}
-            codes = np.fromiter((index.setdefault(r, len(index)) for r in rows), dtype=np.int64, count=len(rows))
+            codes = np.fromiter(
+                (index.setdefault(r, len(index)) for r in rows), dtype=np.int64, count=len(rows)
+            )
             keys = list(index)
             key_hashes = hash_columns([pa.array([k[i] for k in keys]) for i in range(len(arrays))])
         order = np.argsort(codes, kind="stable")
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
         chunks = np.split(order, bounds) if len(order) else []
         present = [int(codes[c[0]]) for c in chunks]
-        first_seen = np.argsort([c[0] for c in chunks], kind="stable") if chunks else []
+        first_seen: Any = np.argsort([c[0] for c in chunks], kind="stable") if chunks else []
         return (
             [keys[present[i]] for i in first_seen],
             [chunks[i] for i in first_seen],

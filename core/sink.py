@@ -60,10 +60,10 @@ class SinkWriter(ABC, Generic[C]):
         what ``committables`` name, and leave the originals until the replacement is durable."""
         return committables
 
-    def end_input(self) -> None:  # noqa: B027 - optional hook
+    def end_input(self) -> None:
         """No more data: the next prepare_commit is the final one."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources; uncommitted staged data is left for Sink.recover to clean up."""
 
 
@@ -74,7 +74,7 @@ class Committer(ABC, Generic[C]):
     def commit(self, committables: Sequence[C]) -> None:
         """Publish every committable, oldest first. Raise to have the commit retried."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources."""
 
 
@@ -103,8 +103,8 @@ class Sink(ABC, Generic[C]):
         """The global committer, or None."""
         return None
 
-    def recover(self, job_id: str, committables: Sequence[C]) -> None:  # noqa: B027 - optional hook
+    def recover(self, job_id: str, committables: Sequence[C]) -> None:
         """Before (re)starting: abort staged data of ``job_id`` not in ``committables`` (the restored checkpoint's)."""
 
-    def validate(self) -> None:  # noqa: B027 - optional hook
+    def validate(self) -> None:
         """Check options at job build time; raise ConfigError naming the option."""

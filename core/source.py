@@ -62,6 +62,8 @@ class ReaderOutput(Protocol):
     def emit(self, batch: pa.RecordBatch) -> None: ...
     def emit_side(self, tag: str, batch: pa.RecordBatch) -> None: ...
     def emit_watermark(self, timestamp_ms: int) -> None: ...
+    def mark_idle(self) -> None:
+        """No data for a while: downstream stops waiting for this reader's watermark until the next one."""
 
 
 class ReaderContext(Protocol):
@@ -165,6 +167,12 @@ class Source(ABC):
 
     def validate(self) -> None:  # noqa: B027 - optional hook
         """Check options at job build time; raise ConfigError naming the option."""
+
+    @property
+    def side_outputs(self) -> tuple[str, ...]:
+        """Side-output tags this source emits (e.g. ``("dead_letters",)``); each must be connected to a
+        sink, or the job is refused at build time, so no record is silently dropped."""
+        return ()
 
     @property
     def discovery_interval(self) -> float | None:

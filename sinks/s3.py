@@ -86,7 +86,7 @@ def make_client(options: dict[str, Any]) -> Any:
         session = _SESSIONS.get(profile)
         if session is None:
             session = _SESSIONS[profile] = boto3.session.Session(profile_name=profile)
-        return session.client("s3", config=Config(retries=retries), **opts)  # type: ignore[arg-type]
+        return session.client("s3", config=Config(retries=retries), **opts)
 
 
 def _code(exc: BaseException) -> str:

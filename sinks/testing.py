@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-
 from sluice.errors import CommitError
 from sluice.sink import Committer, GlobalCommitter, Sink, SinkContext, SinkWriter
 

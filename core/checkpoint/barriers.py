@@ -27,13 +27,19 @@ class BarrierTarget(Protocol):
     def unblock_all(self) -> None: ...
     def perform_checkpoint(self, barrier: CheckpointBarrier, unaligned: bool) -> None:
         """Snapshot state and forward ``barrier`` (at the head of the output queues if ``unaligned``)."""
+
     def start_recording(self, checkpoint_id: int, channels: set[int], overtaken: dict[int, list]) -> None:  # type: ignore[type-arg]
         """Unaligned: persist overtaken input of each channel, and data of ``channels`` until their barrier."""
+
     def stop_recording(self, channel: int) -> None: ...
+    def add_overtaken(self, checkpoint_id: int, channel: int, batches: list) -> None:  # type: ignore[type-arg]
+        """Unaligned: persist input that a later channel's priority barrier overtook."""
     def finish_recording(self, checkpoint_id: int) -> None:
         """Unaligned: every channel delivered its barrier; the channel state of the checkpoint is complete."""
+
     def pull_barrier_forward(self, channel: int, checkpoint_id: int) -> list | None:  # type: ignore[type-arg]
         """Move a queued barrier to the head of ``channel``; returns the overtaken input, None if not queued."""
+
     def abort_checkpoint(self, checkpoint_id: int, reason: str) -> None: ...
     def alignment_done(self, checkpoint_id: int, alignment_s: float, switched: bool) -> None: ...
 
@@ -43,6 +49,9 @@ class _State:
 
     def barrier(self, h: BarrierHandler, ch: int, b: CheckpointBarrier) -> _State:
         raise NotImplementedError
+
+    def announcement(self, h: BarrierHandler, ch: int, b: CheckpointBarrier) -> _State:
+        return self
 
     def timeout(self, h: BarrierHandler) -> _State:
         return self
@@ -59,11 +68,17 @@ class _WaitingForFirstBarrier(_State):
             h.target.block(ch)
         return h.maybe_done(_CollectingAligned())
 
+    def announcement(self, h: BarrierHandler, ch: int, b: CheckpointBarrier) -> _State:
+        # the barrier is queued behind data on ``ch``: start the clock without blocking anything
+        h.begin(b)
+        return _CollectingAligned()
+
 
 class _CollectingAligned(_State):
     def barrier(self, h: BarrierHandler, ch: int, b: CheckpointBarrier) -> _State:
-        if b.options.is_unaligned and h.mode is AlignmentMode.ADAPTIVE:
-            # upstream switched this checkpoint to unaligned: switch too
+        if b.options.is_unaligned:
+            # a priority barrier overtook data that is now behind it: blocking would lose that data,
+            # so this checkpoint continues unaligned here too
             return self._switch(h, ch)
         h.received.add(ch)
         if h.mode is not AlignmentMode.AT_LEAST_ONCE:
@@ -82,19 +97,22 @@ class _CollectingAligned(_State):
         h.switched = True
         b = h.current.as_unaligned()
         h.current = b
+        overtaken: dict[int, list] = {}  # type: ignore[type-arg]
         if ch is not None:
             h.received.add(ch)
+            if ch in h.pending_overtaken:
+                overtaken[ch] = h.pending_overtaken.pop(ch)
         # channels still missing their barrier: pull it forward where it is already queued
-        overtaken: dict[int, list] = {}  # type: ignore[type-arg]
         for c in sorted(h.live - h.received):
             got = h.target.pull_barrier_forward(c, b.checkpoint_id)
             if got is not None:
                 overtaken[c] = got
+                h.pulled.add(c)
         h.target.unblock_all()
         h.target.perform_checkpoint(b, True)
         pending = h.live - h.received - set(overtaken)
         # channels whose barrier we pulled forward deliver it next; record their overtaken input now
-        h.target.start_recording(b.checkpoint_id, pending | set(overtaken), overtaken)
+        h.target.start_recording(b.checkpoint_id, pending | (set(overtaken) - h.received), overtaken)
         state = _CollectingUnaligned()
         return state.maybe_finish(h)
 
@@ -112,6 +130,11 @@ class _CollectingUnaligned(_State):
     def barrier(self, h: BarrierHandler, ch: int, b: CheckpointBarrier) -> _State:
         h.received.add(ch)
         h.target.stop_recording(ch)
+        # a priority barrier on this channel too: the input it overtook precedes it, so it is state (unless
+        # we pulled that barrier forward ourselves and already persisted what it overtook)
+        overtaken = h.pending_overtaken.pop(ch, None)
+        if overtaken and ch not in h.pulled:
+            h.target.add_overtaken(b.checkpoint_id, ch, overtaken)
         return self.maybe_finish(h)
 
     def maybe_finish(self, h: BarrierHandler) -> _State:
@@ -131,6 +154,7 @@ class BarrierHandler:
         self.mode = mode
         self.live: set[int] = set(range(num_channels))
         self.received: set[int] = set()
+        self.pulled: set[int] = set()  # channels whose barrier we pulled forward (adaptive switch)
         self.current: CheckpointBarrier | None = None
         self.last_done = 0
         self.switched = False
@@ -162,6 +186,7 @@ class BarrierHandler:
     def begin(self, b: CheckpointBarrier) -> None:
         self.current = b
         self.received = set()
+        self.pulled = set()
         self.switched = False
         self.started_at = time.monotonic()
 
@@ -176,7 +201,9 @@ class BarrierHandler:
 
     def finish(self, unaligned: bool) -> None:
         assert self.current is not None
-        self.target.alignment_done(self.current.checkpoint_id, time.monotonic() - self.started_at, self.switched)
+        self.target.alignment_done(
+            self.current.checkpoint_id, time.monotonic() - self.started_at, self.switched
+        )
         self.last_done = self.current.checkpoint_id
         self.current = None
         self.received = set()
@@ -206,6 +233,13 @@ class BarrierHandler:
             self.pending_overtaken[channel] = overtaken
         self._state = self._state.barrier(self, channel, barrier)
         self.pending_overtaken.pop(channel, None)
+
+    def on_announcement(self, channel: int, barrier: CheckpointBarrier) -> None:
+        """Barrier ``barrier`` is queued on ``channel`` behind data (timeout-adaptive mode)."""
+        if barrier.checkpoint_id <= self.last_done:
+            return
+        if self.current is None:
+            self._state = self._state.announcement(self, channel, barrier)
 
     def on_cancel(self, channel: int, checkpoint_id: int) -> None:
         """A cancel marker for ``checkpoint_id`` arrived."""

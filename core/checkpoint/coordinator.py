@@ -52,7 +52,7 @@ class _Pending:
     barrier: CheckpointBarrier
     waiting: set[SubtaskId]
     acks: dict[SubtaskId, dict[str, Any]] = field(default_factory=dict)
-    enumerators: dict[str, bytes] = field(default_factory=dict)
+    enumerators: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     error: CheckpointError | None = None
@@ -144,7 +144,8 @@ class CheckpointCoordinator:
             return CheckpointOptions(alignment=AlignmentMode.UNALIGNED)
         if self.config.unaligned or self.config.aligned_checkpoint_timeout is not None:
             return CheckpointOptions(
-                alignment=AlignmentMode.ADAPTIVE, alignment_timeout=self.config.aligned_checkpoint_timeout or 0.0
+                alignment=AlignmentMode.ADAPTIVE,
+                alignment_timeout=self.config.aligned_checkpoint_timeout or 0.0,
             )
         return CheckpointOptions()
 
@@ -199,8 +200,11 @@ class CheckpointCoordinator:
         for name, enum in self.enumerators.items():
             p.enumerators[name] = base64.b64encode(pickle.dumps(enum.snapshot_state(cid))).decode()
         self.pending[cid] = p
-        self.history.append(CheckpointStats(cid, "in_progress", barrier.timestamp, kind=opts.kind.value,
-                                            alignment=opts.alignment.value))
+        self.history.append(
+            CheckpointStats(
+                cid, "in_progress", barrier.timestamp, kind=opts.kind.value, alignment=opts.alignment.value
+            )
+        )
         for t in sorted(waiting, key=lambda s: (s.vertex, s.index)):
             if t in self.source_tasks or t in self.ended:
                 self.tasks[t].trigger_checkpoint(barrier)
@@ -262,12 +266,14 @@ class CheckpointCoordinator:
         try:
             for t, h in list(p.acks.items()):
                 if h.get("data") is not None:
-                    path = self.storage.write_task_state(cid, f"{t.vertex}-{t.index}.state", h["data"], savepoint)
+                    path = self.storage.write_task_state(
+                        cid, f"{t.vertex}-{t.index}.state", h["data"], savepoint
+                    )
                     p.acks[t] = {k: v for k, v in h.items() if k != "data"} | {"path": path}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
             return
-        for t, h in p.acks.items():
+        for h in p.acks.values():
             for sink_name, c in h.get("committables") or []:
                 committables.setdefault(sink_name, []).append(c)
         metadata = {
@@ -278,15 +284,15 @@ class CheckpointCoordinator:
             "trigger_time": p.barrier.timestamp,
             "duration_s": duration,
             "tasks": {
-                str(t): {k: v for k, v in h.items() if k != "committables"} for t, h in sorted(
-                    p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
+                str(t): {k: v for k, v in h.items() if k != "committables"}
+                for t, h in sorted(p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
             },
             "enumerators": p.enumerators,
             "global_committables": base64.b64encode(pickle.dumps(committables)).decode(),
         }
         try:
             path = self.storage.write_metadata(cid, metadata, savepoint)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
             return
         del self.pending[cid]
@@ -298,7 +304,7 @@ class CheckpointCoordinator:
         stats.duration_s = duration
         stats.path = path.rsplit("/", 1)[0]
         stats.tasks = {str(t): dict(h.get("stats") or {}) for t, h in p.acks.items()}
-        stats.state_bytes = sum(int(h.get("size") or 0) for t, h in p.acks.items() if not h.get("finished"))
+        stats.state_bytes = sum(int(h.get("size") or 0) for h in p.acks.values())
         stats.inflight_bytes = sum(int(s.get("inflight_bytes", 0)) for s in stats.tasks.values())
         if stats.is_unaligned:
             stats.alignment = "unaligned"
@@ -311,7 +317,7 @@ class CheckpointCoordinator:
         try:
             for name, commit in self.global_committers.items():
                 commit(cid, committables.get(name, []))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             self.on_fatal(exc)
             return
         for t, handle in self.tasks.items():
@@ -351,7 +357,7 @@ class CheckpointCoordinator:
         stats.duration_s = time.monotonic() - p.started
         try:
             self.storage.record_stats(stats.to_dict())
-        except Exception:  # noqa: BLE001 - stats are best effort
+        except Exception:
             log.exception("recording stats of checkpoint %d failed", cid)
         if notify:
             for t, handle in self.tasks.items():
@@ -363,12 +369,14 @@ class CheckpointCoordinator:
         if count and reason is not CheckpointFailureReason.SUBSUMED:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
-                self.on_fatal(CheckpointError(
-                    reason,
-                    f"{detail} ({self.consecutive_failures} consecutive failed checkpoints, "
-                    f"tolerable_failed_checkpoints={self.config.tolerable_failed_checkpoints})",
-                    cid,
-                ))
+                self.on_fatal(
+                    CheckpointError(
+                        reason,
+                        f"{detail} ({self.consecutive_failures} consecutive failed checkpoints, "
+                        f"tolerable_failed_checkpoints={self.config.tolerable_failed_checkpoints})",
+                        cid,
+                    )
+                )
 
     def _expire(self, now: float) -> None:
         with self.lock:

@@ -164,7 +164,9 @@ def checkpoint_storage(uri: str, job_id: str, **options: Any) -> CheckpointStora
         if ep.name == scheme:
             cls = ep.load()
             return cls(uri, job_id, **options)  # type: ignore[no-any-return]
-    raise ConfigError(f"checkpoint storage: no storage for scheme {scheme!r} (allowed: local path, file://, s3://)")
+    raise ConfigError(
+        f"checkpoint storage: no storage for scheme {scheme!r} (allowed: local path, file://, s3://)"
+    )
 
 
 def parse_checkpoint_uri(uri: str) -> tuple[str, str, str]:
@@ -172,5 +174,7 @@ def parse_checkpoint_uri(uri: str) -> tuple[str, str, str]:
     trimmed = uri.rstrip("/")
     parts = trimmed.rsplit("/", 2)
     if len(parts) != 3 or not _DIR.match(parts[2]):
-        raise RestoreError(f"{uri!r} is not a checkpoint path (expected <base>/<job-id>/chk-<n> or savepoint-<n>)")
+        raise RestoreError(
+            f"{uri!r} is not a checkpoint path (expected <base>/<job-id>/chk-<n> or savepoint-<n>)"
+        )
     return parts[0], parts[1], parts[2]

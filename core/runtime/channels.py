@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pyarrow as pa
-
 from sluice.events import CheckpointBarrier, EndOfPartition
 
 __all__ = ["InputChannel", "LocalChannel", "OutputChannel", "Signal"]
@@ -96,6 +95,7 @@ class LocalChannel:
         self._out_data = 0  # data batches in the output queue
         self.sender_wakeup: Callable[[], None] | None = None
         self._overtaken: list[pa.RecordBatch] = []
+        self._input_overtaken: dict[int, list[pa.RecordBatch]] = {}
 
     # -- sender side ---------------------------------------------------------------------------------
     def send(self, item: Any) -> None:
@@ -114,6 +114,9 @@ class LocalChannel:
     def send_priority(self, event: Any) -> list[pa.RecordBatch]:
         with self._lock:
             overtaken = [x for x in self._output if isinstance(x, pa.RecordBatch)]
+            if isinstance(event, CheckpointBarrier):
+                # what it overtakes in the input queue is fixed now: data queued later comes after it
+                self._input_overtaken[event.checkpoint_id] = [x for x in self._input if isinstance(x, pa.RecordBatch)]
             self._input.appendleft(event)
         self._recv.notify()
         return overtaken
@@ -138,7 +141,7 @@ class LocalChannel:
                 self._in_data -= 1
                 wake = self._refill()
             elif isinstance(item, CheckpointBarrier) and item.options.is_unaligned:
-                self._overtaken = [x for x in self._input if isinstance(x, pa.RecordBatch)]
+                self._overtaken = self._input_overtaken.pop(item.checkpoint_id, [])
         if wake and self.sender_wakeup is not None:
             self.sender_wakeup()
         return item
@@ -167,12 +170,16 @@ class LocalChannel:
             for queue_index, queue in enumerate((self._input, self._output)):
                 for i, x in enumerate(queue):
                     if isinstance(x, CheckpointBarrier) and x.checkpoint_id == checkpoint_id:
+                        if x.options.is_unaligned:
+                            return None  # already a priority barrier: it reports what it overtook when polled
                         ahead = [y for y in list(self._input) if isinstance(y, pa.RecordBatch)]
                         if queue_index == 1:
                             ahead += [y for y in list(self._output)[:i] if isinstance(y, pa.RecordBatch)]
                             del self._output[i]
                         else:
-                            ahead = ahead[: sum(1 for y in list(self._input)[:i] if isinstance(y, pa.RecordBatch))]
+                            ahead = ahead[
+                                : sum(1 for y in list(self._input)[:i] if isinstance(y, pa.RecordBatch))
+                            ]
                             del self._input[i]
                         self._input.appendleft(x.as_unaligned())
                         return ahead

@@ -27,7 +27,7 @@ POINTS = (
 )
 
 
-class InjectedFault(Exception):  # noqa: N818 - the name says what it is
+class InjectedFault(Exception):
     """Raised at an armed point: the test's stand-in for a crash."""
 
 
@@ -59,10 +59,11 @@ class FaultInjector:
         self._hits = 0
 
     @classmethod
-    def random(cls, rng: random.Random, points: tuple[str, ...] = POINTS, max_after: int = 30,
-               crashes: int = 1) -> FaultInjector:
+    def random(
+        cls, rng: random.Random, points: tuple[str, ...] = POINTS, max_after: int = 30, crashes: int = 1
+    ) -> FaultInjector:
         """``crashes`` random crashes (a "restore" crash always follows another one)."""
-        plan = []
+        plan: list[tuple[str, int]] = []
         for _ in range(crashes):
             p = rng.choice(points)
             if p == "restore" and not plan:

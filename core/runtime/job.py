@@ -9,6 +9,7 @@ source enumerators, and hosts the :class:`JobAttempt` control plane that tasks r
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -137,11 +138,26 @@ def build_task(
     head = vertex.chain[0]
     if head.kind is NodeKind.SOURCE:
         reader = head.spec.create_reader(_ReaderCtx(index, vertex.parallelism, cfg.job_id, ctxs[0], gateway))
-    unaligned_ok = all(e.partitioning not in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs)
+    unaligned_ok = all(
+        e.partitioning not in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs
+    )
     restore = restored.for_subtask(job, vertex, index) if restored is not None else None
     task = Task(
-        SubtaskId(vertex.id, index), vertex.name, ops, ctxs, inputs, input_edges, unaligned_ok, writers, signal,
-        gateway, storage, cfg.alignment(), reader=reader, restore=restore, faults=faults,
+        SubtaskId(vertex.id, index),
+        vertex.name,
+        ops,
+        ctxs,
+        inputs,
+        input_edges,
+        unaligned_ok,
+        writers,
+        signal,
+        gateway,
+        storage,
+        cfg.alignment(),
+        reader=reader,
+        restore=restore,
+        faults=faults,
         max_batch_rows=cfg.max_batch_rows,
     )
     if reader is not None:
@@ -159,7 +175,9 @@ def reader_ctx_of(reader: Any) -> _ReaderCtx | None:
 class _ReaderCtx:
     """ReaderContext of a source subtask."""
 
-    def __init__(self, subtask: int, parallelism: int, job_id: str, op_ctx: OperatorContext, gw: TaskGateway) -> None:
+    def __init__(
+        self, subtask: int, parallelism: int, job_id: str, op_ctx: OperatorContext, gw: TaskGateway
+    ) -> None:
         self._subtask = subtask
         self._parallelism = parallelism
         self._job_id = job_id
@@ -215,7 +233,11 @@ class JobAttempt:
     """The control plane of one attempt: coordinator, enumerators, task reports. Implements TaskGateway."""
 
     def __init__(
-        self, job: JobGraph, cfg: JobConfig, storage: CheckpointStorage, attempt: int,
+        self,
+        job: JobGraph,
+        cfg: JobConfig,
+        storage: CheckpointStorage,
+        attempt: int,
         restored: RestoredCheckpoint | None,
     ) -> None:
         self.job = job
@@ -275,21 +297,31 @@ class JobAttempt:
             if node.kind is NodeKind.SINK:
                 gc = node.spec.create_global_committer()
                 if gc is not None:
-                    globals_[node.name] = lambda cid, comms, gc=gc, n=node.name: commit_with_retry(n, gc.commit, cid, comms)
+                    globals_[node.name] = functools.partial(commit_with_retry, node.name, gc.commit)
         job_info = {
             "job_id": self.cfg.job_id,
             "attempt": self.attempt,
             "max_parallelism": self.job.max_parallelism,
-            "vertices": {v.uid: {"name": v.name, "parallelism": v.parallelism} for v in self.job.vertices.values()},
+            "vertices": {
+                v.uid: {"name": v.name, "parallelism": v.parallelism} for v in self.job.vertices.values()
+            },
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = self._latest_id()
         next_id = max(next_id, prior + 1)
         completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
         self.coordinator = CheckpointCoordinator(
-            self.cfg.checkpoint, self.storage, self.tasks, source_tasks, job_info, next_id,
-            enumerators=self.enumerators, enumerator_lock=self.lock, global_committers=globals_,
-            on_fatal=lambda exc: self.failed(None, exc), completed=completed,
+            self.cfg.checkpoint,
+            self.storage,
+            self.tasks,
+            source_tasks,
+            job_info,
+            next_id,
+            enumerators=self.enumerators,
+            enumerator_lock=self.lock,
+            global_committers=globals_,
+            on_fatal=lambda exc: self.failed(None, exc),
+            completed=completed,
         )
         with self.lock:
             for v in self.job.vertices.values():
@@ -330,7 +362,7 @@ class JobAttempt:
                     try:
                         with self.lock:
                             self.enumerators[node.name].poll()
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         self.failed(None, exc)
             self.done.wait(0.05)
 
@@ -375,11 +407,13 @@ class JobAttempt:
             from sluice.errors import CheckpointFailureReason
 
             ok = self.failure is None and len(self.finished_tasks) == len(self.tasks)
-            self.coordinator.stop(CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER)
+            self.coordinator.stop(
+                CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER
+            )
         for e in self.enumerators.values():
             try:
                 e.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("closing enumerator")
 
 
@@ -403,7 +437,10 @@ def _load(cfg: JobConfig, storage: CheckpointStorage, path: str) -> RestoredChec
         meta = storage.read_metadata_at(path)
     except FileNotFoundError as exc:
         raise RestoreError(f"no checkpoint at {path}") from exc
-    drop = cfg.recover_without_channel_state is not None and int(meta["checkpoint_id"]) == cfg.recover_without_channel_state
+    drop = (
+        cfg.recover_without_channel_state is not None
+        and int(meta["checkpoint_id"]) == cfg.recover_without_channel_state
+    )
     if drop:
         log.warning("restoring checkpoint %s WITHOUT its channel state: its in-flight data is lost", path)
     return RestoredCheckpoint.load(storage, path, drop_channel_state=drop)
@@ -417,7 +454,7 @@ def run_job(
     on_attempt: Callable[[JobAttempt], None] | None = None,
 ) -> JobResult:
     """Run ``job`` with failover: each attempt restores and runs until it finishes, fails or is cancelled."""
-    storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id)
+    storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options)
     state: dict[str, Any] = {"attempt": 0, "failures": [], "history": [], "last": None, "metrics": {}}
 
     def one_attempt() -> None:
@@ -432,7 +469,7 @@ def run_job(
         try:
             a.recover_sinks()
             run_attempt(a, faults)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             if a.failure is None:
                 a.failure = exc
         finally:
@@ -460,11 +497,18 @@ def run_job(
         raise JobFailedError(
             f"job {cfg.job_id!r} failed after {state['attempt']} attempt(s); root cause: {cause}"
         ) from cause
-    return JobResult(cfg.job_id, "finished", state["attempt"], state["last"], state["history"], state["metrics"],
-                     state["failures"])
+    return JobResult(
+        cfg.job_id,
+        "finished",
+        state["attempt"],
+        state["last"],
+        state["history"],
+        state["metrics"],
+        state["failures"],
+    )
 
 
-class _Cancel(Exception):  # noqa: N818
+class _Cancel(Exception):
     """The job was cancelled by its client."""
 
 

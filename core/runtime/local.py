@@ -56,8 +56,21 @@ class LocalRuntime:
         for v in job.vertices.values():
             for i in range(v.parallelism):
                 sid = SubtaskId(v.id, i)
-                t = build_task(job, v, i, inputs[sid], input_edges[sid], outputs[sid], signals[sid], a, a.storage,
-                               a.cfg, a.attempt, a.restored, faults)
+                t = build_task(
+                    job,
+                    v,
+                    i,
+                    inputs[sid],
+                    input_edges[sid],
+                    outputs[sid],
+                    signals[sid],
+                    a,
+                    a.storage,
+                    a.cfg,
+                    a.attempt,
+                    a.restored,
+                    faults,
+                )
                 a.register(sid, t)
                 tasks.append(t)
         a.start_control()

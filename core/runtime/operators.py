@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sluice.errors import ConfigError, UserFunctionError
 from sluice.functions import KeyedProcessFunction, Output
 from sluice.keys import KeySelector
@@ -162,7 +161,7 @@ class Operator:
             return fn(*args)
         except UserFunctionError:
             raise
-        except Exception as exc:  # noqa: BLE001 - user code may raise anything
+        except Exception as exc:
             raise UserFunctionError(self.name, exc) from exc
 
 
@@ -188,7 +187,9 @@ class FilterOperator(Operator):
     def __init__(self, name: str, predicate: pc.Expression | Callable[[pa.RecordBatch], Any]) -> None:
         super().__init__(name)
         if not isinstance(predicate, pc.Expression) and not callable(predicate):
-            raise ConfigError(f"filter {name!r}: predicate must be a pyarrow.compute.Expression or a function")
+            raise ConfigError(
+                f"filter {name!r}: predicate must be a pyarrow.compute.Expression or a function"
+            )
         self.predicate = predicate
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
@@ -206,7 +207,9 @@ class FilterOperator(Operator):
 class MapOperator(Operator):
     """Per record: ``fn(row: dict) -> dict``. Convenient and slow (a Python call per record)."""
 
-    def __init__(self, name: str, fn: Callable[[dict[str, Any]], dict[str, Any]], schema: pa.Schema | None) -> None:
+    def __init__(
+        self, name: str, fn: Callable[[dict[str, Any]], dict[str, Any]], schema: pa.Schema | None
+    ) -> None:
         super().__init__(name)
         self.fn = fn
         self.schema = schema
@@ -270,7 +273,12 @@ class _Timers:
         return heap[0][0] if heap else None
 
     def snapshot(self) -> list[tuple[int, int, int, Any]]:
-        return [(d, ts, kg, key) for d in (0, 1) for ts, _, kg, key in self._heaps[d] if (d, ts, key) in self._live]
+        return [
+            (d, ts, kg, key)
+            for d in (0, 1)
+            for ts, _, kg, key in self._heaps[d]
+            if (d, ts, key) in self._live
+        ]
 
     def restore(self, entries: Iterable[tuple[int, int, int, Any]], key_groups: KeyGroupRange) -> None:
         for d, ts, kg, key in entries:
@@ -335,7 +343,9 @@ class KeyedProcessOperator(Operator):
 
     operator_state_distribution = "union"
 
-    def __init__(self, name: str, key: KeySelector, fn: KeyedProcessFunction, schema: pa.Schema | None = None) -> None:
+    def __init__(
+        self, name: str, key: KeySelector, fn: KeyedProcessFunction, schema: pa.Schema | None = None
+    ) -> None:
         super().__init__(name)
         self.key = key
         self.fn = fn

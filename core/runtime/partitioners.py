@@ -6,12 +6,16 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 import pyarrow as pa
-
 from sluice.keys import KeySelector
 from sluice.state.keygroups import key_groups, subtask_for_key_groups
 
-__all__ = ["BroadcastPartitioner", "ForwardPartitioner", "HashPartitioner", "Partitioner",
-           "RebalancePartitioner"]
+__all__ = [
+    "BroadcastPartitioner",
+    "ForwardPartitioner",
+    "HashPartitioner",
+    "Partitioner",
+    "RebalancePartitioner",
+]
 
 
 class Partitioner(ABC):

@@ -36,7 +36,9 @@ class RestoredCheckpoint:
     drop_channel_state: bool = False
 
     @classmethod
-    def load(cls, storage: CheckpointStorage, path: str, drop_channel_state: bool = False) -> RestoredCheckpoint:
+    def load(
+        cls, storage: CheckpointStorage, path: str, drop_channel_state: bool = False
+    ) -> RestoredCheckpoint:
         meta = storage.read_metadata_at(path)
         rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
         seen: set[str] = set()
@@ -73,7 +75,10 @@ class RestoredCheckpoint:
                 continue
             if old.get("parallelism") != v.parallelism:
                 for e in v.inputs:
-                    if e.partitioning in (Partitioning.FORWARD, Partitioning.BROADCAST) and self._vertex_has_state(v):
+                    if e.partitioning in (
+                        Partitioning.FORWARD,
+                        Partitioning.BROADCAST,
+                    ) and self._vertex_has_state(v):
                         raise RestoreError(
                             f"checkpoint {self.checkpoint_id} holds in-flight data (unaligned channel state) on the "
                             f"{e.partitioning.value} exchange into {v.name!r}, which cannot be redistributed to "
@@ -84,7 +89,8 @@ class RestoredCheckpoint:
     def _vertex_has_state(self, v: JobVertex) -> bool:
         names = {n.name for n in v.chain}
         return any(
-            (t.payload.get("input_state") or t.payload.get("output_state")) and names & set(t.payload["operators"])
+            (t.payload.get("input_state") or t.payload.get("output_state"))
+            and names & set(t.payload["operators"])
             for t in self.tasks
         )
 
@@ -107,7 +113,9 @@ class RestoredCheckpoint:
             if node.state_distribution == "union":
                 r.operator[node.name] = op_states
             else:
-                r.operator[node.name] = [s for j, s in enumerate(op_states) if j % vertex.parallelism == index]
+                r.operator[node.name] = [
+                    s for j, s in enumerate(op_states) if j % vertex.parallelism == index
+                ]
         if not self.drop_channel_state:
             self._channel_state(job, vertex, index, r)
         return r
@@ -117,20 +125,27 @@ class RestoredCheckpoint:
         olds = self._tasks_of(first)
         # input channel state: by input edge; hash edges are re-partitioned by key group
         for edge in vertex.inputs:
-            batches = [read_ipc(b) for t in olds for e, b in t.payload.get("input_state", []) if e == edge.input_index]
+            batches = [
+                read_ipc(b)
+                for t in olds
+                for e, b in t.payload.get("input_state", [])
+                if e == edge.input_index
+            ]
             if not batches:
                 continue
             if edge.partitioning is Partitioning.HASH and edge.key is not None:
                 part = HashPartitioner(edge.key, job.max_parallelism)
                 for b in batches:
-                    r.replay_input.extend((edge.input_index, p) for i, p in part.partition(b, vertex.parallelism)
-                                          if i == index)
+                    r.replay_input.extend(
+                        (edge.input_index, p) for i, p in part.partition(b, vertex.parallelism) if i == index
+                    )
             else:
                 for t in olds:
                     if t.index % vertex.parallelism == index:
                         r.replay_input.extend(
                             (edge.input_index, read_ipc(b))
-                            for e, b in t.payload.get("input_state", []) if e == edge.input_index
+                            for e, b in t.payload.get("input_state", [])
+                            if e == edge.input_index
                         )
         # output channel state: re-sent by the subtask that inherits the old sender (partitioners route it)
         for t in olds:
@@ -149,7 +164,7 @@ class RestoredCheckpoint:
 
     def global_committables(self) -> dict[str, list[Any]]:
         blob = self.metadata.get("global_committables")
-        return pickle.loads(base64.b64decode(blob)) if blob else {}  # type: ignore[no-any-return]
+        return pickle.loads(base64.b64decode(blob)) if blob else {}  # type: ignore[no-any-return, unused-ignore]
 
     def sink_committables(self, node_name: str) -> list[Any]:
         """Committables of sink ``node_name`` in this checkpoint (per-subtask pending plus global)."""

@@ -7,7 +7,6 @@ from typing import Any
 
 import pyarrow as pa
 import tenacity
-
 from sluice.errors import CommitError
 from sluice.runtime.faults import InjectedFault
 from sluice.runtime.operators import Operator, OperatorSnapshot
@@ -27,7 +26,10 @@ def commit_with_retry(name: str, commit: Any, *args: Any, attempts: int = 5) -> 
             retry=tenacity.retry_if_not_exception_type(InjectedFault),
             reraise=True,
             before_sleep=lambda rs: log.warning(
-                "%s: commit failed (attempt %d), retrying: %s", name, rs.attempt_number, rs.outcome.exception()
+                "%s: commit failed (attempt %d), retrying: %s",
+                name,
+                rs.attempt_number,
+                rs.outcome.exception() if rs.outcome is not None else None,
             ),
         ):
             with attempt:
@@ -81,28 +83,32 @@ class SinkOperator(Operator):
             self._pending[checkpoint_id] = list(comms)
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        state = {
-            "writer": self.writer.snapshot_state(checkpoint_id),
-            "pending": {} if self.global_commit else {k: list(v) for k, v in self._pending.items()},
-        }
+        state: dict[str, Any] = {"writer": self.writer.snapshot_state(checkpoint_id), "pending": {}}
         comms = self._pending.get(checkpoint_id) if self.global_commit else None
         if self.global_commit:
             self._pending.pop(checkpoint_id, None)
         snap = OperatorSnapshot(operator=state, committables=comms)
         own = self._pending.get(checkpoint_id) or comms
-        if own and type(self.writer).compact is not SinkWriter.compact:
-            snap.async_part = lambda s: self._compact_async(checkpoint_id, list(own), s)
+        compact = bool(own) and type(self.writer).compact is not SinkWriter.compact
+        snap.async_part = lambda s: self._finish_async(checkpoint_id, list(own or []) if compact else None, s)
         return snap
 
-    def _compact_async(self, checkpoint_id: int, comms: list[Any], snap: OperatorSnapshot) -> None:
-        """Upload thread: let the writer merge this checkpoint's staged files before the ack."""
-        self.ctx.fault_hook("compaction")
-        compacted = list(self.writer.compact(checkpoint_id, comms))
-        if self.global_commit:
-            snap.committables = compacted
-        else:
-            snap.operator["pending"][checkpoint_id] = compacted
-            self._pending[checkpoint_id] = compacted  # single assignment: atomic for the task thread
+    def _finish_async(self, checkpoint_id: int, to_compact: list[Any] | None, snap: OperatorSnapshot) -> None:
+        """Upload thread: compact this checkpoint's staged files, then record the pending committables.
+
+        The pending map is read here, not in the synchronous part: the single upload thread has finished the
+        compaction of every earlier checkpoint by now, so their replaced committables are not recorded.
+        """
+        if to_compact is not None:
+            self.ctx.fault_hook("compaction")
+            compacted = list(self.writer.compact(checkpoint_id, to_compact))
+            if self.global_commit:
+                snap.committables = compacted
+            else:
+                self._pending[checkpoint_id] = compacted  # one assignment: atomic for the task thread
+        if not self.global_commit:
+            pending = dict(self._pending)  # one C-level copy while the task thread may add entries
+            snap.operator["pending"] = {k: list(v) for k, v in pending.items() if k <= checkpoint_id}
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.ctx.fault_hook("complete_to_commit")

@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
-
 from sluice.checkpoint.barriers import BarrierHandler
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.events import (
     AlignmentMode,
     CancelCheckpointMarker,
+    CheckpointAnnouncement,
     CheckpointBarrier,
     EndOfPartition,
     Watermark,
+    WatermarkStatus,
 )
 from sluice.graph import SubtaskId
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
@@ -102,7 +103,9 @@ class RecordWriter:
 class _Output:
     """Collector of chain position i: the next operator, or the writers of the vertex's outputs."""
 
-    def __init__(self, nxt: Operator | None, main: list[RecordWriter], side: dict[str, list[RecordWriter]]) -> None:
+    def __init__(
+        self, nxt: Operator | None, main: list[RecordWriter], side: dict[str, list[RecordWriter]]
+    ) -> None:
         self.nxt = nxt
         self.main = main
         self.side = side
@@ -118,7 +121,10 @@ class _Output:
                 w.emit(batch)
 
     def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
-        for w in self.side.get(tag, ()):
+        writers = self.side.get(tag)
+        if not writers:
+            raise RuntimeError(f"side output {tag!r} is not connected: its records would be lost")
+        for w in writers:
             w.emit(batch)
 
     def emit_watermark(self, timestamp: int) -> None:
@@ -194,6 +200,8 @@ class Task:
         self._ended: set[int] = set()
         self._channel_wm = [MIN_WATERMARK] * len(inputs)
         self._watermark = MIN_WATERMARK
+        self._idle = False
+        self._idle_channels: set[int] = set()
         self._rr = 0
         self._last_triggered = 0
         self._final_after: int | None = None  # first checkpoint snapshotted after end of input
@@ -209,7 +217,7 @@ class Task:
         self.alignment = alignment
         self.handler = BarrierHandler(len(inputs), self, alignment)
         self._timer_check = 0.0
-        for op, ctx in zip(operators, contexts, strict=True):
+        for ctx in contexts:
             ctx.fault_hook = self._fault
 
     # -- called from other threads (coordinator, transport) ------------------------------------------
@@ -255,10 +263,12 @@ class Task:
         """One line of diagnostics: status, alignment, queues (for logs and hung-job reports)."""
         queues = [len(getattr(ch, "_input", ())) for ch in self.inputs]
         outq = [ch.queued_output() for w in self.all_writers for ch in w.channels]
-        return (f"{self.name}: {self.status.value} handler={self.handler.state_name} "
-                f"current={self.handler.current.checkpoint_id if self.handler.current else None} "
-                f"last_done={self.handler.last_done} blocked={sorted(self._blocked)} ended={sorted(self._ended)} "
-                f"in={queues} out={outq} final_after={self._final_after} pending={sorted(self._pending)}")
+        return (
+            f"{self.name}: {self.status.value} handler={self.handler.state_name} "
+            f"current={self.handler.current.checkpoint_id if self.handler.current else None} "
+            f"last_done={self.handler.last_done} blocked={sorted(self._blocked)} ended={sorted(self._ended)} "
+            f"in={queues} out={outq} final_after={self._final_after} pending={sorted(self._pending)}"
+        )
 
     # -- the task thread -----------------------------------------------------------------------------
     def _fault(self, point: str) -> None:
@@ -272,7 +282,7 @@ class Task:
             self._close()
         except _Cancelled:
             self._close(quiet=True)
-        except BaseException as exc:  # noqa: BLE001 - every failure goes to the coordinator
+        except BaseException as exc:
             self._close(quiet=True)
             if not self._cancelled:
                 self.gateway.failed(self.id, exc)
@@ -366,7 +376,15 @@ class Task:
     def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
         self.operators[0].output.emit_side(tag, batch)
 
+    def mark_idle(self) -> None:
+        """ReaderOutput: the reader is idle; downstream leaves it out of the watermark minimum."""
+        if not self._idle:
+            self._idle = True
+            for w in self.all_writers:
+                w.broadcast(WatermarkStatus(idle=True))
+
     def emit_watermark(self, timestamp_ms: int) -> None:
+        self._idle = False
         if timestamp_ms > self._watermark:
             self._watermark = timestamp_ms
             self.operators[0].process_watermark(timestamp_ms)
@@ -416,12 +434,21 @@ class Task:
                 self.operators[0].process_batch(part, self.edge_of[channel])
         elif isinstance(item, Watermark):
             self._channel_wm[channel] = item.timestamp
+            self._idle_channels.discard(channel)
+            self._advance_watermark()
+        elif isinstance(item, WatermarkStatus):
+            if item.idle:
+                self._idle_channels.add(channel)
+            else:
+                self._idle_channels.discard(channel)
             self._advance_watermark()
         elif isinstance(item, CheckpointBarrier):
             overtaken = self.inputs[channel].take_overtaken() if item.options.is_unaligned else None
             if len(self.handler.live - self.handler.received) > 1:
                 self._fault("align")
             self.handler.on_barrier(channel, item, overtaken)
+        elif isinstance(item, CheckpointAnnouncement):
+            self.handler.on_announcement(channel, item.barrier)
         elif isinstance(item, CancelCheckpointMarker):
             self.handler.on_cancel(channel, item.checkpoint_id)
         elif isinstance(item, EndOfPartition):
@@ -433,7 +460,9 @@ class Task:
                 self._end_input()
 
     def _advance_watermark(self) -> None:
-        live = [wm for i, wm in enumerate(self._channel_wm) if i not in self._ended]
+        live = [
+            wm for i, wm in enumerate(self._channel_wm) if i not in self._ended and i not in self._idle_channels
+        ]
         wm = min(live) if live else self._watermark
         if wm > self._watermark:
             self._watermark = wm
@@ -473,12 +502,19 @@ class Task:
     def pull_barrier_forward(self, channel: int, checkpoint_id: int) -> list[pa.RecordBatch] | None:
         return self.inputs[channel].find_barrier(checkpoint_id)
 
-    def start_recording(self, checkpoint_id: int, channels: set[int], overtaken: dict[int, list[Any]]) -> None:
+    def start_recording(
+        self, checkpoint_id: int, channels: set[int], overtaken: dict[int, list[Any]]
+    ) -> None:
         p = self._pending[checkpoint_id]
         for ch, batches in overtaken.items():
             p.input_state.extend((ch, b) for b in batches)
         p.recording = set(channels)
         self._recording = p
+
+    def add_overtaken(self, checkpoint_id: int, channel: int, batches: list[Any]) -> None:
+        p = self._pending.get(checkpoint_id)
+        if p is not None:
+            p.input_state.extend((channel, b) for b in batches)
 
     def stop_recording(self, channel: int) -> None:
         if self._recording is not None:
@@ -491,7 +527,7 @@ class Task:
             self._fault("channel_state")
             self._upload(p)
 
-    def perform_checkpoint(self, barrier: CheckpointBarrier, unaligned: bool) -> None:
+    def perform_checkpoint(self, barrier: CheckpointBarrier, unaligned: bool, upload_now: bool = False) -> None:
         cid = barrier.checkpoint_id
         self._last_triggered = max(self._last_triggered, cid)
         t0 = time.perf_counter()
@@ -500,17 +536,20 @@ class Task:
         snaps = {op.name: op.snapshot_state(cid) for op in self.operators}
         splits = self.reader.snapshot_state(cid) if self.reader is not None else None
         output_state: list[tuple[int, pa.RecordBatch]] = []
+        announce = barrier.options.alignment is AlignmentMode.ADAPTIVE and not unaligned
         for idx, w in enumerate(self.all_writers):
             if unaligned and w.partitioner.supports_unaligned:
                 output_state.extend((idx, b) for b in w.broadcast_priority(barrier))
             else:
-                w.broadcast(barrier)
+                if announce and w.partitioner.supports_unaligned:
+                    w.broadcast_priority(CheckpointAnnouncement(barrier))
+                w.broadcast(barrier if w.partitioner.supports_unaligned or not unaligned else _aligned(barrier))
         sync_s = time.perf_counter() - t0
         p = _PendingSnapshot(barrier, snaps, splits, t0, sync_s, unaligned, output_state=output_state)
         self._pending[cid] = p
         if self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is None:
             self._final_after = cid
-        if not unaligned:
+        if not unaligned or upload_now:
             self._upload(p)
 
     def _on_trigger(self, barrier: CheckpointBarrier) -> None:
@@ -519,7 +558,9 @@ class Task:
         if self.reader is None and self.status is TaskStatus.RUNNING:
             return  # barriers reach this task through its inputs
         self.handler.last_done = barrier.checkpoint_id
-        self.perform_checkpoint(barrier, False)
+        # a source (or a task whose inputs all ended) has no input to record: unaligned only means its
+        # barrier overtakes its own output queue
+        self.perform_checkpoint(barrier, barrier.options.is_unaligned, upload_now=True)
         self.alignment_done(barrier.checkpoint_id, 0.0, False)
 
     def _upload(self, p: _PendingSnapshot) -> None:
@@ -549,7 +590,9 @@ class Task:
             }
             data = pickle.dumps(payload, protocol=5)
             savepoint = p.barrier.options.kind.value == "savepoint"
-            path = self.storage.write_task_state(cid, f"{self.id.vertex}-{self.id.index}.state", data, savepoint)
+            path = self.storage.write_task_state(
+                cid, f"{self.id.vertex}-{self.id.index}.state", data, savepoint
+            )
             self._fault("snapshot_to_ack")
             inflight = sum(b.nbytes for _, b in p.input_state) + sum(b.nbytes for _, b in p.output_state)
             handle = {
@@ -570,7 +613,7 @@ class Task:
         except InjectedFault as exc:
             self._async_error = exc
             self.signal.notify()
-        except Exception as exc:  # noqa: BLE001 - a failed upload declines the checkpoint
+        except Exception as exc:
             log.warning("%s: checkpoint %d upload failed: %s", self.name, cid, exc)
             self.gateway.decline(self.id, cid, f"{self.name}: upload failed: {exc}")
 
@@ -601,26 +644,35 @@ class Task:
         for op in self.operators:
             try:
                 op.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 if not quiet:
                     raise
         if self.reader is not None:
             try:
                 self.reader.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 if not quiet:
                     raise
 
 
-class _Cancelled(Exception):  # noqa: N818 - internal control flow
+class _Cancelled(Exception):
     pass
+
+
+def _aligned(barrier: CheckpointBarrier) -> CheckpointBarrier:
+    """The in-order version of ``barrier`` for exchanges that are never unaligned (forward, broadcast)."""
+    from sluice.events import CheckpointOptions
+
+    opts = CheckpointOptions(barrier.options.kind, AlignmentMode.ALIGNED, barrier.options.alignment_timeout)
+    return CheckpointBarrier(barrier.checkpoint_id, barrier.timestamp, opts)
 
 
 def _ipc(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as w:
         w.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def read_ipc(data: bytes) -> pa.RecordBatch:

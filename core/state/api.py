@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 V = TypeVar("V")
 K = TypeVar("K")
 
-__all__ = ["ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "StateDescriptor",
-           "ValueState", "ValueStateDescriptor"]
+__all__ = [
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "StateDescriptor",
+    "ValueState",
+    "ValueStateDescriptor",
+]
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class MapStateDescriptor(StateDescriptor):
     """A map per key."""
 
 
-class _Access:
+class _Access(Protocol):
     """What a state handle needs from the backend: read, write and copy-on-write for the current key."""
 
     def get(self, name: str) -> Any: ...
@@ -103,7 +110,7 @@ class MapState(Generic[K, V]):
         self._name = desc.name
 
     def _read(self) -> dict[K, V]:
-        return self._a.get(self._name) or {}  # type: ignore[no-any-return]
+        return self._a.get(self._name) or {}  # type: ignore[no-any-return, unused-ignore]
 
     def get(self, key: K, default: V | None = None) -> V | None:
         return self._read().get(key, default)

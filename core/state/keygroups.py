@@ -19,8 +19,8 @@ __all__ = [
     "KeyGroupRange",
     "hash_values",
     "key_group_of",
-    "key_groups",
     "key_group_range",
+    "key_groups",
     "subtask_for_key_groups",
 ]
 

@@ -138,7 +138,7 @@ class BucketAssigner:
         if not parts:
             return ""
         if all(isinstance(p, str) for p in parts):
-            return "/".join(parts)  # type: ignore[arg-type]
+            return "/".join(parts)
         return pc.binary_join_element_wise(*parts, "/")
 
     def split(self, batch: pa.RecordBatch, now: float | None = None) -> list[tuple[str, pa.RecordBatch]]:

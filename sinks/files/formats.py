@@ -169,7 +169,8 @@ class _CsvWriter(FormatWriter):
 
 def open_writer(path: str, schema: pa.Schema, opts: FormatOptions) -> FormatWriter:
     """A writer of ``opts.fmt`` for a new file at local ``path``."""
-    cls = {"parquet": _ParquetWriter, "json": _JsonWriter, "csv": _CsvWriter}[opts.fmt]
+    writers: dict[str, type[FormatWriter]] = {"parquet": _ParquetWriter, "json": _JsonWriter, "csv": _CsvWriter}
+    cls = writers[opts.fmt]
     return cls(path, schema, opts)
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
 from sluice import (
     CheckpointConfig,
     CheckpointError,
@@ -25,18 +24,25 @@ from sluice import (
 from sluice.checkpoint.storage import LocalCheckpointStorage
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+
 from tests.faults.shapes import RunningCount, rows_of, with_key
 
 
 def keyed_job(tmp: str, name: str, parallelism: int, src: GeneratorSource, **kw: Any) -> Pipeline:
-    p = Pipeline(name, checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp}/chk"),
-                 restart=kw.pop("restart", FixedDelayRestart(attempts=2, delay=0)), **kw)
+    p = Pipeline(
+        name,
+        checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp}/chk"),
+        restart=kw.pop("restart", FixedDelayRestart(attempts=2, delay=0)),
+        **kw,
+    )
     s = p.source(src, parallelism=2).map_batches(with_key)
     s.key_by("k").process(RunningCount(), parallelism=parallelism).sink(TwoPhaseCommitTestSink(f"{tmp}/out"))
     return p
 
 
-def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of_failed_epoch(tmp_path) -> None:
+def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of_failed_epoch(
+    tmp_path,
+) -> None:
     calls = {"n": 0}
 
     def explode(b: pa.RecordBatch) -> pa.RecordBatch:
@@ -45,26 +51,40 @@ def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of
             raise ValueError("bad row")
         return b
 
-    p = Pipeline("boom", checkpoint=CheckpointConfig(interval=0.01, storage=f"{tmp_path}/chk"),
-                 restart=FixedDelayRestart(attempts=2, delay=0))
+    p = Pipeline(
+        "boom",
+        checkpoint=CheckpointConfig(interval=0.01, storage=f"{tmp_path}/chk"),
+        restart=FixedDelayRestart(attempts=2, delay=0),
+    )
     p.source(GeneratorSource(num_splits=1, records_per_split=1000, batch_size=10)).map_batches(
-        explode, name="explode").sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
-    with pytest.raises(JobFailedError, match=r"3 attempt\(s\).*operator 'explode' failed: ValueError: bad row") as ei:
+        explode, name="explode"
+    ).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    with pytest.raises(
+        JobFailedError, match=r"3 attempt\(s\).*operator 'explode' failed: ValueError: bad row"
+    ) as ei:
         p.run(runtime="local", restore="none")
     assert type(ei.value.__cause__).__name__ == "UserFunctionError"
     committed = read_committed(f"{tmp_path}/out")
     ids = committed.column("id").to_pylist() if committed is not None else []
-    assert all(i < 300 for i in ids) and ids == sorted(set(ids)), "only complete epochs before the failure commit"
+    assert all(i < 300 for i in ids) and ids == sorted(set(ids)), (
+        "only complete epochs before the failure commit"
+    )
     assert not os.listdir(f"{tmp_path}/out/pending") or all(
-        n.endswith(".arrow") for n in os.listdir(f"{tmp_path}/out/pending"))
+        n.endswith(".arrow") for n in os.listdir(f"{tmp_path}/out/pending")
+    )
 
 
 def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path) -> None:
     src = GeneratorSource(num_splits=4, records_per_split=600, batch_size=20, rows_per_second=2000)
     ref_dir = tmp_path / "ref"
-    reference = rows_of((keyed_job(str(ref_dir), "ref", 2, GeneratorSource(
-        num_splits=4, records_per_split=600, batch_size=20)).run(runtime="local", restore="none"),
-        read_committed(f"{ref_dir}/out"))[1])
+    reference = rows_of(
+        (
+            keyed_job(
+                str(ref_dir), "ref", 2, GeneratorSource(num_splits=4, records_per_split=600, batch_size=20)
+            ).run(runtime="local", restore="none"),
+            read_committed(f"{ref_dir}/out"),
+        )[1]
+    )
     client = keyed_job(str(tmp_path), "rescale", 2, src).start(runtime="local", restore="none")
     time.sleep(0.6)
     client.cancel()
@@ -72,8 +92,9 @@ def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path) -
     assert storage.latest() is not None
     partial = read_committed(f"{tmp_path}/out")
     assert partial is not None and 0 < partial.num_rows < len(reference)
-    result = keyed_job(str(tmp_path), "rescale", 3, GeneratorSource(
-        num_splits=4, records_per_split=600, batch_size=20)).run(runtime="local", restore="latest")
+    result = keyed_job(
+        str(tmp_path), "rescale", 3, GeneratorSource(num_splits=4, records_per_split=600, batch_size=20)
+    ).run(runtime="local", restore="latest")
     assert result.status == "finished"
     assert rows_of(read_committed(f"{tmp_path}/out")) == reference
 
@@ -101,10 +122,16 @@ def test_checkpoints_time_out_abort_and_fail_job_after_tolerable_failures(tmp_pa
         time.sleep(0.05)
         return b
 
-    p = Pipeline("slow", checkpoint=CheckpointConfig(interval=0.02, timeout=0.03, tolerable_failed_checkpoints=2,
-                                                     storage=f"{tmp_path}/chk"), restart=NoRestart())
+    p = Pipeline(
+        "slow",
+        checkpoint=CheckpointConfig(
+            interval=0.02, timeout=0.03, tolerable_failed_checkpoints=2, storage=f"{tmp_path}/chk"
+        ),
+        restart=NoRestart(),
+    )
     p.source(GeneratorSource(num_splits=2, records_per_split=10**6, batch_size=5), parallelism=2).rebalance(
-        parallelism=1).map_batches(slow, name="slow").sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+        parallelism=1
+    ).map_batches(slow, name="slow").sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
     with pytest.raises(JobFailedError) as ei:
         p.run(runtime="local", restore="none")
     assert isinstance(ei.value.__cause__, CheckpointError)
@@ -113,13 +140,18 @@ def test_checkpoints_time_out_abort_and_fail_job_after_tolerable_failures(tmp_pa
     failed = [s for s in stats if s["status"] == "failed"]
     assert len(failed) >= 3 and all(s["failure_reason"] == "EXPIRED" for s in failed[:3])
     assert "no acknowledgement from" in failed[0]["failure_detail"]
-    assert not [d for d in os.listdir(f"{tmp_path}/chk/slow") if d.startswith("chk-")], "aborted files deleted"
+    assert not [d for d in os.listdir(f"{tmp_path}/chk/slow") if d.startswith("chk-")], (
+        "aborted files deleted"
+    )
 
 
 def test_retention_and_metadata_marks_completion(tmp_path) -> None:
-    p = Pipeline("keep", checkpoint=CheckpointConfig(interval=0.01, num_retained=2, storage=f"{tmp_path}/chk"))
+    p = Pipeline(
+        "keep", checkpoint=CheckpointConfig(interval=0.01, num_retained=2, storage=f"{tmp_path}/chk")
+    )
     p.source(GeneratorSource(num_splits=2, records_per_split=3000, batch_size=10)).sink(
-        TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+        TwoPhaseCommitTestSink(f"{tmp_path}/out")
+    )
     result = p.run(runtime="local", restore="none")
     st = LocalCheckpointStorage(f"{tmp_path}/chk", "keep")
     done = st.completed()
@@ -143,16 +175,19 @@ def test_backpressure_bounds_queues_and_reaches_the_source(tmp_path) -> None:
 
     local.LocalChannel.__init__ = track  # type: ignore[method-assign]
     try:
+
         def slow(b: pa.RecordBatch) -> pa.RecordBatch:
             time.sleep(0.002)
             peak["q"] = max(peak["q"], *(c._in_data + c._out_data for c in channels))
             return b
 
         src = GeneratorSource(num_splits=4, records_per_split=400, batch_size=10)
-        p = Pipeline("bp", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"),
-                     buffers_per_channel=2)
+        p = Pipeline(
+            "bp", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"), buffers_per_channel=2
+        )
         p.source(src, parallelism=2).rebalance(parallelism=1).map_batches(slow, name="slow").sink(
-            TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+            TwoPhaseCommitTestSink(f"{tmp_path}/out")
+        )
         result = p.run(runtime="local", restore="none")
     finally:
         local.LocalChannel.__init__ = orig  # type: ignore[method-assign]
@@ -183,9 +218,14 @@ def test_event_time_timers_fire_on_watermarks_and_survive_restore(tmp_path) -> N
     from sluice.runtime.faults import FaultInjector
 
     src = GeneratorSource(num_splits=1, records_per_split=500, batch_size=25, step_ms=10, num_keys=5)
-    p = Pipeline("timers", checkpoint=CheckpointConfig(interval=0.02, storage=f"{tmp_path}/chk"),
-                 restart=FixedDelayRestart(attempts=3, delay=0))
-    p.source(src).key_by("key").process(Sessions(), parallelism=2).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    p = Pipeline(
+        "timers",
+        checkpoint=CheckpointConfig(interval=0.02, storage=f"{tmp_path}/chk"),
+        restart=FixedDelayRestart(attempts=3, delay=0),
+    )
+    p.source(src).key_by("key").process(Sessions(), parallelism=2).sink(
+        TwoPhaseCommitTestSink(f"{tmp_path}/out")
+    )
     p.run(runtime="local", restore="none", faults=FaultInjector(point="process", after=8))
     out = read_committed(f"{tmp_path}/out")
     assert out is not None
@@ -210,7 +250,9 @@ def test_processing_time_timer_fires(tmp_path) -> None:
 
 
 def test_checkpoint_stats_record_sync_async_and_sizes(tmp_path) -> None:
-    p = keyed_job(str(tmp_path), "stats", 2, GeneratorSource(num_splits=2, records_per_split=2000, batch_size=20))
+    p = keyed_job(
+        str(tmp_path), "stats", 2, GeneratorSource(num_splits=2, records_per_split=2000, batch_size=20)
+    )
     result = p.run(runtime="local", restore="none")
     done = [s for s in result.checkpoints if s.status == "completed"]
     assert done
@@ -222,7 +264,8 @@ def test_checkpoint_stats_record_sync_async_and_sizes(tmp_path) -> None:
 def test_job_client_runs_unbounded_job_until_cancelled(tmp_path) -> None:
     p = Pipeline("forever", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"))
     p.source(GeneratorSource(num_splits=1, records_per_split=None, batch_size=10, rows_per_second=2000)).sink(
-        TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+        TwoPhaseCommitTestSink(f"{tmp_path}/out")
+    )
     client = p.start(runtime="local", restore="none")
     deadline = time.monotonic() + 20
     while read_committed(f"{tmp_path}/out") is None and time.monotonic() < deadline:

@@ -7,7 +7,6 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from sluice import CheckpointConfig, ConfigError, GraphError, Pipeline
 from sluice.checkpoint.barriers import BarrierHandler
 from sluice.config import ExponentialBackoffRestart, FailureRateRestart, FixedDelayRestart
@@ -36,7 +35,9 @@ def test_hash_is_stable_and_matches_scalar_path() -> None:
     assert h[0] == h[3] and h[0] != h[1]
     # fixed values: a change here would break restores of existing checkpoints
     assert key_group_of("a", 128) == int(key_groups(hash_values(pa.array(["a"])), 128)[0]) == 64
-    assert [key_group_of(k, 128) for k in (1, 2, 3)] == list(key_groups(hash_values(pa.array([1, 2, 3])), 128))
+    assert [key_group_of(k, 128) for k in (1, 2, 3)] == list(
+        key_groups(hash_values(pa.array([1, 2, 3])), 128)
+    )
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3, 7, 128])
@@ -49,8 +50,11 @@ def test_key_group_ranges_partition_all_groups(parallelism: int) -> None:
 # -- state ---------------------------------------------------------------------------------------------
 def test_snapshot_is_copy_on_write() -> None:
     be = InMemoryStateBackend(key_group_range(8, 1, 0))
-    v, lst, m = (be.state(ValueStateDescriptor("v", 0)), be.state(ListStateDescriptor("l")),
-                 be.state(MapStateDescriptor("m")))
+    v, lst, m = (
+        be.state(ValueStateDescriptor("v", 0)),
+        be.state(ListStateDescriptor("l")),
+        be.state(MapStateDescriptor("m")),
+    )
     for k in range(20):
         be.set_current_key(k, k % 8)
         v.update(k)
@@ -126,6 +130,9 @@ class Recorder:
 
     def stop_recording(self, c: int) -> None:
         self.log.append(("stop", c))
+
+    def add_overtaken(self, cid: int, c: int, batches: list) -> None:
+        self.log.append(("overtaken", c, len(batches)))
 
     def finish_recording(self, cid: int) -> None:
         self.log.append(("finish", cid))
@@ -225,7 +232,9 @@ def test_parallelism_above_max_and_foreign_streams_are_refused(tmp_path) -> None
     from sluice.sinks.testing import TwoPhaseCommitTestSink
 
     p = Pipeline("x", max_parallelism=4)
-    p.source(GeneratorSource()).map_batches(lambda b: b, parallelism=8).sink(TwoPhaseCommitTestSink(str(tmp_path)))
+    p.source(GeneratorSource()).map_batches(lambda b: b, parallelism=8).sink(
+        TwoPhaseCommitTestSink(str(tmp_path))
+    )
     with pytest.raises(GraphError, match="above max_parallelism 4"):
         p.build()
     other = Pipeline("y").source(GeneratorSource())
@@ -235,13 +244,22 @@ def test_parallelism_above_max_and_foreign_streams_are_refused(tmp_path) -> None
         Pipeline("w").build()
 
 
-@pytest.mark.parametrize("kwargs, option", [
-    ({"interval": 0}, "interval"), ({"mode": "exactly"}, "mode"), ({"timeout": -1}, "timeout"),
-    ({"min_pause": -1}, "min_pause"), ({"max_concurrent": 0}, "max_concurrent"),
-    ({"tolerable_failed_checkpoints": -1}, "tolerable_failed_checkpoints"), ({"num_retained": 0}, "num_retained"),
-    ({"storage": "ftp://x"}, "storage"), ({"retain_on_cancel": "maybe"}, "retain_on_cancel"),
-    ({"unaligned": True, "mode": "at_least_once"}, "mode"), ({"bogus": 1}, "bogus"),
-])
+@pytest.mark.parametrize(
+    "kwargs, option",
+    [
+        ({"interval": 0}, "interval"),
+        ({"mode": "exactly"}, "mode"),
+        ({"timeout": -1}, "timeout"),
+        ({"min_pause": -1}, "min_pause"),
+        ({"max_concurrent": 0}, "max_concurrent"),
+        ({"tolerable_failed_checkpoints": -1}, "tolerable_failed_checkpoints"),
+        ({"num_retained": 0}, "num_retained"),
+        ({"storage": "ftp://x"}, "storage"),
+        ({"retain_on_cancel": "maybe"}, "retain_on_cancel"),
+        ({"unaligned": True, "mode": "at_least_once"}, "mode"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
 def test_checkpoint_config_errors_name_the_option(kwargs: dict, option: str) -> None:
     with pytest.raises(ConfigError, match=option):
         CheckpointConfig(**kwargs)

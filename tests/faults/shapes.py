@@ -16,7 +16,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sluice import (
     CheckpointConfig,
     FixedDelayRestart,
@@ -33,7 +32,9 @@ SCENARIO_LOG: list[dict[str, Any]] = []
 
 def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Add ``k``: a key whose rows all come from one split."""
-    k = pc.add(pc.multiply(pc.cast(batch.column("split"), pa.int64()), 100), pc.bit_wise_and(batch.column("seq"), 7))
+    k = pc.add(
+        pc.multiply(pc.cast(batch.column("split"), pa.int64()), 100), pc.bit_wise_and(batch.column("seq"), 7)
+    )
     return batch.append_column("k", k)
 
 
@@ -51,8 +52,9 @@ class RunningCount(KeyedProcessFunction):
         sums = pc.add(pc.cumulative_sum(values), t.value())
         c.update(c.value() + rows.num_rows)
         t.update(sums[-1].as_py())
-        return pa.RecordBatch.from_arrays([rows.column("id"), rows.column("k"), counts, sums],
-                                          names=["id", "k", "count", "sum"])
+        return pa.RecordBatch.from_arrays(
+            [rows.column("id"), rows.column("k"), counts, sums], names=["id", "k", "count", "sum"]
+        )
 
 
 @dataclass
@@ -71,8 +73,13 @@ def _gen(rng: random.Random, name: str = "generator", offset: int = 0) -> Genera
         b = default_rows(split, start, end, per_split, 50, 10)
         return b.set_column(0, "id", pc.add(b.column("id"), offset))
 
-    return GeneratorSource(num_splits=splits, records_per_split=per_split, batch_size=rng.choice([10, 25, 60]),
-                           rows=rows, name=name)
+    return GeneratorSource(
+        num_splits=splits,
+        records_per_split=per_split,
+        batch_size=rng.choice([10, 25, 60]),
+        rows=rows,
+        name=name,
+    )
 
 
 def _p(rng: random.Random) -> int:
@@ -87,7 +94,9 @@ def chain(p: Pipeline, rng: random.Random, out: str) -> None:
 
 def keyed(p: Pipeline, rng: random.Random, out: str) -> None:
     s = p.source(_gen(rng), parallelism=_p(rng)).map_batches(with_key)
-    s.key_by("k").process(RunningCount(), parallelism=_p(rng)).sink(TwoPhaseCommitTestSink(out), parallelism=_p(rng))
+    s.key_by("k").process(RunningCount(), parallelism=_p(rng)).sink(
+        TwoPhaseCommitTestSink(out), parallelism=_p(rng)
+    )
 
 
 def union(p: Pipeline, rng: random.Random, out: str) -> None:
@@ -95,8 +104,11 @@ def union(p: Pipeline, rng: random.Random, out: str) -> None:
     par = _p(rng)
     a = p.source(_gen(rng, "gen-a"), parallelism=par).map_batches(with_key, name="key-a", parallelism=par)
     b = p.source(_gen(rng, "gen-b", offset=10**9), parallelism=par)
-    b = b.map_batches(lambda x: with_key(x).set_column(6, "k", pc.add(with_key(x).column("k"), 10**6)),
-                      name="key-b", parallelism=par)
+    b = b.map_batches(
+        lambda x: with_key(x).set_column(6, "k", pc.add(with_key(x).column("k"), 10**6)),
+        name="key-b",
+        parallelism=par,
+    )
     u = a.union(b, parallelism=par)
     u.key_by("k").process(RunningCount(), parallelism=_p(rng)).sink(TwoPhaseCommitTestSink(out))
 
@@ -111,23 +123,39 @@ def two_keyed(p: Pipeline, rng: random.Random, out: str) -> None:
     s = s.key_by("k").process(RunningCount(), parallelism=_p(rng))
     s = s.map_batches(lambda b: b.append_column("value", b.column("count")), name="again")
     s.key_by("k").process(RunningCount(), name="second", parallelism=_p(rng)).sink(
-        TwoPhaseCommitTestSink(out, global_commit=rng.random() < 0.5))
+        TwoPhaseCommitTestSink(out, global_commit=rng.random() < 0.5)
+    )
 
 
-SHAPES = [Shape("chain", chain), Shape("keyed", keyed), Shape("union", union), Shape("rebalance", rebalanced),
-          Shape("two_keyed", two_keyed)]
+SHAPES = [
+    Shape("chain", chain),
+    Shape("keyed", keyed),
+    Shape("union", union),
+    Shape("rebalance", rebalanced),
+    Shape("two_keyed", two_keyed),
+]
 
 
-def run_shape(shape: Shape, seed: int, faults: FaultInjector | None, mode: str = "exactly_once",
-              alignment: dict[str, Any] | None = None, attempts: int = 6) -> pa.Table | None:
+def run_shape(
+    shape: Shape,
+    seed: int,
+    faults: FaultInjector | None,
+    mode: str = "exactly_once",
+    alignment: dict[str, Any] | None = None,
+    attempts: int = 6,
+) -> pa.Table | None:
     """Build ``shape`` with ``seed`` and run it to the end; return the committed output."""
     rng = random.Random(seed)
     d = tempfile.mkdtemp(prefix=f"sluice-{shape.name}-{seed}-")
-    p = Pipeline(f"{shape.name}-{seed}", max_parallelism=rng.choice([8, 16, 128]),
-                 checkpoint=CheckpointConfig(interval=rng.choice([0.01, 0.03, 0.08]), storage=f"{d}/chk", mode=mode,
-                                             **(alignment or {})),
-                 restart=FixedDelayRestart(attempts=attempts, delay=0.0),
-                 buffers_per_channel=rng.choice([1, 2, 4]))
+    p = Pipeline(
+        f"{shape.name}-{seed}",
+        max_parallelism=rng.choice([8, 16, 128]),
+        checkpoint=CheckpointConfig(
+            interval=rng.choice([0.01, 0.03, 0.08]), storage=f"{d}/chk", mode=mode, **(alignment or {})
+        ),
+        restart=FixedDelayRestart(attempts=attempts, delay=0.0),
+        buffers_per_channel=rng.choice([1, 2, 4]),
+    )
     shape.build(p, rng, f"{d}/out")
     p.run(runtime="local", faults=faults, restore="none")
     return read_committed(f"{d}/out")

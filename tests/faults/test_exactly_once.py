@@ -10,38 +10,55 @@ import functools
 import random
 
 import pytest
-
 from sluice.runtime.faults import POINTS, FaultInjector
+
 from tests.faults.shapes import SCENARIO_LOG, SHAPES, Shape, rows_of, run_shape
 
-ENGINE_POINTS = tuple(p for p in POINTS if p not in ("compaction", "channel_state"))
+ENGINE_POINTS = tuple(p for p in POINTS if p != "compaction")
 FAST = 220
 SOAK = 1500
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(shape_name: str, seed: int) -> tuple:
     shape = next(s for s in SHAPES if s.name == shape_name)
     return tuple(rows_of(run_shape(shape, seed, None)))
 
 
+MODES = ("aligned", "unaligned", "adaptive")
+
+
+def alignment(mode: str, rng: random.Random) -> dict[str, object]:
+    if mode == "unaligned":
+        return {"unaligned": True}
+    if mode == "adaptive":
+        return {"aligned_checkpoint_timeout": rng.choice([0.0, 0.002, 0.02])}
+    return {}
+
+
 def scenario(i: int, crashes: int = 1) -> tuple[Shape, int, FaultInjector]:
+    """Scenario ``i``: a shape, a seed (shared by pairs of scenarios, so references are reused), a fault plan."""
+    shape = SHAPES[(i // 2) % len(SHAPES)]
+    seed = random.Random(i // 2).randint(0, 10**6)
     rng = random.Random(10_000 + i)
-    shape = SHAPES[i % len(SHAPES)]
-    seed = rng.randint(0, 10**6)
-    return shape, seed, FaultInjector.random(rng, ENGINE_POINTS, max_after=rng.choice([3, 10, 40]), crashes=crashes)
+    return (
+        shape,
+        seed,
+        FaultInjector.random(rng, ENGINE_POINTS, max_after=rng.choice([3, 10, 40]), crashes=crashes),
+    )
 
 
 def check(i: int, crashes: int) -> None:
     shape, seed, faults = scenario(i, crashes)
+    mode = MODES[i % 3]
     expected = reference(shape.name, seed)
     assert expected, "the failure-free run committed nothing"
-    got = rows_of(run_shape(shape, seed, faults))
-    SCENARIO_LOG.append({"scenario": i, "shape": shape.name, "fired": len(faults.fired)})
+    got = rows_of(run_shape(shape, seed, faults, alignment=alignment(mode, random.Random(i))))
+    SCENARIO_LOG.append({"scenario": i, "shape": shape.name, "mode": mode, "fired": len(faults.fired)})
     assert len(got) == len(expected), (
-        f"{shape.name} seed={seed} faults={faults.fired}: {len(got)} rows committed, expected {len(expected)}"
+        f"{shape.name} {mode} seed={seed} faults={faults.fired}: {len(got)} rows committed, expected {len(expected)}"
     )
-    assert got == list(expected), f"{shape.name} seed={seed} faults={faults.fired}: committed output differs"
+    assert got == list(expected), f"{shape.name} {mode} seed={seed} faults={faults.fired}: committed output differs"
 
 
 @pytest.mark.faults

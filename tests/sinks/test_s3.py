@@ -135,7 +135,7 @@ def test_job_with_checkpoints_and_files_on_s3(moto_s3, monkeypatch) -> None:
         "s3-job",
         parallelism=2,
         restart=FixedDelayRestart(attempts=3, delay=0),
-        checkpoint=CheckpointConfig(interval=0.1, storage=f"s3://{bucket}/checkpoints", num_retained=1000),
+        checkpoint=CheckpointConfig(interval=0.1, storage=f"s3://{bucket}/checkpoints"),
     )
     p.source(src).map_batches(
         lambda b: b.append_column("b", pa.compute.bit_wise_and(b.column("key"), 1))

@@ -1,0 +1,356 @@
+"""What runs inside one Spark barrier task: a *slot* hosting subtask i of every vertex with parallelism > i.
+
+A slot connects to the driver's control server, finds its peers with one ``allGather``, links to every
+other slot (:class:`~sluice.runtime.transport.DataPlane`), loads the checkpoint to restore from storage
+itself, builds its subtasks (LocalChannel between subtasks in the slot, remote channels across slots),
+registers them, and starts them when the driver says so. It stops when the driver says stop (success) or
+cancel, or when it loses the driver or a peer; a failure makes the Spark task fail, which fails the stage.
+
+Control messages are tuples ``(op, ...)``; slot -> driver messages all carry the attempt number second so
+the driver drops those of stale attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.checkpoint.storage import checkpoint_storage
+from sluice.errors import SluiceError
+from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
+from sluice.runtime import rpc
+from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
+from sluice.runtime.job import JobConfig, build_task
+from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.spark_faults import SlotCrash, SlotFaults
+from sluice.runtime.task import Task
+from sluice.runtime.transport import DataPlane
+
+__all__ = ["SlotError", "SlotSpec", "run_slot", "slot_function"]
+
+log = logging.getLogger("sluice.spark.slot")
+
+
+class SlotError(SluiceError):
+    """A slot stopped abnormally (lost the driver or a peer, or one of its subtasks failed)."""
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """Everything a slot needs, shipped in the Spark task closure (the job secret included: Spark's own
+    RPC carries it, so turn on ``spark.authenticate``/``spark.network.crypto.enabled`` on shared clusters)."""
+
+    job: JobGraph
+    cfg: JobConfig
+    attempt: int
+    slots: int
+    driver: tuple[str, int]
+    secret: bytes = field(repr=False)
+    tls: rpc.TlsConfig | None
+    bind_host: str
+    restore_path: str | None
+    drop_channel_state: bool
+    crashes: tuple[SlotCrash, ...] = ()
+    connect_timeout: float = 120.0
+
+
+def channel_plan(job: JobGraph) -> list[tuple[int, SubtaskId, SubtaskId, int, int]]:
+    """Every channel of the job as (channel id, sender, receiver, output index, input edge index), in
+    the order the in-process runtime creates them (the receiver's input-gate order). Every slot computes
+    the same list, so channel ids agree without talking."""
+    eg = ExecutionGraph(job)
+    out: list[tuple[int, SubtaskId, SubtaskId, int, int]] = []
+    for v in job.vertices.values():
+        for e in v.inputs:
+            up = job.vertices[e.upstream]
+            out_idx = up.outputs.index(e)
+            for s, r in eg.channels_of(e):
+                out.append((len(out), SubtaskId(up.id, s), SubtaskId(v.id, r), out_idx, e.input_index))
+    return out
+
+
+class _Gateway:
+    """TaskGateway of the slot's subtasks: every report becomes a control message to the driver."""
+
+    def __init__(self, slot: Slot) -> None:
+        self._slot = slot
+
+    def _send(self, op: str, *args: Any) -> None:
+        self._slot.send(op, *args)
+
+    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None:
+        self._send("ack", task, checkpoint_id, handle)
+
+    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
+        self._send("decline", task, checkpoint_id, reason)
+
+    def end_of_input(self, task: SubtaskId) -> None:
+        self._send("end_of_input", task)
+
+    def finished(self, task: SubtaskId) -> None:
+        self._send("finished", task, self._slot.metrics_of(task))
+        self._slot.task_finished(task)
+
+    def failed(self, task: SubtaskId, error: BaseException) -> None:
+        self._send("failed", task, _portable(error))
+        self._slot.fail(SlotError(f"subtask {task} failed: {type(error).__name__}: {error}"))
+
+    def request_split(self, task: SubtaskId) -> None:
+        self._send("request_split", task)
+
+
+def _portable(error: BaseException) -> BaseException:
+    """The exception itself if it survives pickling, else a SlotError carrying its text and traceback."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        tb = "".join(traceback.format_exception(error))
+        return SlotError(f"{type(error).__name__}: {error}\n{tb}")
+
+
+class SlotLogHandler(logging.Handler):
+    """Ships log records to the driver, naming the subtask whose thread logged them."""
+
+    def __init__(self, slot: Slot) -> None:
+        super().__init__()
+        self._slot = slot
+        self._busy = threading.local()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(self._busy, "on", False) or record.name.startswith("py4j"):
+            return
+        self._busy.on = True
+        try:
+            subtask = self._slot.subtask_of_thread(record.threadName or "")
+            self._slot.send(
+                "log", self._slot.index, record.name, record.levelno, subtask, self.format(record)
+            )
+        except Exception:
+            self.handleError(record)
+        finally:
+            self._busy.on = False
+
+
+class Slot:
+    """One slot of one attempt (see the module docstring)."""
+
+    def __init__(self, spec: SlotSpec, index: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.tasks: dict[SubtaskId, Task] = {}
+        self._finished: set[SubtaskId] = set()
+        self._lock = threading.Lock()
+        self._started = threading.Event()
+        self._end = threading.Event()
+        self._stop_ok = False
+        self._failure: BaseException | None = None
+        self._ctl: rpc.MessageConnection | None = None
+        self._levels: dict[str, int] = {}
+
+    # -- messaging -----------------------------------------------------------------------------------
+    def send(self, op: str, *args: Any) -> None:
+        if self._ctl is not None:
+            self._ctl.send((op, self.spec.attempt, *args))
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._failure is None and not self._stop_ok:
+                self._failure = error
+        self._end.set()
+        self._started.set()
+
+    def task_finished(self, task: SubtaskId) -> None:
+        with self._lock:
+            self._finished.add(task)
+
+    def metrics_of(self, task: SubtaskId) -> dict[str, int]:
+        t = self.tasks.get(task)
+        out: dict[str, int] = {}
+        for ctx in t.contexts if t is not None else []:
+            for k, v in ctx.metrics.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def subtask_of_thread(self, thread_name: str) -> str | None:
+        # task threads are "task-<vertex>.<index>", upload threads "upload-<vertex>.<index>_<n>"
+        for prefix in ("task-", "upload-"):
+            if thread_name.startswith(prefix):
+                key = thread_name[len(prefix) :].split("_", 1)[0]
+                for sid, t in self.tasks.items():
+                    if str(sid) == key:
+                        return t.name
+        return None
+
+    def _on_control(self, msg: Any) -> None:
+        op = msg[0]
+        if op == "start":
+            self._levels = msg[1]
+            self._started.set()
+        elif op == "stop":
+            self._stop_ok = True
+            self._end.set()
+            self._started.set()
+        elif op == "cancel":
+            self.fail(SlotError("cancelled by the driver"))
+        elif op in ("trigger", "complete", "aborted", "assign", "no_more_splits"):
+            task = self.tasks.get(msg[1])
+            if task is None:
+                return
+            if op == "trigger":
+                task.trigger_checkpoint(msg[2])
+            elif op == "complete":
+                task.notify_checkpoint_complete(msg[2])
+            elif op == "aborted":
+                task.notify_checkpoint_aborted(msg[2])
+            elif op == "assign":
+                task.assign_splits(msg[2])
+            else:
+                task.no_more_splits()
+
+    def _on_driver_closed(self, error: BaseException | None) -> None:
+        if not self._stop_ok:
+            self.fail(SlotError(f"slot {self.index} lost its connection to the driver: {error}"))
+
+    def _on_peer_lost(self, peer: int, error: BaseException) -> None:
+        with self._lock:
+            all_done = len(self._finished) == len(self.tasks) > 0
+        if not all_done:
+            self.fail(SlotError(f"slot {self.index} lost its link to slot {peer}: {error}"))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def run(self, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:
+        """Run the slot to its end; raises SlotError (failing the Spark task) unless stopped by the driver."""
+        spec = self.spec
+        sock = rpc.connect(spec.driver[0], spec.driver[1], spec.secret, spec.tls, spec.connect_timeout)
+        self._ctl = rpc.MessageConnection(
+            sock, self._on_control, self._on_driver_closed, f"slot-{self.index}"
+        )
+        self._ctl.start()
+        self.send("hello", self.index, os.getpid())
+        handler = SlotLogHandler(self)
+        root = logging.getLogger()
+        saved = (root.level, logging.getLogger("sluice").level)
+        root.addHandler(handler)
+        plane = DataPlane(self.index, spec.slots, spec.secret, spec.tls, spec.bind_host, self._on_peer_lost)
+        try:
+            peers = [tuple(json.loads(a)) for a in all_gather(json.dumps([host, plane.port]))]
+            plane.connect([(str(h), int(p)) for h, p in peers], spec.connect_timeout)
+            self._build(plane)
+            self.send("registered", self.index, [(sid, t.name) for sid, t in self.tasks.items()])
+            self._started.wait()
+            if self._end.is_set():
+                raise self._failure or SlotError("stopped before start")
+            root.setLevel(self._levels.get("", root.level))
+            logging.getLogger("sluice").setLevel(self._levels.get("sluice", logging.NOTSET))
+            log.info(
+                "slot %d (pid %d) runs %s", self.index, os.getpid(), [t.name for t in self.tasks.values()]
+            )
+            for t in self.tasks.values():
+                t.start()
+            self._end.wait()
+            if self._failure is not None:
+                raise self._failure
+            return {"slot": self.index, "pid": os.getpid(), "tasks": len(self.tasks)}
+        finally:
+            ok = self._failure is None and self._stop_ok
+            for t in self.tasks.values():
+                if not ok:
+                    t.cancel()
+            for t in self.tasks.values():
+                t.join(5 if ok else 2)
+            for sid in self.tasks:
+                if sid not in self._finished:
+                    self.send("metrics", sid, self.metrics_of(sid))
+            root.removeHandler(handler)
+            root.setLevel(saved[0])
+            logging.getLogger("sluice").setLevel(saved[1])
+            plane.close(orderly=ok)
+            self._ctl.close(flush_timeout=2.0)
+
+    def _build(self, plane: DataPlane) -> None:
+        spec = self.spec
+        job, cfg = spec.job, spec.cfg
+        mine = {SubtaskId(v.id, self.index) for v in job.vertices.values() if v.parallelism > self.index}
+        credits = cfg.buffers_per_channel
+        signals = {s: Signal() for s in mine}
+        inputs: dict[SubtaskId, list[InputChannel]] = {s: [] for s in mine}
+        input_edges: dict[SubtaskId, list[int]] = {s: [] for s in mine}
+        per_sender: dict[tuple[SubtaskId, int], dict[int, OutputChannel]] = {}
+        for cid, snd, rcv, out_idx, in_idx in channel_plan(job):
+            if snd not in mine and rcv not in mine:
+                continue
+            if snd in mine and rcv in mine:
+                ch = LocalChannel(signals[rcv], credits=credits, output_capacity=credits)
+                ch.sender_wakeup = signals[snd].notify
+                inputs[rcv].append(ch)
+                input_edges[rcv].append(in_idx)
+                per_sender.setdefault((snd, out_idx), {})[rcv.index] = ch
+            elif rcv in mine:
+                inputs[rcv].append(plane.input_channel(snd.index, cid, signals[rcv]))
+                input_edges[rcv].append(in_idx)
+            else:
+                out = plane.output_channel(rcv.index, cid, credits)
+                out.sender_wakeup = signals[snd].notify
+                per_sender.setdefault((snd, out_idx), {})[rcv.index] = out
+        outputs: dict[SubtaskId, dict[int, list[OutputChannel]]] = {s: {} for s in mine}
+        for (snd, out_idx), by_receiver in per_sender.items():
+            outputs[snd][out_idx] = [by_receiver[r] for r in sorted(by_receiver)]
+        storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id)
+        restored = None
+        if spec.restore_path is not None:
+            restored = RestoredCheckpoint.load(storage, spec.restore_path, spec.drop_channel_state)
+        mine_crashes = [c for c in spec.crashes if c.slot == self.index]
+        faults = SlotFaults(mine_crashes, self._report_crash) if mine_crashes else None
+        gateway = _Gateway(self)
+        for v in job.vertices.values():
+            sid = SubtaskId(v.id, self.index)
+            if sid not in mine:
+                continue
+            self.tasks[sid] = build_task(
+                job,
+                v,
+                self.index,
+                inputs[sid],
+                input_edges[sid],
+                outputs[sid],
+                signals[sid],
+                gateway,
+                storage,
+                cfg,
+                spec.attempt,
+                restored,
+                faults,
+            )
+
+    def _report_crash(self, desc: str) -> None:
+        if self._ctl is not None:
+            self._ctl.send_sync(("fired", self.spec.attempt, self.index, desc), timeout=1.0)
+
+
+def run_slot(spec: SlotSpec, index: int, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:
+    """Run slot ``index`` of ``spec`` (outside Spark too, e.g. in tests: ``all_gather`` exchanges addresses)."""
+    return Slot(spec, index).run(all_gather, host)
+
+
+def slot_function(spec: SlotSpec) -> Callable[[Iterator[Any]], Iterator[dict[str, Any]]]:
+    """The function of the barrier stage's ``mapPartitions``: one call per slot."""
+
+    def run(_: Iterator[Any]) -> Iterator[dict[str, Any]]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        me = ctx.partitionId()
+        host = ctx.getTaskInfos()[me].address.rsplit(":", 1)[0]
+        yield run_slot(spec, me, ctx.allGather, host)
+
+    return run
