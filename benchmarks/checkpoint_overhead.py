@@ -21,25 +21,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from _common import CountSink  # type: ignore[import-not-found]
 from sluice import CheckpointConfig, KeyedProcessFunction, Pipeline, ValueStateDescriptor
 from sluice.connectors.generator import GeneratorSource
-from sluice.sink import Sink, SinkWriter
-
-
-class CountSink(Sink[int]):
-    """Counts rows; commits nothing (isolates engine cost from I/O)."""
-
-    def create_writer(self, ctx: Any, restored: list[Any]) -> SinkWriter[int]:
-        class W(SinkWriter[int]):
-            n = 0
-
-            def write(self, batch: pa.RecordBatch) -> None:
-                self.n += batch.num_rows
-
-            def prepare_commit(self, checkpoint_id: int) -> list[int]:
-                return []
-
-        return W()
 
 
 class Sum(KeyedProcessFunction):
@@ -52,7 +36,9 @@ class Sum(KeyedProcessFunction):
 
 
 def vectorized_job(rows: int, interval: float | None, d: str) -> Pipeline:
-    p = Pipeline("overhead", parallelism=2, checkpoint=CheckpointConfig(interval=interval, storage=f"{d}/chk"))
+    p = Pipeline(
+        "overhead", parallelism=2, checkpoint=CheckpointConfig(interval=interval, storage=f"{d}/chk")
+    )
     src = GeneratorSource(num_splits=4, records_per_split=rows // 4, batch_size=5000, num_keys=64)
     s = p.source(src).map_batches(lambda b: b.append_column("v2", pc.multiply(b.column("value"), 2)))
     s.filter(pc.field("v2") >= 0).key_by("key").process(Sum()).sink(CountSink())
@@ -69,12 +55,20 @@ def throughput(rows: int, interval: float | None) -> float:
 def blocked_per_checkpoint(keys: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         p = Pipeline("state", checkpoint=CheckpointConfig(interval=0.5, storage=f"{d}/chk"))
-        src = GeneratorSource(num_splits=1, records_per_split=2 * keys, batch_size=20_000, num_keys=keys,
-                              rows_per_second=2 * keys / 6)  # ~6 s: a dozen checkpoints
+        src = GeneratorSource(
+            num_splits=1,
+            records_per_split=2 * keys,
+            batch_size=20_000,
+            num_keys=keys,
+            rows_per_second=2 * keys / 6,
+        )  # ~6 s: a dozen checkpoints
         p.source(src).key_by("key").process(Sum(), name="sum").sink(CountSink())
         result = p.run(runtime="local", restore="none")
     samples = [
-        t for s in result.checkpoints if s.status == "completed" for name, t in s.tasks.items()
+        t
+        for s in result.checkpoints
+        if s.status == "completed"
+        for name, t in s.tasks.items()
         if t and t.get("state_bytes", 0) > keys * 4
     ]
     if not samples:
@@ -99,15 +93,21 @@ def main() -> None:
     for _ in range(args.repeats):
         without.append(throughput(args.rows, None))
         with_cp.append(throughput(args.rows, 1.0))
-        print(f"  no checkpoints {without[-1]:,.0f} rec/s | checkpoint every 1 s {with_cp[-1]:,.0f} rec/s", flush=True)
+        print(
+            f"  no checkpoints {without[-1]:,.0f} rec/s | checkpoint every 1 s {with_cp[-1]:,.0f} rec/s",
+            flush=True,
+        )
     ratio = statistics.median(with_cp) / statistics.median(without)
     print(f"throughput with checkpoints every 1 s / without: {ratio:.3f}")
     blocked = {}
     for k in (int(x) for x in args.keys.split(",")):
         blocked[str(k)] = blocked_per_checkpoint(k)
         b = blocked[str(k)]
-        print(f"  {k:>9,} keys: task blocked {b['blocked_ms_median']:.2f} ms (max {b['blocked_ms_max']:.2f}) per "
-              f"checkpoint; async part {b['async_ms_median']:.1f} ms; state {b['state_mb']:.1f} MiB", flush=True)
+        print(
+            f"  {k:>9,} keys: task blocked {b['blocked_ms_median']:.2f} ms (max {b['blocked_ms_max']:.2f}) per "
+            f"checkpoint; async part {b['async_ms_median']:.1f} ms; state {b['state_mb']:.1f} MiB",
+            flush=True,
+        )
     result = {
         "rows": args.rows,
         "no_checkpoint_rec_s": round(statistics.median(without)),

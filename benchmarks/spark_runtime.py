@@ -12,7 +12,7 @@ and a two-phase Parquet sink defined here.
 
 The last line is ``RESULT {json}`` with records/s per configuration and the ratios vs in-process.
 
-Usage: python benchmarks/spark_runtime.py [--messages 400000]
+Usage: python benchmarks/spark_runtime.py [--messages 1500000]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def timed(p: Pipeline, runtime: str, out: Path, n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=400_000)
+    ap.add_argument("--messages", type=int, default=1_500_000)
     args = ap.parse_args()
     n = args.messages
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
@@ -158,7 +158,6 @@ def main() -> None:
 
             broker = stack.enter_context(TansuBroker())
             broker.create_topic(TOPIC, PARTITIONS)
-            broker.produce_many = None  # type: ignore[attr-defined]
             _produce(broker.bootstrap, n)
             ends = broker.end_offsets(TOPIC, timeout=60)
             bootstrap = broker.bootstrap

@@ -63,6 +63,7 @@ class CheckpointFailureReason(enum.Enum):
     JOB_FAILOVER = "the job failed over while the checkpoint was pending"
     SUBSUMED = "a later checkpoint completed first"
     FINISHED = "tasks finished before the checkpoint reached them"
+    JOB_CANCELLED = "the job was cancelled while the checkpoint was pending"
 
 
 class CheckpointError(SluiceError):

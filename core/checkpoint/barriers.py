@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from sluice.events import AlignmentMode, CheckpointBarrier
+from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind
 
 __all__ = ["BarrierHandler", "BarrierTarget"]
 
@@ -60,11 +60,11 @@ class _State:
 class _WaitingForFirstBarrier(_State):
     def barrier(self, h: BarrierHandler, ch: int, b: CheckpointBarrier) -> _State:
         h.begin(b)
-        unaligned = b.options.is_unaligned or h.mode is AlignmentMode.UNALIGNED
+        unaligned = b.options.is_unaligned or h.cur_mode is AlignmentMode.UNALIGNED
         if unaligned:
             return _CollectingUnaligned.start(h, ch, b)
         h.received.add(ch)
-        if h.mode is AlignmentMode.ALIGNED or h.mode is AlignmentMode.ADAPTIVE:
+        if h.cur_mode is AlignmentMode.ALIGNED or h.cur_mode is AlignmentMode.ADAPTIVE:
             h.target.block(ch)
         return h.maybe_done(_CollectingAligned())
 
@@ -81,12 +81,12 @@ class _CollectingAligned(_State):
             # so this checkpoint continues unaligned here too
             return self._switch(h, ch)
         h.received.add(ch)
-        if h.mode is not AlignmentMode.AT_LEAST_ONCE:
+        if h.cur_mode is not AlignmentMode.AT_LEAST_ONCE:
             h.target.block(ch)
         return h.maybe_done(self)
 
     def timeout(self, h: BarrierHandler) -> _State:
-        if h.mode is not AlignmentMode.ADAPTIVE or h.current is None:
+        if h.cur_mode is not AlignmentMode.ADAPTIVE or h.current is None:
             return self
         if time.time() - h.current.timestamp < (h.current.options.alignment_timeout or 0):
             return self
@@ -155,6 +155,7 @@ class BarrierHandler:
         self.live: set[int] = set(range(num_channels))
         self.received: set[int] = set()
         self.pulled: set[int] = set()  # channels whose barrier we pulled forward (adaptive switch)
+        self.cur_mode = mode
         self.current: CheckpointBarrier | None = None
         self.last_done = 0
         self.switched = False
@@ -184,6 +185,8 @@ class BarrierHandler:
         return self.current is not None
 
     def begin(self, b: CheckpointBarrier) -> None:
+        # the mode is chosen per checkpoint: savepoints are always aligned
+        self.cur_mode = AlignmentMode.ALIGNED if b.options.kind is CheckpointKind.SAVEPOINT else self.mode
         self.current = b
         self.received = set()
         self.pulled = set()

@@ -364,7 +364,8 @@ class CheckpointCoordinator:
                 if t not in self.finished:
                     handle.notify_checkpoint_aborted(cid)
         self.storage.discard(cid, savepoint)
-        if reason not in (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED):
+        quiet = (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED, CheckpointFailureReason.JOB_CANCELLED)
+        if reason not in quiet:
             log.warning("checkpoint %d failed: %s %s", cid, reason.value, detail)
         if count and reason is not CheckpointFailureReason.SUBSUMED:
             self.consecutive_failures += 1

@@ -303,7 +303,12 @@ class JobAttempt:
             "attempt": self.attempt,
             "max_parallelism": self.job.max_parallelism,
             "vertices": {
-                v.uid: {"name": v.name, "parallelism": v.parallelism} for v in self.job.vertices.values()
+                v.uid: {
+                    "name": v.name,
+                    "parallelism": v.parallelism,
+                    "inputs": [e.partitioning.value for e in v.inputs],
+                }
+                for v in self.job.vertices.values()
             },
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
@@ -407,9 +412,10 @@ class JobAttempt:
             from sluice.errors import CheckpointFailureReason
 
             ok = self.failure is None and len(self.finished_tasks) == len(self.tasks)
-            self.coordinator.stop(
-                CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER
-            )
+            reason = CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER
+            if isinstance(self.failure, _Cancel):
+                reason = CheckpointFailureReason.JOB_CANCELLED
+            self.coordinator.stop(reason)
         for e in self.enumerators.values():
             try:
                 e.close()

@@ -71,20 +71,17 @@ class RestoredCheckpoint:
         old_vertices = self.metadata.get("vertices", {})
         for v in job.vertices.values():
             old = old_vertices.get(v.uid)
-            if old is None:
+            if old is None or old.get("parallelism") == v.parallelism or not self._vertex_has_state(v):
                 continue
-            if old.get("parallelism") != v.parallelism:
-                for e in v.inputs:
-                    if e.partitioning in (
-                        Partitioning.FORWARD,
-                        Partitioning.BROADCAST,
-                    ) and self._vertex_has_state(v):
-                        raise RestoreError(
-                            f"checkpoint {self.checkpoint_id} holds in-flight data (unaligned channel state) on the "
-                            f"{e.partitioning.value} exchange into {v.name!r}, which cannot be redistributed to "
-                            f"parallelism {v.parallelism}; restore at parallelism {old.get('parallelism')}, or use "
-                            f"recover_without_channel_state={self.checkpoint_id} (loses that in-flight data)"
-                        )
+            fixed = [p for p in old.get("inputs", []) if p in (Partitioning.FORWARD.value, Partitioning.BROADCAST.value)]
+            if fixed:
+                raise RestoreError(
+                    f"checkpoint {self.checkpoint_id} holds in-flight data (unaligned channel state) of "
+                    f"{v.name!r}, which reads a {fixed[0]} exchange: that data cannot be redistributed from "
+                    f"parallelism {old.get('parallelism')} to {v.parallelism}. Restore at parallelism "
+                    f"{old.get('parallelism')}, or pass recover_without_channel_state={self.checkpoint_id} "
+                    "(this loses that in-flight data)"
+                )
 
     def _vertex_has_state(self, v: JobVertex) -> bool:
         names = {n.name for n in v.chain}
