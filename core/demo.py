@@ -93,5 +93,10 @@ def run_demo(runtime: str = "spark", out: str | None = None, echo: Callable[[str
     for row in final.to_pylist()[:20]:
         echo(f"  customer {row['customer']:>2}: {row['orders_max']:>5} orders, amount {row['amount_max']:>9}")
     total_orders = sum(r["orders_max"] for r in final.to_pylist())
-    echo(f"total orders counted exactly once: {total_orders}")
+    from sluice.connectors.generator import GeneratorSource
+
+    paid = pc.sum(pc.greater(GeneratorSource(num_splits=4, records_per_split=5000).expected().column("value"), 0))
+    expected = paid.as_py()
+    verdict = "exactly once" if total_orders == expected else "MISMATCH"
+    echo(f"paid orders counted: {total_orders:,} of {expected:,} expected -> {verdict}")
     return table

@@ -1,0 +1,1 @@
+"""Job templates for ``sluice new`` (Jinja files shipped as package data)."""

@@ -351,6 +351,9 @@ class KafkaSourceReader(SourceReader):
     def _emit_watermark(self, output: ReaderOutput) -> None:
         if self._wm is None:
             return
+        if self._wm.all_idle():
+            output.mark_idle()  # downstream stops waiting for this reader's watermark
+            return
         wm = self._wm.current()
         if wm is not None and (self._last_wm is None or wm > self._last_wm):
             self._last_wm = wm

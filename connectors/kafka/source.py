@@ -273,6 +273,10 @@ class KafkaSource(Source):
 
     # -- Source ----------------------------------------------------------------------------------------
     @property
+    def side_outputs(self) -> tuple[str, ...]:
+        return (DEAD_LETTERS,) if self.on_bad_record == "dead_letter" else ()
+
+    @property
     def boundedness(self) -> Boundedness:
         return Boundedness.BOUNDED if self.stopping_offsets_option is not None else Boundedness.CONTINUOUS
 

@@ -55,6 +55,13 @@ class PartitionWatermarks:
             p.max_ts = max_ts
         p.last_active = self.clock()
 
+    def all_idle(self) -> bool:
+        """True when every tracked partition has been idle for ``idle_timeout_s``."""
+        if self.idle_timeout_s is None or not self._parts:
+            return False
+        now = self.clock()
+        return all(now - p.last_active >= self.idle_timeout_s for p in self._parts.values())
+
     def current(self) -> int | None:
         """The combined watermark, or None while it cannot advance."""
         now = self.clock()

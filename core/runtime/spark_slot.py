@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -107,8 +108,6 @@ class _Gateway:
 
 def _portable(error: BaseException) -> BaseException:
     """The exception itself if it survives pickling, else a SlotError carrying its text and traceback."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(error))
         return error

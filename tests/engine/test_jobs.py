@@ -275,3 +275,63 @@ def test_job_client_runs_unbounded_job_until_cancelled(tmp_path) -> None:
     ids = read_committed(f"{tmp_path}/out").column("id").to_pylist()
     assert ids == list(range(len(ids))), "a prefix of the stream, each row once"
     assert threading.active_count() < 50
+
+
+def test_unconnected_side_output_is_refused_at_build_time(tmp_path) -> None:
+    from sluice import GraphError
+
+    class WithDeadLetters(GeneratorSource):
+        @property
+        def side_outputs(self) -> tuple[str, ...]:
+            return ("dead_letters",)
+
+    p = Pipeline("dlq")
+    s = p.source(WithDeadLetters())
+    s.sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    with pytest.raises(GraphError, match=r"side output 'dead_letters' but nothing reads it"):
+        p.build()
+    s.side_output("dead_letters").sink(TwoPhaseCommitTestSink(f"{tmp_path}/dlq"), name="dlq")
+    p.build()
+
+
+def test_idle_input_does_not_hold_back_event_time(tmp_path) -> None:
+    from sluice.events import Watermark, WatermarkStatus
+    from sluice.runtime.channels import LocalChannel, Signal
+
+    seen: list[int] = []
+
+    from sluice.runtime.operators import Operator
+
+    class Rec(Operator):
+        def process_watermark(self, timestamp: int) -> None:
+            seen.append(timestamp)
+
+    from sluice.graph import SubtaskId
+    from sluice.runtime.operators import OperatorContext
+    from sluice.runtime.task import Task
+    from sluice.state.keygroups import key_group_range
+
+    sig = Signal()
+    a, b = LocalChannel(sig), LocalChannel(sig)
+    op = Rec("rec")
+    ctx = OperatorContext("rec", 0, 1, 8, key_group_range(8, 1, 0), "j", 0)
+    op.setup(ctx, None)  # type: ignore[arg-type]
+    t = Task(SubtaskId(0, 0), "rec", [op], [ctx], [a, b], [0, 0], True, {}, sig, None, None,  # type: ignore[arg-type]
+             __import__("sluice.events", fromlist=["AlignmentMode"]).AlignmentMode.ALIGNED)
+    a.send(Watermark(100))
+    t._poll_input()
+    assert seen == []  # b has no watermark yet
+    b.send(WatermarkStatus(idle=True))
+    t._poll_input()
+    assert seen == [100]
+    b.send(Watermark(50))  # b is active again, behind a: no regression
+    while t._poll_input():
+        pass
+    a.send(Watermark(200))  # and now it holds event time back at its own watermark
+    while t._poll_input():
+        pass
+    assert seen == [100]
+    b.send(Watermark(300))
+    while t._poll_input():
+        pass
+    assert seen == [100, 200]

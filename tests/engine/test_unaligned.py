@@ -9,12 +9,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline, RestoreError
 from sluice.checkpoint.storage import LocalCheckpointStorage
 from sluice.cli import main as cli
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+
 from tests.faults.shapes import RunningCount, rows_of, with_key
 
 

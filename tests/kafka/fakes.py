@@ -100,6 +100,10 @@ class CollectingOutput:
     batches: list[Any] = field(default_factory=list)
     side: dict[str, list[Any]] = field(default_factory=dict)
     watermarks: list[int] = field(default_factory=list)
+    idle: int = 0
+
+    def mark_idle(self) -> None:
+        self.idle += 1
 
     def emit(self, batch: Any) -> None:
         self.batches.append(batch)

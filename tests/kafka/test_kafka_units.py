@@ -165,8 +165,9 @@ def test_idle_partition_is_left_out() -> None:
     clock.now = 11
     wm.update("a", 2_000)  # b never had records and is idle now
     assert wm.current() == 2_000
-    clock.now = 30  # everything idle: no watermark
-    assert wm.current() is None
+    assert not wm.all_idle()
+    clock.now = 30  # everything idle: no watermark, and the reader marks itself idle downstream
+    assert wm.current() is None and wm.all_idle()
     wm.update("b", 500)
     assert wm.current() == 500
 

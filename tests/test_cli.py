@@ -1,0 +1,72 @@
+"""The ``sluice`` command: new, run, checkpoints list/show, demo."""
+
+from __future__ import annotations
+
+import os
+import runpy
+
+import pytest
+from click.testing import CliRunner
+
+from sluice import CheckpointConfig, NoRestart, Pipeline
+from sluice.cli import main
+from sluice.connectors.generator import GeneratorSource
+from sluice.scaffold import available_templates
+from sluice.sinks.testing import TwoPhaseCommitTestSink
+
+
+def invoke(*args: str) -> str:
+    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> None:
+    assert {"kafka-to-parquet", "generator-to-parquet"} <= set(available_templates())
+    monkeypatch.chdir(tmp_path)
+    invoke("new", "orders-job")  # kafka template: builds without a broker
+    ns = runpy.run_path(str(tmp_path / "orders_job.py"), run_name="check")
+    ns["pipeline"].build()
+    invoke("new", "gen-job", "--template", "generator-to-parquet")
+    out = invoke("run", "gen_job.py", "--runtime", "local")
+    assert "finished after 1 attempt(s)" in out
+    assert any(n.endswith(".parquet") for n in os.listdir(tmp_path / "output" / "totals"))
+    listing = invoke("checkpoints", "list", "./checkpoints")
+    assert "completed" in listing and "gen-job" in listing
+    r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
+    assert r.exit_code != 0 and "exists" in str(r.exception)
+    r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
+    assert "allowed: generator-to-parquet, kafka-to-parquet" in str(r.exception)
+
+
+def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:
+    job = tmp_path / "empty.py"
+    job.write_text("x = 1\n")
+    r = CliRunner().invoke(main, ["run", str(job), "--runtime", "local"])
+    assert r.exit_code != 0 and "defines neither" in r.output
+
+
+def test_checkpoints_list_and_show_failed_with_reason(tmp_path) -> None:
+    import time
+
+    def slow(b):  # type: ignore[no-untyped-def]
+        time.sleep(0.05)
+        return b
+
+    p = Pipeline("failing", checkpoint=CheckpointConfig(interval=0.02, timeout=0.03, storage=f"{tmp_path}/chk"),
+                 restart=NoRestart())
+    p.source(GeneratorSource(num_splits=1, records_per_split=10**6, batch_size=5)).rebalance(parallelism=2).map_batches(
+        slow).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    with pytest.raises(Exception, match="checkpoint"):
+        p.run(runtime="local", restore="none")
+    listing = invoke("checkpoints", "list", f"{tmp_path}/chk")
+    assert "failed" in listing and "EXPIRED: no acknowledgement from" in listing
+    shown = invoke("checkpoints", "show", f"{tmp_path}/chk", "1", "--job", "failing")
+    assert "failure: EXPIRED" in shown
+    as_json = invoke("checkpoints", "list", f"{tmp_path}/chk", "--json")
+    assert '"failure_reason": "EXPIRED"' in as_json
+
+
+def test_demo_runs_on_the_local_runtime(tmp_path) -> None:
+    out = invoke("demo", "--runtime", "local", "--out", str(tmp_path))
+    assert "-> exactly once" in out and "visible Parquet file(s)" in out
