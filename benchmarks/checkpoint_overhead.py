@@ -53,26 +53,21 @@ def throughput(rows: int, interval: float | None) -> float:
 
 
 def blocked_per_checkpoint(keys: int) -> dict[str, float]:
+    """A fast source fills ``keys`` keys of state, a slow one keeps the job running for ~6 s of checkpoints."""
     with tempfile.TemporaryDirectory() as d:
         p = Pipeline("state", checkpoint=CheckpointConfig(interval=0.5, storage=f"{d}/chk"))
-        src = GeneratorSource(
-            num_splits=1,
-            records_per_split=2 * keys,
-            batch_size=20_000,
-            num_keys=keys,
-            rows_per_second=2 * keys / 6,
-        )  # ~6 s: a dozen checkpoints
-        p.source(src).key_by("key").process(Sum(), name="sum").sink(CountSink())
+        fill = GeneratorSource(num_splits=1, records_per_split=keys, batch_size=20_000, num_keys=keys, name="fill")
+        tick = GeneratorSource(num_splits=1, records_per_split=600, batch_size=10, num_keys=10,
+                               rows_per_second=100, name="tick")
+        p.source(fill).union(p.source(tick)).key_by("key").process(Sum(), name="sum").sink(CountSink())
         result = p.run(runtime="local", restore="none")
     samples = [
         t
         for s in result.checkpoints
         if s.status == "completed"
-        for name, t in s.tasks.items()
+        for t in s.tasks.values()
         if t and t.get("state_bytes", 0) > keys * 4
     ]
-    if not samples:
-        samples = [t for s in result.checkpoints if s.status == "completed" for t in s.tasks.values() if t]
     return {
         "checkpoints": len(samples),
         "blocked_ms_median": 1000 * statistics.median(t["sync_s"] for t in samples),

@@ -182,14 +182,20 @@ def main() -> None:
 
             sink = ParquetTwoPhaseSink  # type: ignore[assignment]
             n = (n // 4) * 4
-        print(f"source: {'kafka (tansu) -> FileSink' if kafka else 'generator -> parquet 2PC sink'}", flush=True)
+        print(
+            f"source: {'kafka (tansu) -> FileSink' if kafka else 'generator -> parquet 2PC sink'}", flush=True
+        )
         rates: dict[str, float] = {}
-        rates["in_process_p2"] = timed(build(work / "local-p2", 2, source, sink), "local", work / "local-p2", n)
+        rates["in_process_p2"] = timed(
+            build(work / "local-p2", 2, source, sink), "local", work / "local-p2", n
+        )
         from sluice.runtime.spark import spark_context
 
         t0 = time.perf_counter()
         spark_context(2)
-        print(f"  SparkContext local[2,1] started in {time.perf_counter() - t0:.1f}s (not counted)", flush=True)
+        print(
+            f"  SparkContext local[2,1] started in {time.perf_counter() - t0:.1f}s (not counted)", flush=True
+        )
         for slots in (1, 2):
             name = f"spark_local2_{slots}slot"
             rates[name] = timed(build(work / name, slots, source, sink), "spark", work / name, n)
