@@ -7,7 +7,6 @@ import runpy
 
 import pytest
 from click.testing import CliRunner
-
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.cli import main
 from sluice.connectors.generator import GeneratorSource

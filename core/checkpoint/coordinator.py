@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sluice.checkpoint.payload import without_channel_state
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.config import CheckpointConfig
@@ -246,7 +247,7 @@ class CheckpointCoordinator:
         with self.lock:
             handle = self.completed_handles.get(task) or self.last_handles.get(task) or {}
             # keep its bytes: every later checkpoint gets its own copy, so retention never breaks a restore
-            data = self.storage.read_file(handle["path"]) if handle.get("path") else None
+            data = without_channel_state(self.storage.read_file(handle["path"])) if handle.get("path") else None
             final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
             self.finished[task] = final
             # its state no longer changes: it acknowledges pending checkpoints with its final state

@@ -73,6 +73,12 @@ class InputChannel(Protocol):
 
     def has_input(self) -> bool: ...
 
+    def head_is_event(self) -> bool:
+        """True if the next item is an event (seen even while the task is backpressured)."""
+
+    def queued_input(self) -> int:
+        """Items in the input queue (diagnostics)."""
+
     def take_overtaken(self) -> list[pa.RecordBatch]:
         """Data batches queued behind a priority barrier that was just polled (input channel state)."""
 
@@ -130,6 +136,13 @@ class LocalChannel:
     # -- receiver side -------------------------------------------------------------------------------
     def has_input(self) -> bool:
         return bool(self._input)
+
+    def head_is_event(self) -> bool:
+        head = self._input[0] if self._input else None
+        return head is not None and not isinstance(head, pa.RecordBatch)
+
+    def queued_input(self) -> int:
+        return len(self._input)
 
     def poll(self) -> Any | None:
         wake = False

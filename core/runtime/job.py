@@ -21,7 +21,7 @@ from sluice.checkpoint.coordinator import CheckpointCoordinator, TaskHandle
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
-from sluice.errors import JobFailedError, RestoreError
+from sluice.errors import ConfigError, JobFailedError, RestoreError
 from sluice.events import AlignmentMode
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
@@ -490,8 +490,8 @@ def run_job(
                         state["metrics"][k] = state["metrics"].get(k, 0) + v
         if a.failure is not None and not isinstance(a.failure, _Cancel):
             state["failures"].append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
-            if isinstance(a.failure, RestoreError):
-                raise a.failure
+            if isinstance(a.failure, (RestoreError, ConfigError)):
+                raise a.failure  # a restart cannot fix these
             raise AttemptFailedError(str(a.failure)) from a.failure
 
     try:

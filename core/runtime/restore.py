@@ -7,6 +7,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import RestoreError
 from sluice.graph import JobGraph, JobVertex, Partitioning
@@ -49,7 +50,7 @@ class RestoredCheckpoint:
             seen.add(file)
             v, i = (int(x) for x in key.split("."))
             try:
-                payload = pickle.loads(storage.read_file(file))
+                payload = decode_task_state(storage.read_file(file))
             except FileNotFoundError as exc:
                 raise RestoreError(f"checkpoint {path}: state file {file} is missing") from exc
             rc.tasks.append(_OldTask(v, i, payload))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import pickle
 import threading
 import time
 from collections import deque
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from sluice.checkpoint.barriers import BarrierHandler
+from sluice.checkpoint.payload import encode_task_state
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.events import (
     AlignmentMode,
@@ -261,7 +261,7 @@ class Task:
 
     def describe(self) -> str:
         """One line of diagnostics: status, alignment, queues (for logs and hung-job reports)."""
-        queues = [len(getattr(ch, "_input", ())) for ch in self.inputs]
+        queues = [ch.queued_input() for ch in self.inputs]
         outq = [ch.queued_output() for w in self.all_writers for ch in w.channels]
         return (
             f"{self.name}: {self.status.value} handler={self.handler.state_name} "
@@ -409,7 +409,7 @@ class Task:
             ch = self.inputs[i]
             if not ch.has_input():
                 continue
-            if events_only and not self._head_is_event(ch):
+            if events_only and not ch.head_is_event():
                 continue
             item = ch.poll()
             if item is None:
@@ -418,11 +418,6 @@ class Task:
             self._handle(i, item)
             return True
         return False
-
-    @staticmethod
-    def _head_is_event(ch: InputChannel) -> bool:
-        head = getattr(ch, "_input", None)
-        return bool(head) and not isinstance(head[0], pa.RecordBatch)  # type: ignore[index]
 
     def _handle(self, channel: int, item: Any) -> None:
         if isinstance(item, pa.RecordBatch):
@@ -537,7 +532,11 @@ class Task:
         splits = self.reader.snapshot_state(cid) if self.reader is not None else None
         output_state: list[tuple[int, pa.RecordBatch]] = []
         announce = barrier.options.alignment is AlignmentMode.ADAPTIVE and not unaligned
-        for idx, w in enumerate(self.all_writers):
+        # after end of input the outputs carry EndOfPartition: no barrier follows it, and what is still
+        # queued before it belongs to the receivers' checkpoints (they see the channel as live until they
+        # reach EndOfPartition), so this task persists no output state
+        writers = self.all_writers if self.status is TaskStatus.RUNNING else []
+        for idx, w in enumerate(writers):
             if unaligned and w.partitioner.supports_unaligned:
                 output_state.extend((idx, b) for b in w.broadcast_priority(barrier))
             else:
@@ -588,7 +587,7 @@ class Task:
                 "input_state": [(self.edge_of[ch], _ipc(b)) for ch, b in p.input_state],
                 "output_state": [(idx, _ipc(b)) for idx, b in p.output_state],
             }
-            data = pickle.dumps(payload, protocol=5)
+            data = encode_task_state(payload)
             savepoint = p.barrier.options.kind.value == "savepoint"
             path = self.storage.write_task_state(
                 cid, f"{self.id.vertex}-{self.id.index}.state", data, savepoint

@@ -1,0 +1,316 @@
+"""The Spark runtime (``runtime="spark"``, the default): one barrier-mode stage of S slots per attempt.
+
+The driver keeps the control plane (:class:`~sluice.runtime.job.JobAttempt`: coordinator, enumerators) and
+a :class:`~sluice.runtime.spark_control.ControlServer`; it submits ``rdd.barrier().mapPartitions`` with S =
+the job's largest parallelism, and every Spark task runs a slot (:mod:`sluice.runtime.spark_slot`). When all
+slots registered their subtasks the driver starts the control plane and tells them to start. A failed slot
+fails the attempt (its control connection breaks, or the stage fails); the driver cancels the stage's job
+group and ``run_job`` restarts from the latest completed checkpoint, which every slot loads from storage.
+
+Which Spark: an active SparkContext, else the one ``spark-submit`` prepared, else ``master`` (or
+``SLUICE_SPARK_MASTER``), else an embedded ``local[S,1]``. The context is created once per process and
+reused by every attempt and job. See docs/spark.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.errors import ConfigError, SluiceError
+from sluice.graph import ExecutionGraph
+from sluice.runtime.faults import FaultInjector
+from sluice.runtime.job import JobAttempt, JobConfig, _Cancel
+from sluice.runtime.rpc import TlsConfig
+from sluice.runtime.spark_control import ControlServer
+from sluice.runtime.spark_faults import crashes_for_attempt
+from sluice.runtime.spark_slot import SlotSpec, slot_function
+
+__all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"]
+
+log = logging.getLogger("sluice.spark")
+
+# slot failures are reported by sluice (run_job's failures, the driver log): Spark's copies are noise
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = fatal
+logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
+logger.tsm.level = fatal
+logger.pyrunner.name = org.apache.spark.api.python.PythonRunner
+logger.pyrunner.level = fatal
+"""
+
+#: settings of an embedded (local-mode) SparkContext: quiet, loopback only, no Spark task retries
+LOCAL_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.python.task.killTimeout": "200ms",
+    "spark.python.worker.reuse": "false",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+}
+
+
+class SparkStageError(SluiceError):
+    """The attempt's barrier stage failed (a slot raised or its Python worker died)."""
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    """Options of the Spark runtime. Unset fields come from the environment or the Spark configuration.
+
+    Attributes:
+        tls: TLS for slot <-> driver and slot <-> slot connections (``SLUICE_TLS_CERT``/``_KEY``/``_CA``,
+            or ``spark.sluice.tls.certFile``/``keyFile``/``caFile``: PEM files on the driver).
+        driver_host: address slots use to reach the driver's control server (``SLUICE_DRIVER_HOST`` or
+            ``spark.sluice.driver.host``; default ``spark.driver.host``).
+        startup_timeout: seconds to wait for all slots to register (Spark scheduling included).
+        stop_timeout: seconds to wait for the stage to end after stop or cancel.
+    """
+
+    tls: TlsConfig | None = None
+    driver_host: str | None = None
+    startup_timeout: float = 300.0
+    stop_timeout: float = 30.0
+
+    def resolved(self, conf: Any) -> SparkOptions:
+        """Fill unset options from the environment, then from the Spark configuration ``conf``."""
+
+        def opt(env: str, key: str) -> str | None:
+            return os.environ.get(env) or conf.get(key, None) or None
+
+        tls = self.tls
+        cert, key = (
+            opt("SLUICE_TLS_CERT", "spark.sluice.tls.certFile"),
+            opt("SLUICE_TLS_KEY", "spark.sluice.tls.keyFile"),
+        )
+        if tls is None and (cert or key):
+            if not (cert and key):
+                raise ConfigError(
+                    "TLS needs both a certificate and a key: set SLUICE_TLS_CERT and SLUICE_TLS_KEY"
+                )
+            tls = TlsConfig.from_files(cert, key, opt("SLUICE_TLS_CA", "spark.sluice.tls.caFile"))
+        host = self.driver_host or opt("SLUICE_DRIVER_HOST", "spark.sluice.driver.host")
+        return dataclasses.replace(self, tls=tls, driver_host=host)
+
+
+def _is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def spark_context(slots: int, master: str | None = None) -> Any:
+    """The process's SparkContext: the active one, spark-submit's, or a new one (embedded ``local[slots,1]``
+    when no master is configured). Created once, reused by every attempt and job."""
+    from pyspark import SparkConf, SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        if master is not None and active.master != master:
+            log.warning("a SparkContext on %s is active: using it, not master=%s", active.master, master)
+        return active
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit / pyspark: its master and conf
+        return SparkContext.getOrCreate(SparkConf())
+    master = master or os.environ.get("SLUICE_SPARK_MASTER") or f"local[{slots},1]"
+    conf = SparkConf().setMaster(master).setAppName("sluice")
+    if _is_local(master):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        for k, v in LOCAL_CONF.items():
+            conf.set(k, v)
+        fd, path = tempfile.mkstemp(prefix="sluice-log4j2-", suffix=".properties")
+        with os.fdopen(fd, "w") as f:
+            f.write(_LOG4J2)
+        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{path}")
+    else:
+        conf.set("spark.task.maxFailures", "1")
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("ERROR")
+    return sc
+
+
+def check_cluster(conf: Any, max_concurrent_tasks: int, slots: int, job_id: str) -> None:
+    """Refuse clusters that cannot run the job's barrier stage, saying what to change.
+
+    Args:
+        conf: the SparkConf (anything with ``get(key, default)``).
+        max_concurrent_tasks: task slots the cluster offers at once.
+        slots: slots the job needs (its largest parallelism).
+        job_id: for the message.
+    """
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
+        raise ConfigError(
+            f"job {job_id!r}: Spark dynamic allocation is on (spark.dynamicAllocation.enabled=true); "
+            "sluice runs one long-lived barrier stage whose slots must all run at once, which dynamic "
+            "allocation does not support: set spark.dynamicAllocation.enabled=false and give the "
+            f"application {slots} task slot(s) (spark.executor.instances x spark.executor.cores / spark.task.cpus)"
+        )
+    if max_concurrent_tasks < slots:
+        raise ConfigError(
+            f"job {job_id!r} needs {slots} Spark task slot(s) (its largest parallelism; every slot hosts one "
+            f"subtask of each vertex) but the cluster offers {max_concurrent_tasks}: add executors or cores "
+            "(spark.executor.instances, spark.executor.cores, spark.task.cpus; local[N] for local mode), or "
+            f"lower the job's parallelism to {max_concurrent_tasks}"
+        )
+
+
+def _max_concurrent_tasks(sc: Any) -> int:
+    jsc = sc._jsc.sc()
+    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def _absolute_storage(cfg: JobConfig) -> JobConfig:
+    """Slots may run in another working directory: make a relative local checkpoint path absolute."""
+    storage = cfg.checkpoint.storage
+    if "://" in storage and not storage.startswith("file://"):
+        return cfg
+    path = storage[len("file://") :] if storage.startswith("file://") else storage
+    if os.path.isabs(path):
+        return cfg
+    chk = cfg.checkpoint.model_copy(update={"storage": os.path.abspath(path)})
+    return dataclasses.replace(cfg, checkpoint=chk)
+
+
+class SparkRuntime:
+    """Runs attempts of a job as Spark barrier stages. ``cancel()`` stops the current attempt for good.
+
+    Args:
+        master: Spark master URL; None = the active or spark-submit's context, else embedded local mode.
+        options: TLS, driver address and timeouts (unset fields from the environment / Spark conf).
+    """
+
+    def __init__(self, master: str | None = None, options: SparkOptions | None = None) -> None:
+        self.master = master
+        self.options = options or SparkOptions()
+        self.cancelled = threading.Event()
+        self.current: JobAttempt | None = None
+        self._secret = secrets.token_bytes(32)  # per job: every attempt's connections prove it
+        self._sc: Any = None
+        self._group: str | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.current is not None:
+            self.current.done.set()
+        if self._sc is not None and self._group is not None:
+            self._sc.cancelJobGroup(self._group)
+
+    def run_attempt(self, a: JobAttempt, faults: FaultInjector | None) -> None:
+        self.current = a
+        if self.cancelled.is_set():
+            a.failure = _Cancel("cancelled")
+            return
+        slots = a.job.num_slots
+        sc = self._sc = spark_context(slots, self.master)
+        check_cluster(sc.getConf(), _max_concurrent_tasks(sc), slots, a.cfg.job_id)
+        opts = self.options.resolved(sc.getConf())
+        local = _is_local(sc.master)
+        server = ControlServer(a, slots, self._secret, opts.tls, "127.0.0.1" if local else "0.0.0.0", faults)
+        for sid in ExecutionGraph(a.job).subtasks():
+            a.register(sid, server.handle(sid))
+        driver_host = "127.0.0.1" if local else opts.driver_host or sc.getConf().get("spark.driver.host")
+        r = a.restored
+        spec = SlotSpec(
+            job=a.job,
+            cfg=_absolute_storage(a.cfg),
+            attempt=a.attempt,
+            slots=slots,
+            driver=(driver_host, server.port),
+            secret=self._secret,
+            tls=opts.tls,
+            bind_host="127.0.0.1" if local else "0.0.0.0",
+            restore_path=r.path if r is not None else None,
+            drop_channel_state=bool(r is not None and r.drop_channel_state),
+            crashes=tuple(crashes_for_attempt(faults, a.attempt)),
+        )
+        log.info(
+            "job %r attempt %d: %d slot(s) on %s, TLS %s",
+            a.cfg.job_id,
+            a.attempt,
+            slots,
+            sc.master,
+            "on" if opts.tls is not None else "off",
+        )
+        group = self._group = f"sluice-{a.cfg.job_id}-{a.attempt}-{secrets.token_hex(4)}"
+        stage = threading.Thread(
+            target=self._run_stage, args=(sc, spec, group, a, server), name="sluice-stage", daemon=True
+        )
+        stage.start()
+        try:
+            self._drive(a, server, opts)
+        finally:
+            server.stopping = True
+            ok = a.failure is None and len(a.finished_tasks) == len(a.tasks)
+            if ok:
+                server.broadcast(("stop",))
+            else:
+                server.broadcast(("cancel",))
+                sc.cancelJobGroup(group)
+            stage.join(opts.stop_timeout)
+            if stage.is_alive():
+                sc.cancelJobGroup(group)
+                log.warning(
+                    "attempt %d: the Spark stage did not end within %.0fs", a.attempt, opts.stop_timeout
+                )
+            server.close()
+
+    def _drive(self, a: JobAttempt, server: ControlServer, opts: SparkOptions) -> None:
+        deadline = time.monotonic() + opts.startup_timeout
+        while not server.all_registered.wait(0.05):
+            if a.done.is_set():
+                break
+            if time.monotonic() > deadline:
+                a.failed(None, SparkStageError(f"slots did not register within {opts.startup_timeout:.0f}s"))
+                break
+        if not a.done.is_set():
+            levels = {"": logging.getLogger().getEffectiveLevel()}
+            levels["sluice"] = logging.getLogger("sluice").getEffectiveLevel()
+            a.start_control()
+            server.broadcast(("start", levels))
+        a.done.wait()
+        if self.cancelled.is_set() and a.failure is None:
+            a.failure = _Cancel("cancelled")
+
+    def _run_stage(self, sc: Any, spec: SlotSpec, group: str, a: JobAttempt, server: ControlServer) -> None:
+        job_id = spec.cfg.job_id
+        sc.setJobGroup(
+            group,
+            f"sluice job '{job_id}' attempt {spec.attempt} ({spec.slots} slots)",
+            interruptOnCancel=True,
+        )
+        try:
+            rdd = sc.parallelize(range(spec.slots), spec.slots)
+            rdd.barrier().mapPartitions(slot_function(spec)).collect()
+        except Exception as exc:
+            if not server.stopping:
+                a.failed(
+                    None,
+                    SparkStageError(f"the Spark stage of attempt {spec.attempt} failed: {_summary(exc)}"),
+                )
+        else:
+            if not server.stopping and not a.done.is_set():
+                a.failed(None, SparkStageError(f"the slots of attempt {spec.attempt} ended early"))
+
+
+def _summary(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in lines:
+        if "Error:" in ln and "Py4JJavaError" not in ln and not ln.startswith("at "):
+            return ln[:500]
+    return (lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__)[:500]
