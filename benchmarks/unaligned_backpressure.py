@@ -88,12 +88,13 @@ def main() -> None:
     args = ap.parse_args()
     capacity = 2 * BATCH / args.delay  # rows/s of the two slow subtasks
     fast = 5 * capacity  # input at 5x the operator: it runs at ~20% of the input rate
-    ref = run("aligned", args.base_buffers, args.seconds, 0.0, capacity / 4)
+    # the reference is the same job (same slow operator) fed below its capacity: no backpressure
+    ref = run("aligned", args.base_buffers, args.seconds, args.delay, capacity / 4)
     print(
         f"reference (no backpressure): median {ref['median_s']:.3f}s over {ref['checkpoints']} checkpoints",
         flush=True,
     )
-    adaptive_quiet = run("adaptive", args.base_buffers, args.seconds, 0.0, capacity / 4)
+    adaptive_quiet = run("adaptive", args.base_buffers, args.seconds, args.delay, capacity / 4)
     print(
         f"adaptive without backpressure: {adaptive_quiet['inflight_bytes']} in-flight bytes persisted",
         flush=True,

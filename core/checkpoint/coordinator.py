@@ -97,7 +97,8 @@ class CheckpointCoordinator:
         self.last_completed_at = 0.0
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wanted = threading.Event()
+        self._wanted = threading.Event()  # a trigger was requested (end of input)
+        self._wake = threading.Event()  # wakes the trigger loop: a request, or a pending checkpoint ended
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -107,7 +108,7 @@ class CheckpointCoordinator:
     def stop(self, reason: CheckpointFailureReason = CheckpointFailureReason.JOB_FAILOVER) -> None:
         """Stop triggering; pending checkpoints are aborted with ``reason``."""
         self._stopped.set()
-        self._wanted.set()
+        self._wake.set()
         with self.lock:
             for cid in list(self.pending):
                 self._abort(cid, reason, "", notify=False, count=False)
@@ -115,25 +116,33 @@ class CheckpointCoordinator:
             self._thread.join(5)
 
     def _loop(self) -> None:
-        interval = self.config.interval
-        next_at = time.monotonic() + (interval if interval is not None else 1e18)
+        interval = self.config.interval if self.config.interval is not None else float("inf")
+        next_at = time.monotonic() + interval
         while not self._stopped.is_set():
             now = time.monotonic()
-            wait = max(0.0, min(next_at - now, 0.05))
-            if self._wanted.wait(wait):
+            # sleep until the next trigger is due, a trigger is requested or a pending checkpoint ends; the
+            # 50 ms cap keeps expiry checks going (and a due-but-blocked trigger never spins)
+            self._wake.wait(min(max(next_at - now, 0.0), 0.05) if now < next_at else 0.05)
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            if self._wanted.is_set():
                 self._wanted.clear()
-                if self._stopped.is_set():
-                    return
                 self._try_trigger(forced=True)
             now = time.monotonic()
             self._expire(now)
-            if now >= next_at:
-                if self._try_trigger(forced=False) is not None or not self.pending:
-                    next_at = now + (interval if interval is not None else 1e18)
+            if now < next_at:
+                continue
+            earliest = self.last_completed_at + self.config.min_pause
+            if now < earliest:
+                next_at = earliest  # min_pause delays the trigger, it does not skip it
+            elif self._try_trigger(forced=False) is not None or not self.pending:
+                next_at = now + interval
 
     def request_checkpoint(self) -> None:
         """Trigger a checkpoint as soon as allowed (end of input)."""
         self._wanted.set()
+        self._wake.set()
 
     # -- triggering ----------------------------------------------------------------------------------
     def _options(self, savepoint: bool) -> CheckpointOptions:
@@ -332,6 +341,7 @@ class CheckpointCoordinator:
                 old, _ = self.completed.pop(0)
                 self.storage.discard(old)
         p.done.set()
+        self._wake.set()
         log.info("checkpoint %d completed in %.3fs (%d bytes)", cid, duration, stats.state_bytes)
 
     def _stats(self, cid: int) -> CheckpointStats:
@@ -351,6 +361,7 @@ class CheckpointCoordinator:
         savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
         p.error = CheckpointError(reason, detail, cid)
         p.done.set()
+        self._wake.set()
         stats = self._stats(cid)
         stats.status = "failed"
         stats.failure_reason = reason.name
