@@ -35,6 +35,9 @@ def slow_op(delay: float) -> Any:
     return op
 
 
+MAX_BATCH_ROWS = 0
+
+
 def run(mode: str, buffers: int, seconds: float, delay: float, source_rate: float | None) -> dict[str, Any]:
     modes: dict[str, dict[str, Any]] = {
         "aligned": {},
@@ -46,6 +49,7 @@ def run(mode: str, buffers: int, seconds: float, delay: float, source_rate: floa
             f"bp-{mode}-{buffers}",
             parallelism=2,
             buffers_per_channel=buffers,
+            max_batch_rows=MAX_BATCH_ROWS,
             checkpoint=CheckpointConfig(
                 interval=1.0,
                 timeout=TIMEOUT,
@@ -85,7 +89,11 @@ def main() -> None:
     ap.add_argument("--base-buffers", type=int, default=2, help="buffers per channel at backlog factor 1")
     ap.add_argument("--delay", type=float, default=0.02, help="seconds the slow operator spends per batch")
     ap.add_argument("--plot", default="docs/unaligned-checkpoints.png")
+    ap.add_argument("--max-batch-rows", type=int, default=0,
+                    help="split batches so a barrier waits for at most this many rows (Pipeline.max_batch_rows)")
     args = ap.parse_args()
+    global MAX_BATCH_ROWS
+    MAX_BATCH_ROWS = args.max_batch_rows
     capacity = 2 * BATCH / args.delay  # rows/s of the two slow subtasks
     fast = 5 * capacity  # input at 5x the operator: it runs at ~20% of the input rate
     # the reference is the same job (same slow operator) fed below its capacity: no backpressure
