@@ -6,7 +6,6 @@ raises :class:`~sluice.errors.ConfigError` naming the option and what is allowed
 
 from __future__ import annotations
 
-import random
 import time
 from collections import deque
 from typing import Any, Literal
@@ -259,9 +258,3 @@ class FailureRateRestart(RestartStrategy):
 
     def wait(self) -> Any:
         return tenacity.wait_fixed(self.delay)
-
-
-def jittered(seconds: float, rng: random.Random | None = None) -> float:
-    """``seconds`` with +-10% jitter (used to spread periodic work)."""
-    r = rng or random
-    return seconds * (0.9 + 0.2 * r.random())

@@ -21,9 +21,9 @@ from sluice.checkpoint.coordinator import CheckpointCoordinator, TaskHandle
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
-from sluice.errors import ConfigError, JobFailedError, RestoreError
+from sluice.errors import CheckpointFailureReason, ConfigError, JobFailedError, RestoreError
 from sluice.events import AlignmentMode
-from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
+from sluice.graph import JobEdge, JobGraph, JobVertex, NodeKind, Partitioning, SubtaskId
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
 from sluice.runtime.faults import FaultInjector
 from sluice.runtime.operators import OperatorContext
@@ -36,7 +36,7 @@ from sluice.runtime.partitioners import (
 )
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.sink_operator import commit_with_retry
-from sluice.runtime.task import RecordWriter, Task, TaskGateway
+from sluice.runtime.task import ChainOutput, RecordWriter, Task, TaskGateway
 from sluice.sink import Sink
 from sluice.source import Source, SourceSplit
 from sluice.state.keygroups import key_group_range
@@ -87,16 +87,16 @@ class AttemptFailedError(Exception):
     """An attempt failed; ``__cause__`` is the root cause. Triggers a restart."""
 
 
-def make_partitioner(vertex_out: Any, max_parallelism: int, sender_index: int) -> Partitioner:
-    from sluice.graph import Partitioning
-
-    p = vertex_out.partitioning
+def make_partitioner(edge: JobEdge, max_parallelism: int, sender_index: int) -> Partitioner:
+    """The partitioner subtask ``sender_index`` uses on ``edge``."""
+    p = edge.partitioning
     if p is Partitioning.FORWARD:
         return ForwardPartitioner()
     if p is Partitioning.BROADCAST:
         return BroadcastPartitioner()
     if p is Partitioning.HASH:
-        return HashPartitioner(vertex_out.key, max_parallelism)
+        assert edge.key is not None
+        return HashPartitioner(edge.key, max_parallelism)
     return RebalancePartitioner(start=sender_index)
 
 
@@ -116,9 +116,6 @@ def build_task(
     faults: FaultInjector | None,
 ) -> Task:
     """Assemble subtask ``index`` of ``vertex``: operators, chain outputs, writers, reader, restore."""
-    from sluice.graph import Partitioning
-    from sluice.runtime.task import _Output
-
     kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
     ops = [node.factory() for node in vertex.chain]
     ctxs = [
@@ -133,11 +130,13 @@ def build_task(
         nxt = ops[pos + 1] if pos + 1 < len(ops) else None
         side = {tag: ws for (nid, tag), ws in writers.items() if nid == node.id and tag is not None}
         main = writers.get((node.id, None), []) if nxt is None else []
-        op.setup(ctx, _Output(nxt, main, side))
+        op.setup(ctx, ChainOutput(nxt, main, side))
     reader = None
     head = vertex.chain[0]
     if head.kind is NodeKind.SOURCE:
-        reader = head.spec.create_reader(_ReaderCtx(index, vertex.parallelism, cfg.job_id, ctxs[0], gateway))
+        reader = head.spec.create_reader(
+            _ReaderCtx(SubtaskId(vertex.id, index), vertex.parallelism, cfg.job_id, ctxs[0], gateway)
+        )
     unaligned_ok = all(
         e.partitioning not in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs
     )
@@ -160,34 +159,24 @@ def build_task(
         faults=faults,
         max_batch_rows=cfg.max_batch_rows,
     )
-    if reader is not None:
-        reader_ctx = reader_ctx_of(reader)
-        if reader_ctx is not None:
-            reader_ctx.task_id = task.id
     return task
-
-
-def reader_ctx_of(reader: Any) -> _ReaderCtx | None:
-    ctx = getattr(reader, "ctx", None)
-    return ctx if isinstance(ctx, _ReaderCtx) else None
 
 
 class _ReaderCtx:
     """ReaderContext of a source subtask."""
 
     def __init__(
-        self, subtask: int, parallelism: int, job_id: str, op_ctx: OperatorContext, gw: TaskGateway
+        self, task_id: SubtaskId, parallelism: int, job_id: str, op_ctx: OperatorContext, gw: TaskGateway
     ) -> None:
-        self._subtask = subtask
+        self.task_id = task_id
         self._parallelism = parallelism
         self._job_id = job_id
         self._op_ctx = op_ctx
         self._gw = gw
-        self.task_id: SubtaskId | None = None
 
     @property
     def subtask(self) -> int:
-        return self._subtask
+        return self.task_id.index
 
     @property
     def parallelism(self) -> int:
@@ -198,8 +187,7 @@ class _ReaderCtx:
         return self._job_id
 
     def request_split(self) -> None:
-        if self.task_id is not None:
-            self._gw.request_split(self.task_id)
+        self._gw.request_split(self.task_id)
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._op_ctx.metric(name, increment)
@@ -409,8 +397,6 @@ class JobAttempt:
     def stop(self) -> None:
         self.done.set()
         if self.coordinator is not None:
-            from sluice.errors import CheckpointFailureReason
-
             ok = self.failure is None and len(self.finished_tasks) == len(self.tasks)
             reason = CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER
             if isinstance(self.failure, _Cancel):

@@ -38,7 +38,7 @@ from sluice.runtime.operators import MIN_WATERMARK, Operator, OperatorContext, O
 from sluice.runtime.partitioners import Partitioner
 from sluice.source import InputStatus, SourceReader, SourceSplit
 
-__all__ = ["RecordWriter", "Task", "TaskGateway", "TaskRestore", "TaskStatus"]
+__all__ = ["ChainOutput", "RecordWriter", "Task", "TaskGateway", "TaskRestore", "TaskStatus"]
 
 log = logging.getLogger("sluice.task")
 
@@ -100,7 +100,7 @@ class RecordWriter:
         return all(ch.is_available() for ch in self.channels)
 
 
-class _Output:
+class ChainOutput:
     """Collector of chain position i: the next operator, or the writers of the vertex's outputs."""
 
     def __init__(
@@ -456,7 +456,9 @@ class Task:
 
     def _advance_watermark(self) -> None:
         live = [
-            wm for i, wm in enumerate(self._channel_wm) if i not in self._ended and i not in self._idle_channels
+            wm
+            for i, wm in enumerate(self._channel_wm)
+            if i not in self._ended and i not in self._idle_channels
         ]
         wm = min(live) if live else self._watermark
         if wm > self._watermark:
@@ -522,7 +524,9 @@ class Task:
             self._fault("channel_state")
             self._upload(p)
 
-    def perform_checkpoint(self, barrier: CheckpointBarrier, unaligned: bool, upload_now: bool = False) -> None:
+    def perform_checkpoint(
+        self, barrier: CheckpointBarrier, unaligned: bool, upload_now: bool = False
+    ) -> None:
         cid = barrier.checkpoint_id
         self._last_triggered = max(self._last_triggered, cid)
         t0 = time.perf_counter()
@@ -542,7 +546,9 @@ class Task:
             else:
                 if announce and w.partitioner.supports_unaligned:
                     w.broadcast_priority(CheckpointAnnouncement(barrier))
-                w.broadcast(barrier if w.partitioner.supports_unaligned or not unaligned else _aligned(barrier))
+                w.broadcast(
+                    barrier if w.partitioner.supports_unaligned or not unaligned else _aligned(barrier)
+                )
         sync_s = time.perf_counter() - t0
         p = _PendingSnapshot(barrier, snaps, splits, t0, sync_s, unaligned, output_state=output_state)
         self._pending[cid] = p

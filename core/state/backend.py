@@ -54,10 +54,6 @@ class KeyedStateSnapshot:
         """Pickle each key group (the asynchronous part of a checkpoint)."""
         return {kg: pickle.dumps(states, protocol=5) for kg, states in self._groups.items() if states}
 
-    @property
-    def num_entries(self) -> int:
-        return sum(len(d) for states in self._groups.values() for d in states.values())
-
 
 class InMemoryStateBackend:
     """Keyed state of one operator subtask, for the key groups it owns.
