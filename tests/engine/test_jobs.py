@@ -335,3 +335,36 @@ def test_idle_input_does_not_hold_back_event_time(tmp_path) -> None:
     while t._poll_input():
         pass
     assert seen == [100, 200]
+
+
+@pytest.mark.parametrize("unaligned", [False, True])
+def test_finished_bounded_source_never_blocks_checkpoints_of_running_tasks(tmp_path, unaligned: bool) -> None:
+    """A job mixing a bounded and an unbounded source keeps completing checkpoints after the bounded one
+    finished, and everything the bounded source read is committed exactly once."""
+    p = Pipeline("mixed", parallelism=2, checkpoint=CheckpointConfig(
+        interval=0.05, storage=f"{tmp_path}/chk", unaligned=unaligned))
+    bounded = p.source(GeneratorSource(num_splits=2, records_per_split=300, batch_size=30, name="bounded"))
+    endless = p.source(GeneratorSource(num_splits=2, records_per_split=None, batch_size=10, rows_per_second=500,
+                                       name="endless"))
+    tagged = endless.map_batches(lambda b: b.set_column(0, "id", pc.add(b.column("id"), 10**9)), name="offset")
+    bounded.union(tagged).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    client = p.start(runtime="local", restore="none")
+    deadline = time.monotonic() + 30
+    done_at_finish: int | None = None
+    done_after_finish = 0
+    while time.monotonic() < deadline and done_after_finish < 3:
+        a = client._attempt
+        c = a.coordinator if a is not None else None
+        if c is not None:
+            completed = sum(1 for s in c.history if s.status == "completed")
+            if done_at_finish is None and len(c.finished) >= 2:  # both bounded source subtasks finished
+                done_at_finish = completed
+            if done_at_finish is not None:
+                done_after_finish = completed - done_at_finish
+        time.sleep(0.02)
+    result = client.cancel()
+    assert done_after_finish >= 3, "checkpoints kept completing after the bounded source finished"
+    ids = read_committed(f"{tmp_path}/out").column("id").to_pylist()
+    bounded_ids = sorted(i for i in ids if i < 10**9)
+    assert bounded_ids == list(range(600)), "every bounded row committed exactly once"
+    assert result.status == "cancelled"
