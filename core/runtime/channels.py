@@ -87,21 +87,87 @@ class InputChannel(Protocol):
         batches it overtook; None if it is not queued."""
 
 
-class LocalChannel:
+def _scan_for_barrier(queue: deque[Any], checkpoint_id: int) -> tuple[int | None, bool]:
+    """(index of aligned barrier ``checkpoint_id`` in ``queue`` or None, whether the search ends here).
+
+    It ends at the channel's EndOfPartition, and at a barrier that already has priority (it reports what
+    it overtook when it is polled).
+    """
+    for i, x in enumerate(queue):
+        if isinstance(x, CheckpointBarrier) and x.checkpoint_id == checkpoint_id:
+            return (None, True) if x.options.is_unaligned else (i, True)
+        if isinstance(x, EndOfPartition):
+            return None, True
+    return None, False
+
+
+def _data(items: Any) -> list[pa.RecordBatch]:
+    return [x for x in items if isinstance(x, pa.RecordBatch)]
+
+
+class InputQueue:
+    """The receiver side every channel shares: the input queue, priority insertion and overtaken input.
+
+    Subclasses set ``_lock`` and call ``_insert_priority`` / ``_polled`` with it held.
+    """
+
+    def __init__(self) -> None:
+        self._input: deque[Any] = deque()
+        self._overtaken: list[pa.RecordBatch] = []
+        self._input_overtaken: dict[int, list[pa.RecordBatch]] = {}
+
+    def has_input(self) -> bool:
+        return bool(self._input)
+
+    def head_is_event(self) -> bool:
+        head = self._input[0] if self._input else None
+        return head is not None and not isinstance(head, pa.RecordBatch)
+
+    def queued_input(self) -> int:
+        return len(self._input)
+
+    def take_overtaken(self) -> list[pa.RecordBatch]:
+        out, self._overtaken = self._overtaken, []
+        return out
+
+    def _insert_priority(self, event: Any) -> None:
+        if isinstance(event, CheckpointBarrier):
+            # what it overtakes in the input queue is fixed now: data queued later comes after it
+            self._input_overtaken[event.checkpoint_id] = _data(self._input)
+        self._input.appendleft(event)
+
+    def _polled(self, item: Any) -> None:
+        if isinstance(item, CheckpointBarrier) and item.options.is_unaligned:
+            self._overtaken = self._input_overtaken.pop(item.checkpoint_id, [])
+
+    def _pull_from_input(self, checkpoint_id: int) -> tuple[list[pa.RecordBatch] | None, bool]:
+        """Move aligned barrier ``checkpoint_id`` from the input queue to its head as a priority barrier.
+
+        Returns (the batches it overtook or None if not pulled, whether the search ends here).
+        """
+        i, done = _scan_for_barrier(self._input, checkpoint_id)
+        if i is None:
+            return None, done
+        barrier = self._input[i]
+        ahead = _data(list(self._input)[:i])
+        del self._input[i]
+        self._input.appendleft(barrier.as_unaligned())
+        return ahead, True
+
+
+class LocalChannel(InputQueue):
     """An in-process channel: both ends in one object, guarded by the receiver's signal lock."""
 
     def __init__(self, receiver: Signal, credits: int = 4, output_capacity: int = 4) -> None:
+        super().__init__()
         self._recv = receiver
         self._lock = receiver.cond
         self._credits = credits
         self._out_capacity = output_capacity
-        self._input: deque[Any] = deque()
         self._output: deque[Any] = deque()
         self._in_data = 0  # data batches in the input queue (the credit in use)
         self._out_data = 0  # data batches in the output queue
         self.sender_wakeup: Callable[[], None] | None = None
-        self._overtaken: list[pa.RecordBatch] = []
-        self._input_overtaken: dict[int, list[pa.RecordBatch]] = {}
 
     # -- sender side ---------------------------------------------------------------------------------
     def send(self, item: Any) -> None:
@@ -119,11 +185,8 @@ class LocalChannel:
 
     def send_priority(self, event: Any) -> list[pa.RecordBatch]:
         with self._lock:
-            overtaken = [x for x in self._output if isinstance(x, pa.RecordBatch)]
-            if isinstance(event, CheckpointBarrier):
-                # what it overtakes in the input queue is fixed now: data queued later comes after it
-                self._input_overtaken[event.checkpoint_id] = [x for x in self._input if isinstance(x, pa.RecordBatch)]
-            self._input.appendleft(event)
+            overtaken = _data(self._output)
+            self._insert_priority(event)
         self._recv.notify()
         return overtaken
 
@@ -134,16 +197,6 @@ class LocalChannel:
         return self._out_data
 
     # -- receiver side -------------------------------------------------------------------------------
-    def has_input(self) -> bool:
-        return bool(self._input)
-
-    def head_is_event(self) -> bool:
-        head = self._input[0] if self._input else None
-        return head is not None and not isinstance(head, pa.RecordBatch)
-
-    def queued_input(self) -> int:
-        return len(self._input)
-
     def poll(self) -> Any | None:
         wake = False
         with self._lock:
@@ -153,8 +206,8 @@ class LocalChannel:
             if isinstance(item, pa.RecordBatch):
                 self._in_data -= 1
                 wake = self._refill()
-            elif isinstance(item, CheckpointBarrier) and item.options.is_unaligned:
-                self._overtaken = self._input_overtaken.pop(item.checkpoint_id, [])
+            else:
+                self._polled(item)
         if wake and self.sender_wakeup is not None:
             self.sender_wakeup()
         return item
@@ -174,28 +227,18 @@ class LocalChannel:
                 moved = True
         return moved
 
-    def take_overtaken(self) -> list[pa.RecordBatch]:
-        out, self._overtaken = self._overtaken, []
-        return out
-
     def find_barrier(self, checkpoint_id: int) -> list[pa.RecordBatch] | None:
         with self._lock:
-            for queue_index, queue in enumerate((self._input, self._output)):
-                for i, x in enumerate(queue):
-                    if isinstance(x, CheckpointBarrier) and x.checkpoint_id == checkpoint_id:
-                        if x.options.is_unaligned:
-                            return None  # already a priority barrier: it reports what it overtook when polled
-                        ahead = [y for y in list(self._input) if isinstance(y, pa.RecordBatch)]
-                        if queue_index == 1:
-                            ahead += [y for y in list(self._output)[:i] if isinstance(y, pa.RecordBatch)]
-                            del self._output[i]
-                        else:
-                            ahead = ahead[
-                                : sum(1 for y in list(self._input)[:i] if isinstance(y, pa.RecordBatch))
-                            ]
-                            del self._input[i]
-                        self._input.appendleft(x.as_unaligned())
-                        return ahead
-                    if isinstance(x, EndOfPartition):
-                        return None
+            ahead, done = self._pull_from_input(checkpoint_id)
+            if done:
+                return ahead
+            # still in the sender's output queue: everything queued before it, on both sides, was overtaken
+            i, _ = _scan_for_barrier(self._output, checkpoint_id)
+            if i is None:
+                return None
+            barrier = self._output[i]
+            ahead = _data(self._input) + _data(list(self._output)[:i])
+            del self._output[i]
+            self._input.appendleft(barrier.as_unaligned())
+            return ahead
         return None

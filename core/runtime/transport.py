@@ -32,9 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-from sluice.events import CheckpointBarrier, EndOfPartition
 from sluice.runtime import rpc
-from sluice.runtime.channels import Signal
+from sluice.runtime.channels import InputQueue, Signal
 
 __all__ = ["DataPlane", "FrameKind", "Link", "RemoteInputChannel", "RemoteOutputChannel"]
 
@@ -243,17 +242,15 @@ class RemoteOutputChannel:
             self.sender_wakeup()
 
 
-class RemoteInputChannel:
+class RemoteInputChannel(InputQueue):
     """The receiver's end of a cross-slot channel: input queue, one credit back per batch (an InputChannel)."""
 
     def __init__(self, link: Link, channel: int, receiver: Signal) -> None:
+        super().__init__()
         self._link = link
         self._id = channel
         self._recv = receiver
         self._lock = threading.Lock()
-        self._input: deque[Any] = deque()  # named like LocalChannel's: Task peeks at its head
-        self._overtaken: list[pa.RecordBatch] = []
-        self._overtaken_at_arrival: dict[int, list[pa.RecordBatch]] = {}
         link.inputs[channel] = self
 
     def on_item(self, item: Any) -> None:
@@ -263,23 +260,8 @@ class RemoteInputChannel:
 
     def on_priority(self, event: Any) -> None:
         with self._lock:
-            if isinstance(event, CheckpointBarrier):
-                # what it overtakes is fixed on arrival: data arriving later was sent after the barrier
-                self._overtaken_at_arrival[event.checkpoint_id] = [
-                    x for x in self._input if isinstance(x, pa.RecordBatch)
-                ]
-            self._input.appendleft(event)
+            self._insert_priority(event)  # what it overtakes is fixed on arrival
         self._recv.notify()
-
-    def head_is_event(self) -> bool:
-        head = self._input[0] if self._input else None
-        return head is not None and not isinstance(head, pa.RecordBatch)
-
-    def queued_input(self) -> int:
-        return len(self._input)
-
-    def has_input(self) -> bool:
-        return bool(self._input)
 
     def poll(self) -> Any | None:
         with self._lock:
@@ -287,30 +269,16 @@ class RemoteInputChannel:
                 return None
             item = self._input.popleft()
             is_data = isinstance(item, pa.RecordBatch)
-            if isinstance(item, CheckpointBarrier) and item.options.is_unaligned:
-                self._overtaken = self._overtaken_at_arrival.pop(item.checkpoint_id, [])
+            self._polled(item)
         if is_data:
             self._link.enqueue(self._id, FrameKind.CREDIT, 1)
         return item
-
-    def take_overtaken(self) -> list[pa.RecordBatch]:
-        out, self._overtaken = self._overtaken, []
-        return out
 
     def find_barrier(self, checkpoint_id: int) -> list[pa.RecordBatch] | None:
         """Pull barrier ``checkpoint_id`` to the head if it is in the input queue (the sender's output queue
         is in another process: None if the barrier has not arrived yet)."""
         with self._lock:
-            for i, x in enumerate(self._input):
-                if isinstance(x, CheckpointBarrier) and x.checkpoint_id == checkpoint_id:
-                    if x.options.is_unaligned:
-                        return None  # a priority barrier already: it reports what it overtook when polled
-                    ahead = [y for y in list(self._input)[:i] if isinstance(y, pa.RecordBatch)]
-                    del self._input[i]
-                    self._input.appendleft(x.as_unaligned())
-                    return ahead
-                if isinstance(x, EndOfPartition):
-                    return None
+            return self._pull_from_input(checkpoint_id)[0]
         return None
 
 
