@@ -490,7 +490,7 @@ def test_dockerignore_keeps_what_the_build_needs() -> None:
     )
     patterns = {p.strip() for p in ignore.read_text().splitlines() if p.strip() and not p.startswith("#")}
     assert {".git", ".venv"} <= patterns
-    for needed in ("pyproject.toml", "README.md", "core", "connectors", "sinks", "templates", "docker"):
+    for needed in ("pyproject.toml", "setup.py", "README.md", "core", "connectors", "sinks", "templates", "docker"):
         assert (ROOT / needed).exists()
         assert needed not in patterns and f"{needed}/" not in patterns, f"{needed} must stay in the context"
 

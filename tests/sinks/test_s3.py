@@ -8,11 +8,11 @@ import os
 import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
+from sluice.checkpoint.s3 import S3CheckpointStorage
 from sluice.checkpoint.storage import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import CommitError
 from sluice.sinks.files import FileSink, StorageError
-from sluice.sinks.s3 import S3CheckpointStorage
 
 from tests.sinks.conftest import Ctx, MotoS3, read_visible, s3_keys, same_rows
 from tests.sinks.test_lifecycle import expected, rows

@@ -2,8 +2,9 @@
 
 The presence of ``_metadata`` alone marks a checkpoint complete; a directory without it is never restored
 from. Savepoints live in ``<base>/<job-id>/savepoint-<n>/`` and are never deleted by retention.
-Implementations: :class:`LocalCheckpointStorage` here; ``s3://`` comes from the ``sluice.checkpoint_storage``
-entry point group (``sluice.sinks.s3``), so the core does not import boto3.
+Implementations: :class:`LocalCheckpointStorage` here and :class:`~sluice.checkpoint.s3.S3CheckpointStorage`
+(``s3://``, imported only when used, so boto3 loads only for S3); other schemes come from the
+``sluice.checkpoint_storage`` entry point group.
 """
 
 from __future__ import annotations
@@ -160,6 +161,10 @@ def checkpoint_storage(uri: str, job_id: str, **options: Any) -> CheckpointStora
     if "://" not in uri or uri.startswith("file://"):
         return LocalCheckpointStorage(uri, job_id)
     scheme = uri.split("://", 1)[0]
+    if scheme == "s3":
+        from sluice.checkpoint.s3 import S3CheckpointStorage
+
+        return S3CheckpointStorage(uri, job_id, **options)
     for ep in entry_points(group="sluice.checkpoint_storage"):
         if ep.name == scheme:
             cls = ep.load()

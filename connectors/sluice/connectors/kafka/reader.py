@@ -294,9 +294,9 @@ class KafkaSourceReader(SourceReader):
             m = msgs[i]
             raise BadRecordError(
                 f"KafkaSource {self.source.name!r}: cannot decode a record as {self.source.format}: {err}",
-                topic=m.topic(),
-                partition=m.partition(),
-                offset=m.offset(),
+                topic=m.topic() or "",
+                partition=m.partition() or 0,
+                offset=m.offset() or 0,
                 snippet=values[i] or b"",
             )
         picked = [msgs[i] for i, _ in decoded.bad]

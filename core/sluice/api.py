@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.errors import ConfigError, GraphError
 from sluice.functions import KeyedProcessFunction

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+
 from sluice.errors import ConfigError
 
 __all__ = ["available_templates", "render_template"]

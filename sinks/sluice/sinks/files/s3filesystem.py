@@ -19,11 +19,11 @@ import shutil
 from typing import Any
 
 import pyarrow as pa
+from sluice.checkpoint.s3 import make_client, parse_s3_uri, s3_call
 from sluice.errors import CommitError
 from sluice.sinks.files.committable import FileCommittable, is_staging_of, is_upload_of
 from sluice.sinks.files.errors import StorageError
 from sluice.sinks.files.filesystem import FileSystem, Staged, local_tmp_dir
-from sluice.sinks.s3 import make_client, parse_s3_uri, s3_call
 
 __all__ = ["S3FileSystem"]
 
@@ -40,7 +40,7 @@ class S3FileSystem(FileSystem):
 
     Args:
         root: ``s3://bucket/prefix``.
-        options: client options (``sluice.sinks.s3.S3_OPTIONS``).
+        options: client options (``sluice.checkpoint.s3.S3_OPTIONS``).
         multipart_threshold: files of at least this many bytes become multipart uploads.
         part_size: bytes per uploaded part (S3: >= 5 MiB except the last).
         local_tmp: where in-progress files are written (default: the system temp folder).

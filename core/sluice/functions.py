@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol, TypeAlias
 
 import pyarrow as pa
+
 from sluice.state.api import StateDescriptor
 
 __all__ = ["KeyedContext", "KeyedProcessFunction", "Output", "RuntimeContext", "TimerService"]

@@ -10,6 +10,7 @@ Every exception derives from :class:`SluiceError`::
     ├── RestoreError           a checkpoint or savepoint cannot be restored
     ├── UserFunctionError      a user function raised; names the operator
     ├── CommitError            a sink could not commit after its retries
+    ├── StorageError           a file system or object store refused an operation (names bucket, operation)
     └── JobFailedError         the job failed for good; ``__cause__`` is the root cause
 """
 
@@ -91,6 +92,22 @@ class UserFunctionError(SluiceError):
 
 class CommitError(SluiceError):
     """A sink could not commit (after its retries)."""
+
+
+class StorageError(SluiceError):
+    """A storage operation failed for good (after retries of transient errors).
+
+    Attributes:
+        operation: what was attempted (e.g. ``"PutObject"``).
+        bucket: the S3 bucket (or local root) it was attempted on.
+        code: the service's error code (e.g. ``"AccessDenied"``, ``"NoSuchBucket"``), or ``""``.
+    """
+
+    def __init__(self, message: str, *, operation: str, bucket: str, code: str = "") -> None:
+        self.operation = operation
+        self.bucket = bucket
+        self.code = code
+        super().__init__(message)
 
 
 class JobFailedError(SluiceError):

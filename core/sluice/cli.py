@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from sluice.api import Pipeline
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage, parse_checkpoint_uri
 from sluice.errors import SluiceError
@@ -201,7 +202,7 @@ def show_checkpoint(uri: str, checkpoint_id: int | None, job: str | None) -> Non
 @click.option("--out", default=None, help="Output directory (default: a new temporary directory).")
 def demo(runtime: str, out: str | None) -> None:
     """Run a small job end to end on the embedded default runtime and print what it committed."""
-    from sluice.demo import run_demo
+    from sluice.templates.demo import run_demo
 
     try:
         run_demo(runtime, out, echo=click.echo)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+
 from sluice.runtime import rpc
 from sluice.runtime.channels import InputQueue, Signal
 

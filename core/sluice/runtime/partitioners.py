@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 import pyarrow as pa
+
 from sluice.keys import KeySelector
 from sluice.state.keygroups import key_groups, subtask_for_key_groups
 

@@ -5,7 +5,7 @@ Clients come from boto3 with the standard AWS credential chain unless options na
 endpoint can be set with ``endpoint_url`` or boto3's own ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
 environment variables (which is how an ``s3://`` checkpoint storage finds a non-AWS endpoint today, since
 ``CheckpointConfig`` carries no storage options). Transient errors (throttling, 5xx, connection resets) are
-retried with tenacity; anything else becomes a :class:`~sluice.sinks.files.errors.StorageError` naming the
+retried with tenacity; anything else becomes a :class:`~sluice.errors.StorageError` naming the
 bucket and the operation. Credentials are never logged.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import tenacity
+
 from sluice.checkpoint.storage import CheckpointStorage
-from sluice.errors import ConfigError
-from sluice.sinks.files.errors import StorageError
+from sluice.errors import ConfigError, StorageError
 
 __all__ = ["S3_OPTIONS", "S3CheckpointStorage", "make_client", "parse_s3_uri", "s3_call"]
 

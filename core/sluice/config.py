@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from sluice.errors import ConfigError
 
 __all__ = [

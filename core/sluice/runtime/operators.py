@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from sluice.errors import ConfigError, UserFunctionError
 from sluice.functions import KeyedProcessFunction, Output
 from sluice.keys import KeySelector

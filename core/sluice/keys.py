@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from sluice.errors import ConfigError
 from sluice.state.keygroups import hash_columns
 

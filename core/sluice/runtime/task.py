@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
+
 from sluice.checkpoint.barriers import BarrierHandler
 from sluice.checkpoint.payload import encode_task_state
 from sluice.checkpoint.storage import CheckpointStorage

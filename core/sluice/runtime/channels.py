@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pyarrow as pa
+
 from sluice.events import CheckpointBarrier, EndOfPartition
 
 __all__ = ["InputChannel", "LocalChannel", "OutputChannel", "Signal"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 import tenacity
+
 from sluice.errors import CommitError
 from sluice.runtime.faults import InjectedFault
 from sluice.runtime.operators import Operator, OperatorSnapshot
