@@ -34,7 +34,7 @@ from sluice.graph import (
     build_job_graph,
 )
 from sluice.keys import KeySelector, KeySpec
-from sluice.runtime.faults import FaultInjector
+from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobConfig, JobResult, run_job
 from sluice.runtime.operators import (
     FilterOperator,
@@ -342,10 +342,13 @@ class Pipeline:
         runtime: Literal["local", "spark"] = "spark",
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
-        faults: FaultInjector | None = None,
+        faults: FaultHook | None = None,
         spark_master: str | None = None,
     ) -> JobClient:
-        """Start the job in the background and return a client to wait for, cancel or savepoint it."""
+        """Start the job in the background and return a client to wait for, cancel or savepoint it.
+
+        ``faults`` is for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
+        """
         if runtime not in RUNTIMES:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
@@ -358,7 +361,7 @@ class Pipeline:
             from sluice.runtime.spark import SparkRuntime
 
             rt = SparkRuntime(master=spark_master)
-        return JobClient(job, cfg, rt, faults)
+        return JobClient(job, cfg, rt, faults or NO_FAULTS)
 
     def run(self, **kwargs: Any) -> JobResult:
         """Run the job to completion (bounded sources) and return its result. See :meth:`start`."""
@@ -368,7 +371,7 @@ class Pipeline:
 class JobClient:
     """A running job."""
 
-    def __init__(self, job: JobGraph, cfg: JobConfig, runtime: Any, faults: FaultInjector | None) -> None:
+    def __init__(self, job: JobGraph, cfg: JobConfig, runtime: Any, faults: FaultHook) -> None:
         self.job = job
         self.config = cfg
         self.runtime = runtime
@@ -380,7 +383,7 @@ class JobClient:
         )
         self._thread.start()
 
-    def _main(self, faults: FaultInjector | None) -> None:
+    def _main(self, faults: FaultHook) -> None:
         try:
             self._result = run_job(
                 self.job,

@@ -215,7 +215,7 @@ class Sessions(KeyedProcessFunction):
 
 
 def test_event_time_timers_fire_on_watermarks_and_survive_restore(tmp_path) -> None:
-    from sluice.runtime.faults import FaultInjector
+    from sluice.testing.faults import FaultInjector
 
     src = GeneratorSource(num_splits=1, records_per_split=500, batch_size=25, step_ms=10, num_keys=5)
     p = Pipeline(

@@ -24,8 +24,8 @@ from sluice import (
     ValueStateDescriptor,
 )
 from sluice.connectors.generator import GeneratorSource
-from sluice.runtime.faults import FaultInjector
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.testing.faults import FaultInjector
 
 SCENARIO_LOG: list[dict[str, Any]] = []
 

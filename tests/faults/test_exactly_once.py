@@ -10,7 +10,7 @@ import functools
 import random
 
 import pytest
-from sluice.runtime.faults import POINTS, FaultInjector
+from sluice.testing.faults import POINTS, FaultInjector
 
 from tests.faults.shapes import SCENARIO_LOG, SHAPES, Shape, rows_of, run_shape
 

@@ -21,9 +21,9 @@ from sluice.config import FixedDelayRestart, NoRestart, RestartStrategy
 from sluice.connectors.kafka import KafkaSource, KafkaSourceError, OffsetsInitializer
 from sluice.connectors.kafka.offsets import owner_of
 from sluice.errors import BadRecordError, JobFailedError
-from sluice.runtime.faults import FaultInjector
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.source import SourceSplit
+from sluice.testing.faults import FaultInjector
 
 from tests.kafka.helpers import committed_ids, json_values, produce_json
 from tests.kafka_broker import TansuBroker

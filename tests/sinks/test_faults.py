@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pipeline
 from sluice.connectors.generator import GeneratorSource
-from sluice.runtime.faults import FaultInjector
 from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
+from sluice.testing.faults import FaultInjector
 
 from tests.sinks.conftest import MotoS3, local_files, read_visible, s3_keys, same_rows
 

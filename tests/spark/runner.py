@@ -9,8 +9,8 @@ from typing import Any
 
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.api import JobResult
-from sluice.runtime.faults import FaultInjector
 from sluice.sinks.testing import read_committed
+from sluice.testing.faults import FaultInjector
 
 from tests.faults.shapes import SHAPES, Shape, rows_of
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sluice.runtime.faults import FaultInjector
-from sluice.runtime.spark_faults import SlotCrash, SparkFaultInjector
+from sluice.testing.faults import FaultInjector
+from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.shapes import SCENARIO_LOG
 from tests.spark.runner import reference, run_shape_on, shape_named

@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 
 from sluice.graph import ExecutionGraph, SubtaskId
+from sluice.runtime.assembly import build_task
+from sluice.runtime.attempt import AttemptCancelled, JobAttempt
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
-from sluice.runtime.faults import FaultInjector
-from sluice.runtime.job import JobAttempt, _Cancel, build_task
+from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.task import Task
 
 __all__ = ["LocalRuntime"]
@@ -28,7 +29,7 @@ class LocalRuntime:
         if self.current is not None:
             self.current.done.set()
 
-    def run_attempt(self, a: JobAttempt, faults: FaultInjector | None) -> None:
+    def run_attempt(self, a: JobAttempt, faults: FaultHook) -> None:
         self.current = a
         job = a.job
         eg = ExecutionGraph(job)
@@ -78,7 +79,7 @@ class LocalRuntime:
             t.start()
         a.done.wait()
         if self.cancelled.is_set() and a.failure is None:
-            a.failure = _Cancel("cancelled")
+            a.failure = AttemptCancelled("cancelled")
         if a.failure is not None:
             for t in tasks:
                 t.cancel()

@@ -9,7 +9,6 @@ import pyarrow as pa
 import tenacity
 
 from sluice.errors import CommitError
-from sluice.runtime.faults import InjectedFault
 from sluice.runtime.operators import Operator, OperatorSnapshot
 from sluice.sink import Committer, Sink, SinkWriter
 
@@ -24,7 +23,7 @@ def commit_with_retry(name: str, commit: Any, *args: Any, attempts: int = 5) -> 
         for attempt in tenacity.Retrying(
             stop=tenacity.stop_after_attempt(attempts),
             wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
-            retry=tenacity.retry_if_not_exception_type(InjectedFault),
+            retry=tenacity.retry_if_exception_type(Exception),
             reraise=True,
             before_sleep=lambda rs: log.warning(
                 "%s: commit failed (attempt %d), retrying: %s",
@@ -35,8 +34,6 @@ def commit_with_retry(name: str, commit: Any, *args: Any, attempts: int = 5) -> 
         ):
             with attempt:
                 commit(*args)
-    except InjectedFault:
-        raise
     except Exception as exc:
         raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
 

@@ -27,11 +27,11 @@ from typing import Any
 
 from sluice.errors import ConfigError, SluiceError
 from sluice.graph import ExecutionGraph
-from sluice.runtime.faults import FaultInjector
-from sluice.runtime.job import JobAttempt, JobConfig, _Cancel
+from sluice.runtime.attempt import AttemptCancelled, JobAttempt
+from sluice.runtime.fault_hook import FaultHook
+from sluice.runtime.job import JobConfig
 from sluice.runtime.rpc import TlsConfig
 from sluice.runtime.spark_control import ControlServer
-from sluice.runtime.spark_faults import crashes_for_attempt
 from sluice.runtime.spark_slot import SlotSpec, slot_function
 
 __all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"]
@@ -211,10 +211,10 @@ class SparkRuntime:
         if self._sc is not None and self._group is not None:
             self._sc.cancelJobGroup(self._group)
 
-    def run_attempt(self, a: JobAttempt, faults: FaultInjector | None) -> None:
+    def run_attempt(self, a: JobAttempt, faults: FaultHook) -> None:
         self.current = a
         if self.cancelled.is_set():
-            a.failure = _Cancel("cancelled")
+            a.failure = AttemptCancelled("cancelled")
             return
         slots = a.job.num_slots
         sc = self._sc = spark_context(slots, self.master)
@@ -237,7 +237,7 @@ class SparkRuntime:
             bind_host="127.0.0.1" if local else "0.0.0.0",
             restore_path=r.path if r is not None else None,
             drop_channel_state=bool(r is not None and r.drop_channel_state),
-            crashes=tuple(crashes_for_attempt(faults, a.attempt)),
+            faults=faults.for_attempt(a.attempt),
         )
         log.info(
             "job %r attempt %d: %d slot(s) on %s, TLS %s",
@@ -285,7 +285,7 @@ class SparkRuntime:
             server.broadcast(("start", levels))
         a.done.wait()
         if self.cancelled.is_set() and a.failure is None:
-            a.failure = _Cancel("cancelled")
+            a.failure = AttemptCancelled("cancelled")
 
     def _run_stage(self, sc: Any, spec: SlotSpec, group: str, a: JobAttempt, server: ControlServer) -> None:
         job_id = spec.cfg.job_id

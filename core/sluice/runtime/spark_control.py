@@ -20,8 +20,8 @@ from sluice.errors import SluiceError
 from sluice.events import CheckpointBarrier
 from sluice.graph import SubtaskId
 from sluice.runtime import rpc
-from sluice.runtime.faults import FaultInjector
-from sluice.runtime.job import JobAttempt
+from sluice.runtime.attempt import JobAttempt
+from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.source import SourceSplit
 
 __all__ = ["ControlServer", "RemoteTaskHandle", "SlotLostError"]
@@ -86,7 +86,7 @@ class ControlServer:
         secret: bytes,
         tls: rpc.TlsConfig | None,
         bind_host: str,
-        faults: FaultInjector | None = None,
+        faults: FaultHook = NO_FAULTS,
     ) -> None:
         self.attempt = attempt
         self.slots = slots
@@ -196,6 +196,5 @@ class ControlServer:
             where = f"[slot {slot}] [{subtask}]" if subtask else f"[slot {slot}]"
             logging.getLogger(name).log(level, "%s %s", where, text)
         elif op == "fired":
-            if self._faults is not None:
-                self._faults.fired.append(str(msg[3]))
+            self._faults.record(str(msg[3]))
             log.info("slot %s: injected crash %s", msg[2], msg[3])

@@ -26,10 +26,11 @@ from sluice.checkpoint.storage import checkpoint_storage
 from sluice.errors import SluiceError
 from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
 from sluice.runtime import rpc
+from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
-from sluice.runtime.job import JobConfig, build_task
+from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
+from sluice.runtime.job import JobConfig
 from sluice.runtime.restore import RestoredCheckpoint
-from sluice.runtime.spark_faults import SlotCrash, SlotFaults
 from sluice.runtime.task import Task
 from sluice.runtime.transport import DataPlane
 
@@ -57,7 +58,8 @@ class SlotSpec:
     bind_host: str
     restore_path: str | None
     drop_channel_state: bool
-    crashes: tuple[SlotCrash, ...] = ()
+    #: the fault hook of this attempt (tests), bound in each slot with ``in_slot``
+    faults: FaultHook | None = None
     connect_timeout: float = 120.0
 
 
@@ -308,8 +310,8 @@ class Slot:
         restored = None
         if spec.restore_path is not None:
             restored = RestoredCheckpoint.load(storage, spec.restore_path, spec.drop_channel_state)
-        mine_crashes = [c for c in spec.crashes if c.slot == self.index]
-        faults = SlotFaults(mine_crashes, self._report_crash) if mine_crashes else None
+        bound = spec.faults.in_slot(self.index, self._report_crash) if spec.faults is not None else None
+        faults = bound or NO_FAULTS
         gateway = _Gateway(self)
         for v in job.vertices.values():
             sid = SubtaskId(v.id, self.index)

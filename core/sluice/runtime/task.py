@@ -34,7 +34,7 @@ from sluice.events import (
 )
 from sluice.graph import SubtaskId
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
-from sluice.runtime.faults import FaultInjector, InjectedFault
+from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.operators import MIN_WATERMARK, Operator, OperatorContext, OperatorSnapshot
 from sluice.runtime.partitioners import Partitioner
 from sluice.source import InputStatus, SourceReader, SourceSplit
@@ -175,7 +175,7 @@ class Task:
         alignment: AlignmentMode,
         reader: SourceReader | None = None,
         restore: TaskRestore | None = None,
-        faults: FaultInjector | None = None,
+        faults: FaultHook = NO_FAULTS,
         max_batch_rows: int = 0,
     ) -> None:
         self.id = task_id
@@ -273,8 +273,7 @@ class Task:
 
     # -- the task thread -----------------------------------------------------------------------------
     def _fault(self, point: str) -> None:
-        if self.faults is not None:
-            self.faults.hit(point, self.name)
+        self.faults.hit(point, self.name)
 
     def _run(self) -> None:
         try:
@@ -616,12 +615,12 @@ class Task:
                 },
             }
             self.gateway.acknowledge(self.id, cid, handle)
-        except InjectedFault as exc:
-            self._async_error = exc
-            self.signal.notify()
         except Exception as exc:
             log.warning("%s: checkpoint %d upload failed: %s", self.name, cid, exc)
             self.gateway.decline(self.id, cid, f"{self.name}: upload failed: {exc}")
+        except BaseException as exc:  # a crash (simulated ones too): the task fails, as its process would
+            self._async_error = exc
+            self.signal.notify()
 
     def _on_complete(self, checkpoint_id: int) -> None:
         for cid in [c for c in self._pending if c <= checkpoint_id]:

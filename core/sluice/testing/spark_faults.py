@@ -1,9 +1,9 @@
 """Fault injection on the Spark runtime: crash plans shipped to slots, crashes that kill a slot's worker.
 
 The driver's :class:`SparkFaultInjector` holds a list of :class:`SlotCrash`; every attempt ships the crashes
-of that attempt to the slots, where :class:`SlotFaults` counts hits per point in its slot and, at the armed
-hit, kills the slot's Python worker with SIGKILL (``how="kill"``: no cleanup, no goodbye, as a lost
-executor) or raises :class:`InjectedFault` (``how="raise"``: the engine's failure path).
+of that attempt to the slots (:class:`SlotCrashes`), where :class:`SlotFaults` counts hits per point in its
+slot and, at the armed hit, kills the slot's Python worker with SIGKILL (``how="kill"``: no cleanup, no
+goodbye, as a lost executor) or raises :class:`~sluice.testing.faults.InjectedFault` (``how="raise"``).
 
 Example::
 
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sluice.errors import ConfigError
-from sluice.runtime.faults import POINTS, FaultInjector, InjectedFault
+from sluice.runtime.fault_hook import POINTS, FaultHook
+from sluice.testing.faults import InjectedFault
 
-__all__ = ["SlotCrash", "SlotFaults", "SparkFaultInjector", "crashes_for_attempt"]
+__all__ = ["SlotCrash", "SlotCrashes", "SlotFaults", "SparkFaultInjector"]
 
 
 @dataclass(frozen=True)
@@ -47,38 +48,51 @@ class SlotCrash:
             raise ConfigError(f"SlotCrash: how must be 'kill' or 'raise' (got {self.how!r})")
 
 
-class SparkFaultInjector(FaultInjector):
+@dataclass(frozen=True)
+class SlotCrashes:
+    """The picklable crash plan of one attempt, shipped to every slot (nothing fires until bound)."""
+
+    crashes: tuple[SlotCrash, ...]
+
+    def hit(self, point: str, where: str = "") -> None:
+        return None
+
+    def for_attempt(self, attempt: int) -> FaultHook | None:
+        return None
+
+    def in_slot(self, slot: int, report: Callable[[str], None]) -> FaultHook | None:
+        mine = [c for c in self.crashes if c.slot == slot]
+        return SlotFaults(mine, report) if mine else None
+
+    def record(self, description: str) -> None:
+        return None
+
+
+class SparkFaultInjector:
     """The driver-side holder of a crash plan for the Spark runtime (nothing fires in the driver).
 
     ``fired`` lists the crashes slots reported right before crashing.
     """
 
     def __init__(self, crashes: Iterable[SlotCrash]) -> None:
-        super().__init__()
         self.crashes = list(crashes)
+        self.fired: list[str] = []
 
-    def for_attempt(self, attempt: int) -> list[SlotCrash]:
-        return [c for c in self.crashes if c.attempt == attempt]
+    def hit(self, point: str, where: str = "") -> None:
+        return None
 
+    def for_attempt(self, attempt: int) -> FaultHook | None:
+        mine = tuple(c for c in self.crashes if c.attempt == attempt)
+        return SlotCrashes(mine) if mine else None
 
-def crashes_for_attempt(faults: FaultInjector | None, attempt: int) -> list[SlotCrash]:
-    """The crashes to ship for ``attempt``. A plain FaultInjector's plan maps to one crash per attempt
-    (its i-th armed crash in attempt i, in slot 0, raising InjectedFault as in-process)."""
-    if faults is None:
-        return []
-    if isinstance(faults, SparkFaultInjector):
-        return faults.for_attempt(attempt)
-    plan = getattr(faults, "_spark_plan", None)
-    if plan is None:
-        plan = ([(faults.point, faults.after)] if faults.point else []) + list(faults.plan)
-        faults._spark_plan = plan  # type: ignore[attr-defined]
-    if attempt < len(plan):
-        point, after = plan[attempt]
-        return [SlotCrash(point, after, attempt, 0, "raise")]
-    return []
+    def in_slot(self, slot: int, report: Callable[[str], None]) -> FaultHook | None:
+        return None
+
+    def record(self, description: str) -> None:
+        self.fired.append(description)
 
 
-class SlotFaults(FaultInjector):
+class SlotFaults:
     """The slot-side injector: counts hits of each armed point in this slot and crashes at the armed one.
 
     Args:
@@ -87,17 +101,17 @@ class SlotFaults(FaultInjector):
     """
 
     def __init__(self, crashes: list[SlotCrash], before_crash: Callable[[str], None]) -> None:
-        super().__init__()
         self.crashes = crashes
+        self.fired: list[str] = []
         self._before = before_crash
         self._counts: dict[str, int] = {}
-        self._slot_lock = threading.Lock()
+        self._lock = threading.Lock()
 
     def hit(self, point: str, where: str = "") -> None:
         armed = [c for c in self.crashes if c.point == point]
         if not armed:
             return
-        with self._slot_lock:
+        with self._lock:
             n = self._counts.get(point, 0)
             self._counts[point] = n + 1
             crash = next((c for c in armed if c.after == n), None)
@@ -109,3 +123,12 @@ class SlotFaults(FaultInjector):
             if crash.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
         raise InjectedFault(f"injected fault at {point} in {where}")
+
+    def for_attempt(self, attempt: int) -> FaultHook | None:
+        return None
+
+    def in_slot(self, slot: int, report: Callable[[str], None]) -> FaultHook | None:
+        return None
+
+    def record(self, description: str) -> None:
+        return None

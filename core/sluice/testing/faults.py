@@ -1,34 +1,29 @@
-"""Fault injection: the engine calls :meth:`FaultInjector.hit` at named points; a test arms crashes there.
+"""Fault injection for tests: crash at the n-th hit of a named point, counted over all subtasks.
 
-Points (``POINTS``): while processing a batch, while aligning, between snapshot and ack, between checkpoint
-completion and commit, in the middle of a commit, while restoring, while writing channel state, during
-compaction, while waiting for the final checkpoint.
+The engine calls :meth:`FaultInjector.hit` at the points of :data:`POINTS` (see
+:mod:`sluice.runtime.fault_hook`); an armed point raises :class:`InjectedFault`, the test's stand-in for
+a crash. On the Spark runtime a plain injector's plan maps to one raising crash per attempt in slot 0
+(:mod:`sluice.testing.spark_faults` ships it).
 """
 
 from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from sluice.runtime.fault_hook import POINTS, FaultHook
 
 __all__ = ["POINTS", "FaultInjector", "InjectedFault"]
 
-POINTS = (
-    "process",  # a task processes a batch from an input channel
-    "source",  # a source reader emitted a batch
-    "align",  # a barrier arrived and the task is still aligning
-    "snapshot_to_ack",  # state uploaded, acknowledgement not yet sent
-    "complete_to_commit",  # checkpoint complete, sink has not committed yet
-    "commit",  # in the middle of committing (after the first committable)
-    "restore",  # a task is restoring its state
-    "channel_state",  # writing unaligned channel state
-    "compaction",  # a file sink compacts files
-    "final_checkpoint",  # the final checkpoint completed, the task has not finished yet
-)
 
+class InjectedFault(BaseException):
+    """Raised at an armed point: the test's stand-in for a crash.
 
-class InjectedFault(Exception):
-    """Raised at an armed point: the test's stand-in for a crash."""
+    It derives from ``BaseException``, like ``SystemExit``: a crashing process runs no ``except Exception``
+    handler, so neither may a simulated crash (commit retries, checkpoint declines).
+    """
 
 
 @dataclass
@@ -36,7 +31,7 @@ class FaultInjector:
     """Crashes at the ``after``-th hit (0-based) of ``point``, counted over all subtasks.
 
     ``plan`` arms several crashes one after another: ``[("process", 5), ("restore", 0)]`` crashes while
-    processing, then again while restoring from that crash.
+    processing, then again while restoring from that crash. ``fired`` lists the crashes that happened.
     """
 
     point: str | None = None
@@ -45,10 +40,12 @@ class FaultInjector:
     fired: list[str] = field(default_factory=list)
     _hits: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _spark_plan: list[tuple[str, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.point is not None:
             self.plan.insert(0, (self.point, self.after))
+        self._spark_plan = list(self.plan)
         self._next()
 
     def _next(self) -> None:
@@ -83,3 +80,19 @@ class FaultInjector:
             self.fired.append(f"{point}@{where}")
             self._next()
         raise InjectedFault(f"injected fault at {point} in {where}")
+
+    # -- the Spark runtime: the i-th armed crash raises in slot 0 of attempt i -----------------------
+    def for_attempt(self, attempt: int) -> FaultHook | None:
+        from sluice.testing.spark_faults import SlotCrash, SlotCrashes
+
+        plan = self._spark_plan or []
+        if attempt < len(plan):
+            point, after = plan[attempt]
+            return SlotCrashes((SlotCrash(point, after, attempt, 0, "raise"),))
+        return None
+
+    def in_slot(self, slot: int, report: Callable[[str], None]) -> FaultHook | None:
+        return None
+
+    def record(self, description: str) -> None:
+        self.fired.append(description)

@@ -1,0 +1,135 @@
+"""Task assembly: one subtask of a vertex from the job graph (operators, chain outputs, writers, reader).
+
+Both runtimes call :func:`build_task` once per subtask they host; only the channels differ.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.graph import JobEdge, JobGraph, JobVertex, NodeKind, Partitioning, SubtaskId
+from sluice.runtime.channels import InputChannel, OutputChannel, Signal
+from sluice.runtime.fault_hook import FaultHook
+from sluice.runtime.operators import OperatorContext
+from sluice.runtime.partitioners import (
+    BroadcastPartitioner,
+    ForwardPartitioner,
+    HashPartitioner,
+    Partitioner,
+    RebalancePartitioner,
+)
+from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.task import ChainOutput, RecordWriter, Task, TaskGateway
+from sluice.state.keygroups import key_group_range
+
+if TYPE_CHECKING:
+    from sluice.runtime.job import JobConfig
+
+__all__ = ["build_task", "make_partitioner"]
+
+
+def make_partitioner(edge: JobEdge, max_parallelism: int, sender_index: int) -> Partitioner:
+    """The partitioner subtask ``sender_index`` uses on ``edge``."""
+    p = edge.partitioning
+    if p is Partitioning.FORWARD:
+        return ForwardPartitioner()
+    if p is Partitioning.BROADCAST:
+        return BroadcastPartitioner()
+    if p is Partitioning.HASH:
+        assert edge.key is not None
+        return HashPartitioner(edge.key, max_parallelism)
+    return RebalancePartitioner(start=sender_index)
+
+
+def build_task(
+    job: JobGraph,
+    vertex: JobVertex,
+    index: int,
+    inputs: list[InputChannel],
+    input_edges: list[int],
+    outputs: dict[int, list[OutputChannel]],
+    signal: Signal,
+    gateway: TaskGateway,
+    storage: CheckpointStorage,
+    cfg: JobConfig,
+    attempt: int,
+    restored: RestoredCheckpoint | None,
+    faults: FaultHook,
+) -> Task:
+    """Assemble subtask ``index`` of ``vertex``: operators, chain outputs, writers, reader, restore."""
+    kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
+    ops = [node.factory() for node in vertex.chain]
+    ctxs = [
+        OperatorContext(node.name, index, vertex.parallelism, job.max_parallelism, kgr, cfg.job_id, attempt)
+        for node in vertex.chain
+    ]
+    writers: dict[tuple[int, str | None], list[RecordWriter]] = {}
+    for e_idx, e in enumerate(vertex.outputs):
+        w = RecordWriter(make_partitioner(e, job.max_parallelism, index), outputs[e_idx])
+        writers.setdefault(e.producer, []).append(w)
+    for pos, (node, op, ctx) in enumerate(zip(vertex.chain, ops, ctxs, strict=True)):
+        nxt = ops[pos + 1] if pos + 1 < len(ops) else None
+        side = {tag: ws for (nid, tag), ws in writers.items() if nid == node.id and tag is not None}
+        main = writers.get((node.id, None), []) if nxt is None else []
+        op.setup(ctx, ChainOutput(nxt, main, side))
+    reader = None
+    head = vertex.chain[0]
+    if head.kind is NodeKind.SOURCE:
+        reader = head.spec.create_reader(
+            _ReaderCtx(SubtaskId(vertex.id, index), vertex.parallelism, cfg.job_id, ctxs[0], gateway)
+        )
+    unaligned_ok = all(
+        e.partitioning not in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs
+    )
+    restore = restored.for_subtask(job, vertex, index) if restored is not None else None
+    task = Task(
+        SubtaskId(vertex.id, index),
+        vertex.name,
+        ops,
+        ctxs,
+        inputs,
+        input_edges,
+        unaligned_ok,
+        writers,
+        signal,
+        gateway,
+        storage,
+        cfg.alignment(),
+        reader=reader,
+        restore=restore,
+        faults=faults,
+        max_batch_rows=cfg.max_batch_rows,
+    )
+    return task
+
+
+class _ReaderCtx:
+    """ReaderContext of a source subtask."""
+
+    def __init__(
+        self, task_id: SubtaskId, parallelism: int, job_id: str, op_ctx: OperatorContext, gw: TaskGateway
+    ) -> None:
+        self.task_id = task_id
+        self._parallelism = parallelism
+        self._job_id = job_id
+        self._op_ctx = op_ctx
+        self._gw = gw
+
+    @property
+    def subtask(self) -> int:
+        return self.task_id.index
+
+    @property
+    def parallelism(self) -> int:
+        return self._parallelism
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    def request_split(self) -> None:
+        self._gw.request_split(self.task_id)
+
+    def metric(self, name: str, increment: int = 1) -> None:
+        self._op_ctx.metric(name, increment)

@@ -1,0 +1,255 @@
+"""The control plane of one attempt: coordinator, source enumerators, and the reports tasks send.
+
+:class:`JobAttempt` implements :class:`~sluice.runtime.task.TaskGateway`: tasks (in-process) or the Spark
+driver's control server (for slots) call it to acknowledge or decline checkpoints, report end of input,
+finish, fail, or ask their enumerator for splits.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sluice.checkpoint.coordinator import CheckpointCoordinator
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.errors import CheckpointFailureReason
+from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
+from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.sink_operator import commit_with_retry
+from sluice.sink import Sink
+from sluice.source import Source, SourceSplit
+
+if TYPE_CHECKING:
+    from sluice.runtime.job import JobConfig
+
+__all__ = ["AttemptCancelled", "AttemptFailedError", "JobAttempt"]
+
+log = logging.getLogger("sluice.job")
+
+
+class AttemptCancelled(Exception):
+    """The client cancelled the job: the attempt ends and no restart follows."""
+
+
+class AttemptFailedError(Exception):
+    """An attempt failed; ``__cause__`` is the root cause. Triggers a restart."""
+
+
+class _EnumeratorCtx:
+    """EnumeratorContext: routes assignments to the source subtasks of one vertex."""
+
+    def __init__(self, attempt: JobAttempt, vertex: JobVertex) -> None:
+        self._a = attempt
+        self._v = vertex
+        self.registered: list[int] = []
+
+    @property
+    def parallelism(self) -> int:
+        return self._v.parallelism
+
+    def assign_splits(self, assignment: dict[int, list[SourceSplit]]) -> None:
+        for i, splits in assignment.items():
+            if splits:
+                self._a.remote(SubtaskId(self._v.id, i)).assign_splits(splits)
+
+    def signal_no_more_splits(self, subtask: int) -> None:
+        self._a.remote(SubtaskId(self._v.id, subtask)).no_more_splits()
+
+    def registered_readers(self) -> list[int]:
+        return list(self.registered)
+
+
+class JobAttempt:
+    """The control plane of one attempt: coordinator, enumerators, task reports. Implements TaskGateway."""
+
+    def __init__(
+        self,
+        job: JobGraph,
+        cfg: JobConfig,
+        storage: CheckpointStorage,
+        attempt: int,
+        restored: RestoredCheckpoint | None,
+    ) -> None:
+        self.job = job
+        self.cfg = cfg
+        self.storage = storage
+        self.attempt = attempt
+        self.restored = restored
+        self.tasks: dict[SubtaskId, Any] = {}
+        self.lock = threading.RLock()
+        self.failure: BaseException | None = None
+        self.failed_task: SubtaskId | None = None
+        self.finished_tasks: set[SubtaskId] = set()
+        self.done = threading.Event()
+        self.enumerators: dict[str, Any] = {}
+        self._enum_ctx: dict[int, _EnumeratorCtx] = {}
+        self.coordinator: CheckpointCoordinator | None = None
+        self.metrics: dict[str, int] = {}
+        self._poll_thread: threading.Thread | None = None
+
+    # -- setup -----------------------------------------------------------------------------------------
+    def recover_sinks(self) -> None:
+        """Before tasks start: sinks abort leftovers of unfinished checkpoints; global commits are redone."""
+        r = self.restored
+        for node in self.job.logical.nodes.values():
+            if node.kind is not NodeKind.SINK:
+                continue
+            sink: Sink[Any] = node.spec
+            comms = r.sink_committables(node.name) if r is not None else []
+            sink.recover(self.cfg.job_id, comms)
+            gc = sink.create_global_committer()
+            if gc is not None and r is not None:
+                restored_global = r.global_committables().get(node.name, [])
+                commit_with_retry(node.name, gc.commit, r.checkpoint_id, restored_global)
+
+    def remote(self, task: SubtaskId) -> Any:
+        return self.tasks[task]
+
+    def register(self, task: SubtaskId, handle: Any) -> None:
+        self.tasks[task] = handle
+
+    def start_control(self) -> None:
+        """Create enumerators and the coordinator; register readers. Call after tasks are registered."""
+        r = self.restored
+        source_tasks: set[SubtaskId] = set()
+        for v in self.job.vertices.values():
+            if not v.is_source:
+                continue
+            node = v.chain[0]
+            src: Source = node.spec
+            ctx = _EnumeratorCtx(self, v)
+            self._enum_ctx[v.id] = ctx
+            enum = src.create_enumerator(ctx, r.enumerator_state(node.name) if r else None)
+            self.enumerators[node.name] = enum
+            source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
+        globals_: dict[str, Callable[[int, list[Any]], None]] = {}
+        for node in self.job.logical.nodes.values():
+            if node.kind is NodeKind.SINK:
+                gc = node.spec.create_global_committer()
+                if gc is not None:
+                    globals_[node.name] = functools.partial(commit_with_retry, node.name, gc.commit)
+        job_info = {
+            "job_id": self.cfg.job_id,
+            "attempt": self.attempt,
+            "max_parallelism": self.job.max_parallelism,
+            "vertices": {
+                v.uid: {
+                    "name": v.name,
+                    "parallelism": v.parallelism,
+                    "inputs": [e.partitioning.value for e in v.inputs],
+                }
+                for v in self.job.vertices.values()
+            },
+        }
+        next_id = (r.checkpoint_id + 1) if r is not None else 1
+        prior = self._latest_id()
+        next_id = max(next_id, prior + 1)
+        completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
+        self.coordinator = CheckpointCoordinator(
+            self.cfg.checkpoint,
+            self.storage,
+            self.tasks,
+            source_tasks,
+            job_info,
+            next_id,
+            enumerators=self.enumerators,
+            enumerator_lock=self.lock,
+            global_committers=globals_,
+            on_fatal=lambda exc: self.failed(None, exc),
+            completed=completed,
+        )
+        with self.lock:
+            for v in self.job.vertices.values():
+                if not v.is_source:
+                    continue
+                enum = self.enumerators[v.chain[0].name]
+                enum.start()
+                if r is not None:
+                    splits = r.reader_splits(v.chain[0].name)
+                    if splits:
+                        enum.add_splits_back(splits)
+                for i in range(v.parallelism):
+                    self._enum_ctx[v.id].registered.append(i)
+                    enum.add_reader(i)
+        self.coordinator.start()
+        self._poll_thread = threading.Thread(target=self._poll_enumerators, name="enumerators", daemon=True)
+        self._poll_thread.start()
+
+    def _latest_id(self) -> int:
+        ids = [cid for cid, _, _ in self.storage.completed()]
+        stats = self.storage.read_stats()
+        ids += [int(s["checkpoint_id"]) for s in stats]
+        return max(ids, default=0)
+
+    def _poll_enumerators(self) -> None:
+        last: dict[str, float] = {}
+        while not self.done.is_set():
+            for v in self.job.vertices.values():
+                if not v.is_source:
+                    continue
+                node = v.chain[0]
+                interval = node.spec.discovery_interval
+                if interval is None:
+                    continue
+                now = time.monotonic()
+                if now - last.get(node.name, now - interval - 1) >= interval:
+                    last[node.name] = now
+                    try:
+                        with self.lock:
+                            self.enumerators[node.name].poll()
+                    except Exception as exc:
+                        self.failed(None, exc)
+            self.done.wait(0.05)
+
+    # -- TaskGateway -----------------------------------------------------------------------------------
+    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None:
+        if self.coordinator is not None:
+            self.coordinator.acknowledge(task, checkpoint_id, handle)
+
+    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
+        if self.coordinator is not None:
+            self.coordinator.decline(task, checkpoint_id, reason)
+
+    def end_of_input(self, task: SubtaskId) -> None:
+        if self.coordinator is not None:
+            self.coordinator.end_of_input(task)
+
+    def finished(self, task: SubtaskId) -> None:
+        if self.coordinator is not None:
+            self.coordinator.task_finished(task)
+        with self.lock:
+            self.finished_tasks.add(task)
+            if len(self.finished_tasks) == len(self.tasks):
+                self.done.set()
+
+    def failed(self, task: SubtaskId | None, error: BaseException) -> None:
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+                self.failed_task = task
+                log.warning("attempt %d: %s failed: %s", self.attempt, task or "job", error)
+        self.done.set()
+
+    def request_split(self, task: SubtaskId) -> None:
+        with self.lock:
+            v = self.job.vertices[task.vertex]
+            self.enumerators[v.chain[0].name].handle_split_request(task.index)
+
+    # -- teardown --------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self.done.set()
+        if self.coordinator is not None:
+            ok = self.failure is None and len(self.finished_tasks) == len(self.tasks)
+            reason = CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER
+            if isinstance(self.failure, AttemptCancelled):
+                reason = CheckpointFailureReason.JOB_CANCELLED
+            self.coordinator.stop(reason)
+        for e in self.enumerators.values():
+            try:
+                e.close()
+            except Exception:
+                log.exception("closing enumerator")
