@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-__all__ = ["Committer", "GlobalCommitter", "Sink", "SinkContext", "SinkWriter"]
+__all__ = ["CommittableWithLineage", "Committer", "GlobalCommitter", "Sink", "SinkContext", "SinkWriter"]
 
 C = TypeVar("C")
 
@@ -36,6 +37,19 @@ class SinkContext(Protocol):
     @property
     def attempt(self) -> int: ...
     def metric(self, name: str, increment: int = 1) -> None: ...
+
+
+@dataclass(frozen=True)
+class CommittableWithLineage(Generic[C]):
+    """A committable on its way to the global committer, with the checkpoint whose pre-commit made it.
+
+    A checkpoint that fails keeps its committables in the sink until a later one completes; the coordinator
+    uses ``checkpoint_id`` to hand every committable to the global committer exactly once (as Flink's
+    ``CommittableWithLineage``).
+    """
+
+    checkpoint_id: int
+    committable: C
 
 
 class SinkWriter(ABC, Generic[C]):

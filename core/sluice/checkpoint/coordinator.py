@@ -75,6 +75,7 @@ class CheckpointCoordinator:
         global_committers: dict[str, Callable[[int, list[Any]], None]] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         completed: list[tuple[int, str]] | None = None,
+        committed_upto: int = 0,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -93,6 +94,8 @@ class CheckpointCoordinator:
         self.completed_handles: dict[SubtaskId, dict[str, Any]] = {}
         self.completed: list[tuple[int, str]] = list(completed or [])
         self.history: list[CheckpointStats] = []
+        #: the last checkpoint whose committables went to the global committers (restored one after a restore)
+        self.committed_upto = committed_upto
         self.consecutive_failures = 0
         self.last_completed_at = 0.0
         self._stopped = threading.Event()
@@ -285,7 +288,10 @@ class CheckpointCoordinator:
             return
         for h in p.acks.values():
             for sink_name, c in h.get("committables") or []:
-                committables.setdefault(sink_name, []).append(c)
+                # a failed checkpoint's committables come again with later acknowledgements until a
+                # completed checkpoint took them: take each once
+                if c.checkpoint_id > self.committed_upto:
+                    committables.setdefault(sink_name, []).append(c.committable)
         metadata = {
             **self.job_info,
             "checkpoint_id": cid,
@@ -324,6 +330,7 @@ class CheckpointCoordinator:
         # older pending checkpoints are subsumed
         for older in [c for c in self.pending if c < cid]:
             self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed", count=False)
+        self.committed_upto = cid
         try:
             for name, commit in self.global_committers.items():
                 commit(cid, committables.get(name, []))

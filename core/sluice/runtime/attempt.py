@@ -161,6 +161,7 @@ class JobAttempt:
             global_committers=globals_,
             on_fatal=lambda exc: self.failed(None, exc),
             completed=completed,
+            committed_upto=r.checkpoint_id if r is not None else 0,
         )
         with self.lock:
             for v in self.job.vertices.values():

@@ -10,7 +10,7 @@ import tenacity
 
 from sluice.errors import CommitError
 from sluice.runtime.operators import Operator, OperatorSnapshot
-from sluice.sink import Committer, Sink, SinkWriter
+from sluice.sink import CommittableWithLineage, Committer, Sink, SinkWriter
 
 __all__ = ["SinkOperator", "commit_with_retry"]
 
@@ -42,7 +42,9 @@ class SinkOperator(Operator):
     """Writes batches with the sink's writer; commits committables of checkpoint n once n completes.
 
     State: the writer's state plus the committables not yet committed, by checkpoint id. After a restore
-    they are committed again (the committer is idempotent).
+    they are committed again (the committer is idempotent). Committables of a checkpoint that fails stay
+    pending and go with the next checkpoint (per-subtask commit: committed when it completes; global commit:
+    shipped again with its acknowledgement, tagged with their checkpoint, until a completion covers them).
     """
 
     operator_state_distribution = "round_robin"
@@ -82,14 +84,20 @@ class SinkOperator(Operator):
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
         state: dict[str, Any] = {"writer": self.writer.snapshot_state(checkpoint_id), "pending": {}}
-        comms = self._pending.get(checkpoint_id) if self.global_commit else None
+        snap = OperatorSnapshot(operator=state)
         if self.global_commit:
-            self._pending.pop(checkpoint_id, None)
-        snap = OperatorSnapshot(operator=state, committables=comms)
-        own = self._pending.get(checkpoint_id) or comms
+            snap.committables = self._lineage(checkpoint_id)
+        own = self._pending.get(checkpoint_id)
         compact = bool(own) and type(self.writer).compact is not SinkWriter.compact
         snap.async_part = lambda s: self._finish_async(checkpoint_id, list(own or []) if compact else None, s)
         return snap
+
+    def _lineage(self, checkpoint_id: int) -> list[CommittableWithLineage[Any]]:
+        """Global commit: every pending committable up to ``checkpoint_id``, with its checkpoint."""
+        pending = dict(self._pending)  # one C-level copy while the upload thread may replace an entry
+        return [
+            CommittableWithLineage(k, c) for k in sorted(pending) if k <= checkpoint_id for c in pending[k]
+        ]
 
     def _finish_async(self, checkpoint_id: int, to_compact: list[Any] | None, snap: OperatorSnapshot) -> None:
         """Upload thread: compact this checkpoint's staged files, then record the pending committables.
@@ -100,10 +108,9 @@ class SinkOperator(Operator):
         if to_compact is not None:
             self.ctx.fault_hook("compaction")
             compacted = list(self.writer.compact(checkpoint_id, to_compact))
+            self._pending[checkpoint_id] = compacted  # one assignment: atomic for the task thread
             if self.global_commit:
-                snap.committables = compacted
-            else:
-                self._pending[checkpoint_id] = compacted  # one assignment: atomic for the task thread
+                snap.committables = self._lineage(checkpoint_id)
         if not self.global_commit:
             pending = dict(self._pending)  # one C-level copy while the task thread may add entries
             snap.operator["pending"] = {k: list(v) for k, v in pending.items() if k <= checkpoint_id}
@@ -114,7 +121,11 @@ class SinkOperator(Operator):
 
     def _commit_upto(self, checkpoint_id: int) -> None:
         ready = sorted(k for k in self._pending if k <= checkpoint_id)
-        if not ready or self.committer is None:
+        if not ready:
+            return
+        if self.committer is None:  # global commit: the coordinator committed them with ``checkpoint_id``
+            for k in ready:
+                del self._pending[k]
             return
         comms = [c for k in ready for c in self._pending[k]]
         commit_with_retry(self.name, self.committer.commit, comms)
