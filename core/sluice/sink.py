@@ -20,13 +20,25 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-__all__ = ["CommittableWithLineage", "Committer", "GlobalCommitter", "Sink", "SinkContext", "SinkWriter"]
+__all__ = [
+    "CommittableWithLineage",
+    "Committer",
+    "GlobalCommitter",
+    "GlobalCommitterContext",
+    "Sink",
+    "SinkContext",
+    "SinkWriter",
+]
 
 C = TypeVar("C")
 
 
 class SinkContext(Protocol):
-    """What a writer or committer knows of its subtask and job."""
+    """What a writer or committer knows of its subtask and job.
+
+    ``fault_hook(point)`` is for fault-injection tests: a sink calls it at the points it owns (``"commit"``,
+    in the middle of a commit); it does nothing unless a test armed it.
+    """
 
     @property
     def subtask(self) -> int: ...
@@ -37,6 +49,21 @@ class SinkContext(Protocol):
     @property
     def attempt(self) -> int: ...
     def metric(self, name: str, increment: int = 1) -> None: ...
+    def fault_hook(self, point: str) -> None: ...
+
+
+class GlobalCommitterContext(Protocol):
+    """What the global committer (on the coordinator) knows of its job and sink."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def sink_uid(self) -> str:
+        """The sink operator's stable uid: with ``job_id``, it names this sink's commits in a table."""
+    @property
+    def attempt(self) -> int: ...
+    def metric(self, name: str, increment: int = 1) -> None: ...
+    def fault_hook(self, point: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -101,9 +128,16 @@ class GlobalCommitter(ABC, Generic[C]):
 
 
 class Sink(ABC, Generic[C]):
-    """A two-phase-commit sink. Subclasses are the file and table sinks, or your own."""
+    """A two-phase-commit sink. Subclasses are the file and table sinks, or your own.
+
+    Attributes:
+        name: the default operator name.
+        global_commit: True if committables go to one :class:`GlobalCommitter` per job (table formats:
+            one atomic commit per checkpoint) instead of a per-subtask :class:`Committer`.
+    """
 
     name: str = "sink"
+    global_commit: bool = False
 
     @abstractmethod
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[C]:
@@ -113,8 +147,8 @@ class Sink(ABC, Generic[C]):
         """The per-subtask committer, or None if only a global committer is used."""
         return None
 
-    def create_global_committer(self) -> GlobalCommitter[C] | None:
-        """The global committer, or None."""
+    def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[C] | None:
+        """The global committer (called on the coordinator, once per attempt, when ``global_commit``)."""
         return None
 
     def recover(self, job_id: str, committables: Sequence[C]) -> None:

@@ -18,9 +18,10 @@ from sluice.checkpoint.coordinator import CheckpointCoordinator
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import CheckpointFailureReason
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
+from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.sink_operator import commit_with_retry
-from sluice.sink import Sink
+from sluice.sink import GlobalCommitter, Sink
 from sluice.source import Source, SourceSplit
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ class JobAttempt:
         self.coordinator: CheckpointCoordinator | None = None
         self.metrics: dict[str, int] = {}
         self._poll_thread: threading.Thread | None = None
+        self.global_committers: dict[str, GlobalCommitter[Any]] = {}
+        self.faults: FaultHook = NO_FAULTS
 
     # -- setup -----------------------------------------------------------------------------------------
     def recover_sinks(self) -> None:
@@ -101,8 +104,11 @@ class JobAttempt:
             sink: Sink[Any] = node.spec
             comms = r.sink_committables(node.name) if r is not None else []
             sink.recover(self.cfg.job_id, comms)
-            gc = sink.create_global_committer()
-            if gc is not None and r is not None:
+            gc = sink.create_global_committer(_GlobalCommitterCtx(self, node.uid)) if sink.global_commit else None
+            if gc is None:
+                continue
+            self.global_committers[node.name] = gc
+            if r is not None:
                 restored_global = r.global_committables().get(node.name, [])
                 commit_with_retry(node.name, gc.commit, r.checkpoint_id, restored_global)
 
@@ -126,12 +132,10 @@ class JobAttempt:
             enum = src.create_enumerator(ctx, r.enumerator_state(node.name) if r else None)
             self.enumerators[node.name] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
-        globals_: dict[str, Callable[[int, list[Any]], None]] = {}
-        for node in self.job.logical.nodes.values():
-            if node.kind is NodeKind.SINK:
-                gc = node.spec.create_global_committer()
-                if gc is not None:
-                    globals_[node.name] = functools.partial(commit_with_retry, node.name, gc.commit)
+        globals_: dict[str, Callable[[int, list[Any]], None]] = {
+            name: functools.partial(commit_with_retry, name, gc.commit)
+            for name, gc in self.global_committers.items()
+        }
         job_info = {
             "job_id": self.cfg.job_id,
             "attempt": self.attempt,
@@ -254,3 +258,29 @@ class JobAttempt:
                 e.close()
             except Exception:
                 log.exception("closing enumerator")
+
+
+class _GlobalCommitterCtx:
+    """GlobalCommitterContext of one sink in one attempt."""
+
+    def __init__(self, attempt: JobAttempt, sink_uid: str) -> None:
+        self._a = attempt
+        self._uid = sink_uid
+
+    @property
+    def job_id(self) -> str:
+        return self._a.cfg.job_id
+
+    @property
+    def sink_uid(self) -> str:
+        return self._uid
+
+    @property
+    def attempt(self) -> int:
+        return self._a.attempt
+
+    def metric(self, name: str, increment: int = 1) -> None:
+        self._a.metrics[name] = self._a.metrics.get(name, 0) + increment
+
+    def fault_hook(self, point: str) -> None:
+        self._a.faults.hit(point, f"global committer of {self._uid}")

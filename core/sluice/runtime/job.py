@@ -112,6 +112,7 @@ def run_job(
         if restored is not None:
             restored.check_compatible(job)
         a = JobAttempt(job, cfg, storage, n, restored)
+        a.faults = faults
         if on_attempt is not None:
             on_attempt(a)
         try:

@@ -54,7 +54,7 @@ class SinkOperator(Operator):
         self.sink = sink
         self.writer: SinkWriter[Any]
         self.committer: Committer[Any] | None = None
-        self.global_commit = sink.create_global_committer() is not None
+        self.global_commit = sink.global_commit
         self._pending: dict[int, list[Any]] = {}
         self._restored: list[Any] = []
 
@@ -148,7 +148,6 @@ class _Ctx:
 
     def __init__(self, op: SinkOperator) -> None:
         self._c = op.ctx
-        self.fault_hook = op.ctx.fault_hook
 
     @property
     def subtask(self) -> int:
@@ -168,3 +167,6 @@ class _Ctx:
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._c.metric(name, increment)
+
+    def fault_hook(self, point: str) -> None:
+        self._c.fault_hook(point)

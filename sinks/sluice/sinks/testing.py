@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import CommitError
-from sluice.sink import Committer, GlobalCommitter, Sink, SinkContext, SinkWriter
+from sluice.sink import Committer, GlobalCommitter, GlobalCommitterContext, Sink, SinkContext, SinkWriter
 
 __all__ = ["TwoPhaseCommitTestSink", "read_committed"]
 
@@ -43,22 +43,21 @@ class _Writer(SinkWriter[str]):
 
 
 class _Committer(Committer[str], GlobalCommitter[str]):
-    def __init__(self, sink: TwoPhaseCommitTestSink, ctx: Any = None) -> None:
+    def __init__(self, sink: TwoPhaseCommitTestSink, ctx: SinkContext | GlobalCommitterContext) -> None:
         self.sink = sink
-        self.fault_hook = getattr(ctx, "fault_hook", None)
+        self.ctx = ctx
 
     def commit(self, *args: Any) -> None:
         committables: Sequence[str] = args[-1]
         for i, name in enumerate(committables):
-            if i == 1 and self.fault_hook is not None:
-                self.fault_hook("commit")
             src = os.path.join(self.sink.directory, "pending", name)
             dst = os.path.join(self.sink.directory, "committed", name)
-            if os.path.exists(dst):
-                continue  # already committed: commit is idempotent
-            if not os.path.exists(src):
-                raise CommitError(f"committable {name} is neither pending nor committed: its data is lost")
-            os.replace(src, dst)
+            if not os.path.exists(dst):  # already committed: commit is idempotent
+                if not os.path.exists(src):
+                    raise CommitError(f"committable {name} is neither pending nor committed: its data is lost")
+                os.replace(src, dst)
+            if i == 0:
+                self.ctx.fault_hook("commit")  # in the middle of a commit: the first committable is published
 
 
 class TwoPhaseCommitTestSink(Sink[str]):
@@ -84,8 +83,8 @@ class TwoPhaseCommitTestSink(Sink[str]):
     def create_committer(self, ctx: SinkContext) -> Committer[str] | None:
         return None if self.global_commit else _Committer(self, ctx)
 
-    def create_global_committer(self) -> GlobalCommitter[str] | None:
-        return _Committer(self) if self.global_commit else None
+    def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[str] | None:
+        return _Committer(self, ctx)
 
     def recover(self, job_id: str, committables: Sequence[str]) -> None:
         keep = set(committables)
