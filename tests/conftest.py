@@ -1,24 +1,96 @@
-"""Shared test set-up: markers' bookkeeping and the fault-injection scenario counter."""
+"""Shared test set-up: markers' bookkeeping and the fault-injection scenario summary."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from tests.faults.shapes import SCENARIO_LOG
+from tests.kafka_broker import TansuBroker
+from tests.sinks.conftest import MotoS3, _free_port
+
+_names = itertools.count()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger("sluice").setLevel(logging.ERROR)
 
 
+#: task slots of the session's embedded Spark (local[4,1]): enough for every test's largest parallelism
+SPARK_SLOTS = 4
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkContext for the whole session (startup takes 5-20 s), reused by every Spark test."""
+    from sluice.runtime.spark import spark_context
+
+    sc = spark_context(SPARK_SLOTS)
+    yield sc
+    sc.stop()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[TansuBroker]:
+    """A memory-backed tansu broker; fails (does not skip) if it cannot start."""
+    b = TansuBroker()
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def topic(broker: TansuBroker, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """``topic(partitions=n)`` creates a fresh, uniquely named topic and returns its name."""
+
+    def make(partitions: int = 1) -> str:
+        name = f"{request.node.name.split('[')[0][:40]}-{next(_names)}".replace("_", "-")
+        broker.create_topic(name, partitions)
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3]:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    s3 = MotoS3(f"http://127.0.0.1:{port}", port)
+    s3.client().list_buckets()  # raises (and fails the test) if the server is not serving
+    saved = {
+        k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+    )
+    try:
+        yield s3
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if SCENARIO_LOG:
-        fired = sum(1 for s in SCENARIO_LOG if s["fired"])
-        crashes = sum(s["fired"] for s in SCENARIO_LOG)
+        fired = [s for s in SCENARIO_LOG if s["fired"]]
         terminalreporter.write_sep("=", "fault injection")
         terminalreporter.write_line(
-            f"{len(SCENARIO_LOG)} randomized scenarios ran; {fired} had injected crashes "
-            f"({crashes} crashes in total); every committed output was compared with a failure-free run"
+            f"{len(SCENARIO_LOG)} scenarios, {len(fired)} with faults fired, "
+            f"{sum(s['crashes'] for s in fired)} crashes, {sum(s['lost'] for s in fired)} lost, "
+            f"{sum(s['duplicated'] for s in fired)} duplicated"
         )

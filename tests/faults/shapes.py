@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +20,38 @@ import pyarrow.compute as pc
 from sluice import (
     CheckpointConfig,
     FixedDelayRestart,
+    JobFailedError,
+    JobResult,
     KeyedProcessFunction,
+    NoRestart,
     Pipeline,
     ValueStateDescriptor,
 )
 from sluice.connectors.generator import GeneratorSource
+from sluice.runtime.fault_hook import FaultHook
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
-from sluice.testing.faults import FaultInjector
 
+#: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
 SCENARIO_LOG: list[dict[str, Any]] = []
+
+
+def record(
+    family: str, scenario: Any, shape: str, mode: str, fired: bool, crashes: int, got: Any, expected: Any
+) -> None:
+    """Log a scenario for the summary line: whether its faults fired, its crashes, rows lost and duplicated."""
+    g, e = Counter(got), Counter(expected)
+    SCENARIO_LOG.append(
+        {
+            "family": family,
+            "scenario": scenario,
+            "shape": shape,
+            "mode": mode,
+            "fired": fired,
+            "crashes": crashes,
+            "lost": sum((e - g).values()),
+            "duplicated": sum((g - e).values()),
+        }
+    )
 
 
 def with_key(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -60,7 +84,7 @@ class RunningCount(KeyedProcessFunction):
 @dataclass
 class Shape:
     name: str
-    build: Callable[[Pipeline, random.Random, str], None]
+    build: Callable[[Pipeline, Build], None]
 
 
 def _gen(rng: random.Random, name: str = "generator", offset: int = 0) -> GeneratorSource:
@@ -82,49 +106,61 @@ def _gen(rng: random.Random, name: str = "generator", offset: int = 0) -> Genera
     )
 
 
-def _p(rng: random.Random) -> int:
-    return rng.randint(1, 4)
+class Build:
+    """What a shape's builder draws from: the scenario's random stream, and an optional parallelism override.
+
+    ``par`` always consumes one draw, so a rescaled run generates the same data as the original one.
+    """
+
+    def __init__(self, rng: random.Random, out: str, scale: int | None = None, global_commit: bool = False):
+        self.rng = rng
+        self.out = out
+        self.scale = scale
+        self.global_commit = global_commit
+
+    def par(self) -> int:
+        drawn = self.rng.randint(1, 4)
+        return self.scale or drawn
+
+    def sink(self) -> TwoPhaseCommitTestSink:
+        return TwoPhaseCommitTestSink(self.out, global_commit=self.global_commit)
 
 
-def chain(p: Pipeline, rng: random.Random, out: str) -> None:
-    s = p.source(_gen(rng))
-    s = s.map_batches(lambda b: b.append_column("double", pc.multiply(b.column("value"), 2)))
-    s.filter(pc.field("value") >= 0).sink(TwoPhaseCommitTestSink(out))
+def chain(p: Pipeline, b: Build) -> None:
+    s = p.source(_gen(b.rng))
+    s = s.map_batches(lambda x: x.append_column("double", pc.multiply(x.column("value"), 2)))
+    s.filter(pc.field("value") >= 0).sink(b.sink())
 
 
-def keyed(p: Pipeline, rng: random.Random, out: str) -> None:
-    s = p.source(_gen(rng), parallelism=_p(rng)).map_batches(with_key)
-    s.key_by("k").process(RunningCount(), parallelism=_p(rng)).sink(
-        TwoPhaseCommitTestSink(out), parallelism=_p(rng)
-    )
+def keyed(p: Pipeline, b: Build) -> None:
+    s = p.source(_gen(b.rng), parallelism=b.par()).map_batches(with_key)
+    s.key_by("k").process(RunningCount(), parallelism=b.par()).sink(b.sink(), parallelism=b.par())
 
 
-def union(p: Pipeline, rng: random.Random, out: str) -> None:
+def union(p: Pipeline, b: Build) -> None:
     # forward edges into the union keep each split's rows on one FIFO path, so per-key order is fixed
-    par = _p(rng)
-    a = p.source(_gen(rng, "gen-a"), parallelism=par).map_batches(with_key, name="key-a", parallelism=par)
-    b = p.source(_gen(rng, "gen-b", offset=10**9), parallelism=par)
-    b = b.map_batches(
-        lambda x: with_key(x).set_column(6, "k", pc.add(with_key(x).column("k"), 10**6)),
+    par = b.par()
+    x = p.source(_gen(b.rng, "gen-a"), parallelism=par).map_batches(with_key, name="key-a", parallelism=par)
+    y = p.source(_gen(b.rng, "gen-b", offset=10**9), parallelism=par)
+    y = y.map_batches(
+        lambda z: with_key(z).set_column(6, "k", pc.add(with_key(z).column("k"), 10**6)),
         name="key-b",
         parallelism=par,
     )
-    u = a.union(b, parallelism=par)
-    u.key_by("k").process(RunningCount(), parallelism=_p(rng)).sink(TwoPhaseCommitTestSink(out))
+    u = x.union(y, parallelism=par)
+    u.key_by("k").process(RunningCount(), parallelism=b.par()).sink(b.sink())
 
 
-def rebalanced(p: Pipeline, rng: random.Random, out: str) -> None:
-    s = p.source(_gen(rng), parallelism=_p(rng)).rebalance(parallelism=_p(rng))
-    s.map_batches(lambda b: b.select(["id", "value"])).sink(TwoPhaseCommitTestSink(out), parallelism=_p(rng))
+def rebalanced(p: Pipeline, b: Build) -> None:
+    s = p.source(_gen(b.rng), parallelism=b.par()).rebalance(parallelism=b.par())
+    s.map_batches(lambda x: x.select(["id", "value"])).sink(b.sink(), parallelism=b.par())
 
 
-def two_keyed(p: Pipeline, rng: random.Random, out: str) -> None:
-    s = p.source(_gen(rng), parallelism=_p(rng)).map_batches(with_key)
-    s = s.key_by("k").process(RunningCount(), parallelism=_p(rng))
-    s = s.map_batches(lambda b: b.append_column("value", b.column("count")), name="again")
-    s.key_by("k").process(RunningCount(), name="second", parallelism=_p(rng)).sink(
-        TwoPhaseCommitTestSink(out, global_commit=rng.random() < 0.5)
-    )
+def two_keyed(p: Pipeline, b: Build) -> None:
+    s = p.source(_gen(b.rng), parallelism=b.par()).map_batches(with_key)
+    s = s.key_by("k").process(RunningCount(), parallelism=b.par())
+    s = s.map_batches(lambda x: x.append_column("value", x.column("count")), name="again")
+    s.key_by("k").process(RunningCount(), name="second", parallelism=b.par()).sink(b.sink())
 
 
 SHAPES = [
@@ -134,31 +170,64 @@ SHAPES = [
     Shape("rebalance", rebalanced),
     Shape("two_keyed", two_keyed),
 ]
+SHAPE = {s.name: s for s in SHAPES}
+
+
+@dataclass
+class Run:
+    """What a scenario run left: the committed rows and the job's result (None if the job failed)."""
+
+    rows: list[tuple[Any, ...]]
+    result: JobResult | None
+    checkpoints: str
+    error: BaseException | None = None
 
 
 def run_shape(
     shape: Shape,
     seed: int,
-    faults: FaultInjector | None,
+    faults: FaultHook | None,
     mode: str = "exactly_once",
     alignment: dict[str, Any] | None = None,
     attempts: int = 6,
-) -> pa.Table | None:
-    """Build ``shape`` with ``seed`` and run it to the end; return the committed output."""
+    *,
+    runtime: str = "local",
+    checkpoint: dict[str, Any] | None = None,
+    global_commit: bool | None = None,
+    scale: int | None = None,
+    directory: str | None = None,
+    restore: str = "none",
+) -> Run:
+    """Build ``shape`` with ``seed`` and run it to the end; return the committed output.
+
+    ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
+    overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the sink's commit path.
+    """
     rng = random.Random(seed)
-    d = tempfile.mkdtemp(prefix=f"sluice-{shape.name}-{seed}-")
+    d = directory or tempfile.mkdtemp(prefix=f"sluice-{shape.name}-{seed}-")
+    drawn = rng.random() < 0.5  # always drawn: the data must not depend on the override
+    gc = drawn if global_commit is None else global_commit
     p = Pipeline(
         f"{shape.name}-{seed}",
         max_parallelism=rng.choice([8, 16, 128]),
         checkpoint=CheckpointConfig(
-            interval=rng.choice([0.01, 0.03, 0.08]), storage=f"{d}/chk", mode=mode, **(alignment or {})
+            interval=rng.choice([0.01, 0.03, 0.08]),
+            storage=f"{d}/chk",
+            mode=mode,
+            **(alignment or {}),
+            **(checkpoint or {}),
         ),
-        restart=FixedDelayRestart(attempts=attempts, delay=0.0),
+        restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
         buffers_per_channel=rng.choice([1, 2, 4]),
     )
-    shape.build(p, rng, f"{d}/out")
-    p.run(runtime="local", faults=faults, restore="none")
-    return read_committed(f"{d}/out")
+    shape.build(p, Build(rng, f"{d}/out", scale, gc))
+    result: JobResult | None = None
+    error: BaseException | None = None
+    try:
+        result = p.run(runtime=runtime, faults=faults, restore=restore)
+    except JobFailedError as exc:
+        error = exc
+    return Run(rows_of(read_committed(f"{d}/out")), result, f"{d}/chk", error)
 
 
 def rows_of(table: pa.Table | None) -> list[tuple[Any, ...]]:

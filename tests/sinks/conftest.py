@@ -1,16 +1,12 @@
-"""Fixtures of the file sink tests: moto's real S3 HTTP server on a loopback port, and read-back helpers.
-
-The server is started once per session; if it cannot start the S3 tests fail (they never skip).
-"""
+"""Helpers of the file sink tests: moto's S3 server handle (the ``moto_s3`` fixture is in tests/conftest.py),
+read-back helpers and a SinkContext for driving writers directly."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +14,6 @@ import boto3
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pytest
 
 FINAL = re.compile(r"^part-.+-\d{6}-\d{3}-(c?\d+)\.(parquet|jsonl|csv)(\.gz)?$")
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
@@ -54,33 +49,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def moto_s3() -> Iterator[MotoS3]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    s3 = MotoS3(f"http://127.0.0.1:{port}", port)
-    s3.client().list_buckets()  # raises (and fails the test) if the server is not serving
-    saved = {
-        k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    }
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
-    )
-    try:
-        yield s3
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 def read_visible(root: str, fmt: str = "parquet", filesystem: Any = None) -> pa.Table:

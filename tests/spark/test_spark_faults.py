@@ -9,7 +9,7 @@ import pytest
 from sluice.testing.faults import FaultInjector
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
-from tests.faults.shapes import SCENARIO_LOG
+from tests.faults.shapes import record
 from tests.spark.runner import reference, run_shape_on, shape_named
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
@@ -59,7 +59,8 @@ def test_slot_crash_keeps_exactly_once(
     assert expected, "the failure-free run committed nothing"
     faults = SparkFaultInjector(crashes)
     got, result = run_shape_on("spark", shape_named(shape), seed, faults, checkpoint)
-    SCENARIO_LOG.append({"scenario": f"spark-{shape}-{seed}", "shape": shape, "fired": len(faults.fired)})
+    fired = len(faults.fired) == len(crashes)
+    record("spark-slot", f"{shape}-{seed}", shape, "aligned", fired, len(faults.fired), got, expected)
     assert len(faults.fired) == len(crashes), (
         f"not every crash fired: {faults.fired} (failures {result.failures})"
     )

@@ -1,0 +1,68 @@
+"""Fault plans that fire: points are drawn among those a failure-free run of the same shape and mode reached.
+
+A :class:`~sluice.testing.faults.HitCounter` run of the scenario's shape, seed and mode counts hits per
+point. A crash is armed at a point that run reached, at a hit well inside the count (runs differ in timing,
+so counts are not exact); points whose count depends on timing (alignment, checkpoints) get a small
+``after``. Second faults follow rules that keep them reachable after the first crash's restore:
+
+* every restarted run ends with a final checkpoint: ``snapshot_to_ack`` and ``final_checkpoint`` fire;
+* ``restore`` follows only a crash after a completed checkpoint (``complete_to_commit``, ``commit``,
+  ``final_checkpoint``), so there is something to restore;
+* ``process`` / ``source`` follow only a crash while processing / reading: the crashed batch is replayed
+  (after any other crash, everything may have been read and checkpointed already).
+"""
+
+from __future__ import annotations
+
+import random
+
+from sluice.testing.faults import PlannedFault
+
+#: crash points per alignment mode (compaction belongs to the file sink's own suite)
+MODE_POINTS = {
+    "aligned": ("process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
+    "unaligned": (
+        "process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "channel_state",
+        "final_checkpoint",
+    ),
+    # whether an adaptive checkpoint switches (and records channel state) depends on timing
+    "adaptive": ("process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
+    "at_least_once": ("process", "source", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
+}
+#: points hit once per batch: counts barely depend on timing
+_PER_BATCH = ("process", "source")
+_AFTER_COMPLETION = ("complete_to_commit", "commit", "final_checkpoint")
+
+
+def _first(rng: random.Random, point: str, count: int) -> PlannedFault:
+    if point == "final_checkpoint":
+        return PlannedFault(point, rng.randint(0, count - 1))
+    share = 2 if point in _PER_BATCH else 4
+    return PlannedFault(point, rng.randint(0, max(0, count // share - 1)))
+
+
+def crash_plan(rng: random.Random, hits: dict[str, int], mode: str, crashes: int) -> list[PlannedFault]:
+    """``crashes`` (1 or 2) crashes at points ``hits`` shows reachable in ``mode``."""
+    reachable = [p for p in MODE_POINTS[mode] if hits.get(p, 0) > 0]
+    assert reachable, f"no fault point was reached: {hits}"
+    point = rng.choice(reachable)
+    plan = [_first(rng, point, hits[point])]
+    if crashes > 1:
+        options = ["snapshot_to_ack", "final_checkpoint"]
+        if point in _AFTER_COMPLETION:
+            options.append("restore")
+        if point in _PER_BATCH:
+            options.append(point)
+        nxt = rng.choice(options)
+        plan.append(PlannedFault(nxt, 0))
+    return plan
+
+
+def checkpoint_failure_plan(rng: random.Random, hits: dict[str, int]) -> list[PlannedFault]:
+    """One or two tolerated checkpoint failures: a declined checkpoint or one that expires."""
+    count = hits.get("snapshot_to_ack", 0)
+    assert count > 0, f"no checkpoint was acknowledged: {hits}"
+    plan = [PlannedFault("snapshot_to_ack", rng.randint(0, max(0, count // 4 - 1)), rng.choice(["decline", "stall"]))]
+    if rng.random() < 0.4:
+        plan.append(PlannedFault("snapshot_to_ack", 0, rng.choice(["decline", "stall"])))
+    return plan
