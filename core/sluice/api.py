@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 import threading
@@ -144,16 +143,37 @@ class Stream:
         node = self.pipeline._add("union", name, PassThroughOperator, parallelism, edges)
         return Stream(self.pipeline, node)
 
+    def uid(self, uid: str) -> Stream:
+        """Name this operator's state in checkpoints (default: its name), so renaming it keeps its state.
+
+        As Flink's ``uid()``: set it on stateful operators of long-running jobs. A restore fails when the
+        checkpoint holds state for a uid the job does not have, unless ``allow_non_restored_state=True``.
+        """
+        if not isinstance(uid, str) or not uid.strip():
+            raise ConfigError(f"uid: must be a non-empty string (got {uid!r})")
+        taken = {n.uid: n.name for n in self.pipeline.graph.nodes.values() if n is not self.node}
+        if uid in taken:
+            raise GraphError(f"uid {uid!r} is already used by operator {taken[uid]!r}: uids must be unique")
+        self.node.explicit_uid = uid
+        return self
+
     def side_output(self, tag: str) -> Stream:
         """The side output ``tag`` of this stream's operator (e.g. a source's dead letters)."""
         return Stream(self.pipeline, self.node, tag)
 
-    def sink(self, sink: Sink[Any], *, name: str | None = None, parallelism: int | None = None) -> None:
-        """Write this stream to ``sink`` with two-phase commit."""
+    def sink(
+        self,
+        sink: Sink[Any],
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+        uid: str | None = None,
+    ) -> None:
+        """Write this stream to ``sink`` with two-phase commit (``uid``: see :meth:`uid`)."""
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
         sink.validate()
-        self.pipeline._add(
+        node = self.pipeline._add(
             "sink",
             name or sink.name,
             lambda n: SinkOperator(n, sink),
@@ -162,6 +182,8 @@ class Stream:
             kind=NodeKind.SINK,
             spec=sink,
         )
+        if uid is not None:
+            Stream(self.pipeline, node).uid(uid)
 
 
 class KeyedStream:
@@ -288,19 +310,20 @@ class Pipeline:
         if name is not None:
             self._names[name] = 1
         node_kind = kw.pop("kind", NodeKind.OPERATOR)
-        node = LogicalNode(
-            next(self._ids),
-            node_name,
-            node_kind,
-            functools.partial(make, node_name),
-            parallelism,
-            inputs,
-            **kw,
-        )
+        node = LogicalNode(next(self._ids), node_name, node_kind, lambda: None, parallelism, inputs, **kw)
+        # operators carry their node's uid as their name: it keys their state in checkpoints
+        node.factory = lambda: make(node.uid)
         return self.graph.add(node)
 
-    def source(self, source: Source, *, name: str | None = None, parallelism: int | None = None) -> Stream:
-        """Add a source; returns its stream."""
+    def source(
+        self,
+        source: Source,
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+        uid: str | None = None,
+    ) -> Stream:
+        """Add a source; returns its stream (``uid``: see :meth:`Stream.uid`)."""
         if not isinstance(source, Source):
             raise ConfigError(f"source: expected a sluice Source, got {type(source).__name__}")
         source.validate()
@@ -313,7 +336,7 @@ class Pipeline:
             kind=NodeKind.SOURCE,
             spec=source,
         )
-        return Stream(self, node)
+        return Stream(self, node).uid(uid) if uid is not None else Stream(self, node)
 
     def build(self) -> JobGraph:
         """Validate and chain the graph (raises GraphError / ConfigError)."""
@@ -324,6 +347,7 @@ class Pipeline:
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
         job_id: str | None = None,
+        allow_non_restored_state: bool = False,
     ) -> JobConfig:
         return JobConfig(
             job_id=job_id or _job_id(self.name),
@@ -333,6 +357,7 @@ class Pipeline:
             max_batch_rows=self.max_batch_rows,
             restore=restore,
             recover_without_channel_state=recover_without_channel_state,
+            allow_non_restored_state=allow_non_restored_state,
         )
 
     # -- running ---------------------------------------------------------------------------------------
@@ -342,17 +367,30 @@ class Pipeline:
         runtime: Literal["local", "spark"] = "spark",
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
+        allow_non_restored_state: bool = False,
         faults: FaultHook | None = None,
         spark_master: str | None = None,
     ) -> JobClient:
         """Start the job in the background and return a client to wait for, cancel or savepoint it.
 
-        ``faults`` is for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
+        Args:
+            runtime: ``"spark"`` (embedded local Spark, or the cluster of spark-submit / ``spark_master``) or
+                ``"local"`` (threads in this process).
+            restore: ``"latest"`` (resume the job's latest completed checkpoint), ``"none"``, or the path of
+                a checkpoint or savepoint.
+            recover_without_channel_state: drop the unaligned channel state of this checkpoint id on
+                restore (loses its in-flight data).
+            allow_non_restored_state: restore even if the checkpoint holds state of operator uids this job
+                no longer has (renamed or removed operators); that state is dropped.
+            faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
+            spark_master: the Spark master URL (``runtime="spark"``).
         """
         if runtime not in RUNTIMES:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
-        cfg = self.job_config(restore, recover_without_channel_state)
+        cfg = self.job_config(
+            restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
+        )
         if runtime == "local":
             from sluice.runtime.local import LocalRuntime
 

@@ -67,8 +67,19 @@ def main(verbose: int) -> None:
     default=None,
     help="Drop the unaligned channel state of this checkpoint id on restore (LOSES its in-flight data).",
 )
+@click.option(
+    "--allow-non-restored-state",
+    is_flag=True,
+    help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
+    "is dropped. Without it such a restore fails, naming the uids.",
+)
 def run(
-    job: str, runtime: str, master: str | None, restore: str, recover_without_channel_state: int | None
+    job: str,
+    runtime: str,
+    master: str | None,
+    restore: str,
+    recover_without_channel_state: int | None,
+    allow_non_restored_state: bool,
 ) -> None:
     """Run the pipeline defined in JOB (a Python file)."""
     pipeline = load_pipeline(job)
@@ -78,6 +89,7 @@ def run(
             restore=restore,
             spark_master=master,  # type: ignore[arg-type, unused-ignore]
             recover_without_channel_state=recover_without_channel_state,
+            allow_non_restored_state=allow_non_restored_state,
         )
     except SluiceError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -68,11 +68,13 @@ class LogicalNode:
     key: KeySelector | None = None
     #: how operator state of old subtasks is spread on restore: "round_robin" or "union"
     state_distribution: str = "round_robin"
+    #: set by ``Stream.uid()`` / ``uid=``: the state identity, kept when the node is renamed
+    explicit_uid: str | None = None
 
     @property
     def uid(self) -> str:
-        """Identity of this node's state in checkpoints."""
-        return self.name
+        """Identity of this node's state in checkpoints: the explicit uid, else the name (Flink's uid)."""
+        return self.explicit_uid or self.name
 
 
 @dataclass
@@ -93,12 +95,19 @@ class LogicalGraph:
         if not any(n.kind is NodeKind.SINK for n in self.nodes.values()):
             raise GraphError("the pipeline has no sink: connect a stream with stream.sink(...)")
         names: dict[str, int] = {}
+        uids: dict[str, str] = {}
         for n in self.nodes.values():
             if n.name in names:
                 raise GraphError(
                     f"two operators are named {n.name!r}: names identify state, make them unique"
                 )
             names[n.name] = n.id
+            if n.uid in uids:
+                raise GraphError(
+                    f"operators {uids[n.uid]!r} and {n.name!r} have the same uid {n.uid!r}: uids identify "
+                    "state in checkpoints, make them unique"
+                )
+            uids[n.uid] = n.name
             p = self.parallelism_of(n)
             if p < 1:
                 raise GraphError(f"operator {n.name!r}: parallelism must be >= 1 (got {p})")
@@ -175,7 +184,7 @@ class JobVertex:
 
     @property
     def uid(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.chain[0].name)
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.chain[0].uid)
 
     @property
     def is_source(self) -> bool:

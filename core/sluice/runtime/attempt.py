@@ -102,15 +102,15 @@ class JobAttempt:
             if node.kind is not NodeKind.SINK:
                 continue
             sink: Sink[Any] = node.spec
-            comms = r.sink_committables(node.name) if r is not None else []
+            comms = r.sink_committables(node.uid) if r is not None else []
             sink.recover(self.cfg.job_id, comms)
             gc = sink.create_global_committer(_GlobalCommitterCtx(self, node.uid)) if sink.global_commit else None
             if gc is None:
                 continue
-            self.global_committers[node.name] = gc
+            self.global_committers[node.uid] = gc
             if r is not None:
-                restored_global = r.global_committables().get(node.name, [])
-                commit_with_retry(node.name, gc.commit, r.checkpoint_id, restored_global)
+                restored_global = r.global_committables().get(node.uid, [])
+                commit_with_retry(node.uid, gc.commit, r.checkpoint_id, restored_global)
 
     def remote(self, task: SubtaskId) -> Any:
         return self.tasks[task]
@@ -129,8 +129,8 @@ class JobAttempt:
             src: Source = node.spec
             ctx = _EnumeratorCtx(self, v)
             self._enum_ctx[v.id] = ctx
-            enum = src.create_enumerator(ctx, r.enumerator_state(node.name) if r else None)
-            self.enumerators[node.name] = enum
+            enum = src.create_enumerator(ctx, r.enumerator_state(node.uid) if r else None)
+            self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
         globals_: dict[str, Callable[[int, list[Any]], None]] = {
             name: functools.partial(commit_with_retry, name, gc.commit)
@@ -171,10 +171,10 @@ class JobAttempt:
             for v in self.job.vertices.values():
                 if not v.is_source:
                     continue
-                enum = self.enumerators[v.chain[0].name]
+                enum = self.enumerators[v.chain[0].uid]
                 enum.start()
                 if r is not None:
-                    splits = r.reader_splits(v.chain[0].name)
+                    splits = r.reader_splits(v.chain[0].uid)
                     if splits:
                         enum.add_splits_back(splits)
                 for i in range(v.parallelism):
@@ -205,7 +205,7 @@ class JobAttempt:
                     last[node.name] = now
                     try:
                         with self.lock:
-                            self.enumerators[node.name].poll()
+                            self.enumerators[node.uid].poll()
                     except Exception as exc:
                         self.failed(None, exc)
             self.done.wait(0.05)
@@ -242,7 +242,7 @@ class JobAttempt:
     def request_split(self, task: SubtaskId) -> None:
         with self.lock:
             v = self.job.vertices[task.vertex]
-            self.enumerators[v.chain[0].name].handle_split_request(task.index)
+            self.enumerators[v.chain[0].uid].handle_split_request(task.index)
 
     # -- teardown --------------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -40,6 +40,8 @@ class JobConfig:
     #: "latest" (resume from the latest completed checkpoint if any), "none", or a checkpoint path
     restore: str = "latest"
     recover_without_channel_state: int | None = None
+    #: restore even if the checkpoint holds state of operator uids the job no longer has (that state is dropped)
+    allow_non_restored_state: bool = False
 
     def alignment(self) -> AlignmentMode:
         c = self.checkpoint
@@ -110,7 +112,7 @@ def run_job(
         state["attempt"] += 1
         restored = resolve_restore(cfg, storage, n)
         if restored is not None:
-            restored.check_compatible(job)
+            restored.check_compatible(job, cfg.allow_non_restored_state)
         a = JobAttempt(job, cfg, storage, n, restored)
         a.faults = faults
         if on_attempt is not None:

@@ -60,8 +60,29 @@ class RestoredCheckpoint:
     def has_channel_state(self) -> bool:
         return any(t.payload.get("input_state") or t.payload.get("output_state") for t in self.tasks)
 
-    def check_compatible(self, job: JobGraph) -> None:
-        """Refuse restores that would lose or misroute state."""
+    def state_uids(self) -> set[str]:
+        """Uids of the operators this checkpoint holds state for (stateless operators hold none)."""
+        uids = {u for u, blob in self.metadata.get("enumerators", {}).items() if blob}
+        uids |= {u for u, comms in self.global_committables().items() if comms}
+        for t in self.tasks:
+            for uid, st in t.payload["operators"].items():
+                if st.get("keyed") or not _empty(st.get("operator")):
+                    uids.add(uid)
+        return uids
+
+    def check_compatible(self, job: JobGraph, allow_non_restored_state: bool = False) -> None:
+        """Refuse restores that would lose or misroute state.
+
+        State whose operator uid the job no longer has (renamed or removed) fails the restore, naming the
+        uids, unless ``allow_non_restored_state`` (then that state is dropped, as in Flink).
+        """
+        orphans = sorted(self.state_uids() - {n.uid for n in job.logical.nodes.values()})
+        if orphans and not allow_non_restored_state:
+            raise RestoreError(
+                f"checkpoint {self.path} holds state of operator uid(s) {orphans} that this job does not "
+                "have (renamed or removed?). Give the operators their old uid with .uid(...), or restore "
+                "with allow_non_restored_state=True (sluice run --allow-non-restored-state) to drop that state"
+            )
         if int(self.metadata.get("max_parallelism", job.max_parallelism)) != job.max_parallelism:
             raise RestoreError(
                 f"checkpoint {self.path} was taken with max_parallelism={self.metadata.get('max_parallelism')}; "
@@ -85,7 +106,7 @@ class RestoredCheckpoint:
                 )
 
     def _vertex_has_state(self, v: JobVertex) -> bool:
-        names = {n.name for n in v.chain}
+        names = {n.uid for n in v.chain}
         return any(
             (t.payload.get("input_state") or t.payload.get("output_state"))
             and names & set(t.payload["operators"])
@@ -100,18 +121,18 @@ class RestoredCheckpoint:
         r = TaskRestore(checkpoint_id=self.checkpoint_id)
         kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
         for node in vertex.chain:
-            olds = self._tasks_of(node.name)
+            olds = self._tasks_of(node.uid)
             keyed: dict[int, bytes] = {}
             for t in olds:
-                for kg, blob in t.payload["operators"][node.name]["keyed"].items():
+                for kg, blob in t.payload["operators"][node.uid]["keyed"].items():
                     if kg in kgr:
                         keyed[kg] = blob
-            r.keyed[node.name] = keyed
-            op_states = [t.payload["operators"][node.name]["operator"] for t in olds]
+            r.keyed[node.uid] = keyed
+            op_states = [t.payload["operators"][node.uid]["operator"] for t in olds]
             if node.state_distribution == "union":
-                r.operator[node.name] = op_states
+                r.operator[node.uid] = op_states
             else:
-                r.operator[node.name] = [
+                r.operator[node.uid] = [
                     s for j, s in enumerate(op_states) if j % vertex.parallelism == index
                 ]
         if not self.drop_channel_state:
@@ -119,7 +140,7 @@ class RestoredCheckpoint:
         return r
 
     def _channel_state(self, job: JobGraph, vertex: JobVertex, index: int, r: TaskRestore) -> None:
-        first = vertex.chain[0].name
+        first = vertex.chain[0].uid
         olds = self._tasks_of(first)
         # input channel state: by input edge; hash edges are re-partitioned by key group
         for edge in vertex.inputs:
@@ -173,3 +194,14 @@ class RestoredCheckpoint:
                 out.extend(comms)
         out.extend(self.global_committables().get(node_name, []))
         return out
+
+
+def _empty(value: Any) -> bool:
+    """Operator state that holds nothing: None, or containers of nothing (e.g. a sink with nothing pending)."""
+    if value is None:
+        return True
+    if isinstance(value, dict):
+        return all(_empty(v) for v in value.values())
+    if isinstance(value, list | tuple | set):
+        return all(_empty(v) for v in value)
+    return False
