@@ -7,6 +7,7 @@ import json
 import logging
 import runpy
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,27 @@ def load_pipeline(path: str) -> Pipeline:
     )
 
 
-@click.group()
+def _plugin_commands() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group="sluice.commands")}
+
+
+class _PluginGroup(click.Group):
+    """The ``sluice`` commands plus those other packages register in the ``sluice.commands`` entry point
+    group (``sluice demo`` comes from ``sluice.templates``), loaded only when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_plugin_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        plugins = _plugin_commands()
+        if cmd is None and cmd_name in plugins:
+            loaded = plugins[cmd_name].load()
+            cmd = loaded if isinstance(loaded, click.Command) else None
+        return cmd
+
+
+@click.group(cls=_PluginGroup)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """sluice: exactly-once ETL from Kafka into files and tables."""
@@ -207,19 +228,6 @@ def show_checkpoint(uri: str, checkpoint_id: int | None, job: str | None) -> Non
                 f"{_size(t.get('inflight_bytes', 0)):>10}"
             )
         click.echo("  (* switched from aligned to unaligned after aligned_checkpoint_timeout)")
-
-
-@main.command()
-@click.option("--runtime", type=click.Choice(["spark", "local"]), default="spark", show_default=True)
-@click.option("--out", default=None, help="Output directory (default: a new temporary directory).")
-def demo(runtime: str, out: str | None) -> None:
-    """Run a small job end to end on the embedded default runtime and print what it committed."""
-    from sluice.templates.demo import run_demo
-
-    try:
-        run_demo(runtime, out, echo=click.echo)
-    except SluiceError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()

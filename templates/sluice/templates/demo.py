@@ -7,14 +7,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import click
 import pyarrow as pa
 import pyarrow.compute as pc
 from sluice.api import Pipeline
 from sluice.config import CheckpointConfig, FixedDelayRestart
+from sluice.errors import SluiceError
 from sluice.functions import KeyedProcessFunction
 from sluice.state.api import ValueStateDescriptor
 
-__all__ = ["RunningTotals", "build_demo", "run_demo"]
+__all__ = ["RunningTotals", "build_demo", "command", "run_demo"]
 
 
 class RunningTotals(KeyedProcessFunction):
@@ -100,3 +102,14 @@ def run_demo(runtime: str = "spark", out: str | None = None, echo: Callable[[str
     verdict = "exactly once" if total_orders == expected else "MISMATCH"
     echo(f"paid orders counted: {total_orders:,} of {expected:,} expected -> {verdict}")
     return table
+
+
+@click.command("demo")
+@click.option("--runtime", type=click.Choice(["spark", "local"]), default="spark", show_default=True)
+@click.option("--out", default=None, help="Output directory (default: a new temporary directory).")
+def command(runtime: str, out: str | None) -> None:
+    """Run a small job end to end on the embedded default runtime and print what it committed."""
+    try:
+        run_demo(runtime, out, echo=click.echo)
+    except SluiceError as exc:
+        raise click.ClickException(str(exc)) from exc
