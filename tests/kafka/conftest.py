@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.kafka.registry_server import RecordedSchemaRegistry
 from tests.kafka_broker import TansuBroker
 
 _names = itertools.count()
@@ -33,3 +34,14 @@ def topic(broker: TansuBroker, request: pytest.FixtureRequest) -> Callable[..., 
         return name
 
     return make
+
+
+@pytest.fixture
+def registry() -> Iterator[RecordedSchemaRegistry]:
+    """A schema registry on loopback replaying recorded exchanges; fails the test on unrecorded requests."""
+    reg = RecordedSchemaRegistry().start()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+    assert not reg.unmatched, f"requests the recorded registry cannot answer: {reg.unmatched}"

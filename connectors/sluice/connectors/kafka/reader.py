@@ -1,7 +1,8 @@
 """The Kafka source reader: one consumer per subtask, manually assigned, batches decoded to Arrow.
 
-Positions: a split's position is the offset of the last message consumed + 1 (offsets may skip:
-transaction markers, compaction). A bounded split ends once its position reaches the stop offset, or the
+Positions: a split's position is the offset of the last message *emitted* + 1 (offsets may skip:
+transaction markers, compaction); the fetch thread (:mod:`.fetcher`) may have read further, which a
+checkpoint never records. A bounded split ends once its position reaches the stop offset, or the
 consumer reports the end of the partition at or after it (the stop offset itself may be a marker that is
 never delivered). Positions are snapshotted per checkpoint and committed to the consumer group when that
 checkpoint completes, for lag monitoring only.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +20,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA, Decoded, make_decoder
+from sluice.connectors.kafka.columns import (
+    dead_letters,
+    message_timestamps,
+    raw_batch,
+    topic_column,
+    with_metadata,
+)
+from sluice.connectors.kafka.decoding import Decoded, make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
-from sluice.connectors.kafka.offsets import TopicPartitionKey, parse_split_id
+from sluice.connectors.kafka.fetcher import Fetched, Fetcher, split_messages
+from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
 from sluice.errors import BadRecordError, ConfigError
 from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
@@ -33,8 +42,7 @@ __all__ = ["KafkaSourceReader"]
 
 log = logging.getLogger("sluice.kafka")
 
-_TS = pa.timestamp("ms", tz="UTC")
-_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+DEAD_LETTERS = "dead_letters"
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 _WARN_EVERY_S = 30.0
 
@@ -62,7 +70,9 @@ class KafkaSourceReader(SourceReader):
         self._splits: dict[TopicPartitionKey, _Split] = {}
         self._no_more = False
         self._consumer: Any = None
-        self._decoder = make_decoder(source.format, source.schema, source.csv_delimiter)
+        self._decoder = make_decoder(source)
+        self._fetcher: Fetcher | None = None
+        self._commit_failures: list[str] = []
         self._wm = (
             PartitionWatermarks(source.max_out_of_orderness_ms, source.idle_timeout_s)
             if source.event_time is not None
@@ -78,11 +88,22 @@ class KafkaSourceReader(SourceReader):
     def start(self) -> None:
         if self._consumer is None:
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
-            conf = self.source.consumer_conf(group, bounded=self.bounded)
+            conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
             self._consumer = type(self).consumer_factory(conf)
+            if self.source.fetch_thread:
+                self._fetcher = Fetcher(
+                    self._consumer.consume,
+                    self.source.batch_size,
+                    self.source.max_prefetch_bytes // 2,
+                    f"{self.source.name}-{self.ctx.subtask}",
+                )
+                self._fetcher.start()
 
     def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.stop()
+            self._fetcher = None
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             consumer.close()
@@ -95,6 +116,8 @@ class KafkaSourceReader(SourceReader):
             topic, partition = parse_split_id(s.split_id)
             sp = _Split(s.split_id, topic, partition, int(s.position), None if s.end is None else int(s.end))
             self._splits[(topic, partition)] = sp
+            if self._decoder is not None and isinstance(s, KafkaSplit):
+                self._decoder.adopt(s.value_schema)
             if sp.end is not None and sp.position >= sp.end:
                 sp.done = True
                 continue
@@ -119,27 +142,31 @@ class KafkaSourceReader(SourceReader):
             if self.bounded and self._no_more:
                 return InputStatus.END_OF_INPUT
             return InputStatus.NOTHING_AVAILABLE
-        msgs: list[Message] = self._consumer.consume(self.source.batch_size, self._timeout_s)
-        if not msgs:
+        self._report_commit_failures()
+        item = self._next_fetched()
+        if item is None:
             self._emit_watermark(output)
             return InputStatus.NOTHING_AVAILABLE
-        cls = type(msgs[0])  # unbound accessors through map(): no per-message attribute lookups
-        if not any(map(cls.error, msgs)):
-            self._process(msgs, output)
-        else:  # data first: an EOF or reset event follows the messages before it
-            good = [m for m in msgs if m.error() is None]
-            if good:
-                self._process(good, output)
-            for m in msgs:
-                if m.error() is not None:
-                    self._on_error(m, m.error())
+        if item.msgs:  # data first: an EOF or reset event follows the messages before it
+            self._process(item, output)
+        for m in item.events:
+            self._on_error(m, m.error())
         self._emit_watermark(output)
         return InputStatus.MORE_AVAILABLE
 
-    def _process(self, msgs: list[Message], output: ReaderOutput) -> None:
-        cls = type(msgs[0])
-        parts = np.fromiter(map(cls.partition, msgs), dtype=np.int32, count=len(msgs))
-        offsets = np.fromiter(map(cls.offset, msgs), dtype=np.int64, count=len(msgs))
+    def _next_fetched(self) -> Fetched | None:
+        if self._fetcher is not None:
+            return self._fetcher.take(self._timeout_s)
+        msgs = self._consumer.consume(self.source.batch_size, self._timeout_s)
+        return split_messages(msgs) if msgs else None
+
+    @property
+    def prefetched_records(self) -> int:
+        """Records the fetch thread has read ahead of what this reader emitted (not in any checkpoint)."""
+        return self._fetcher.queued_records if self._fetcher is not None else 0
+
+    def _process(self, item: Fetched, output: ReaderOutput) -> None:
+        msgs, values, parts, offsets = item.msgs, item.values, item.parts, item.offsets
         topics: list[str] | None = None
         topic_set = {sp.topic for sp in self._splits.values()}
         if len(topic_set) == 1:
@@ -180,17 +207,19 @@ class KafkaSourceReader(SourceReader):
         if keep is not None:
             idx = np.flatnonzero(keep)
             msgs = [msgs[i] for i in idx.tolist()]
+            values = [values[i] for i in idx.tolist()]
             parts, offsets, keys = parts[idx], offsets[idx], keys[idx]
             if topics is not None:
                 topics = [topics[i] for i in idx.tolist()]
         if msgs:
-            self._emit(msgs, parts, offsets, keys, by_key, topics, output)
+            self._emit(msgs, values, parts, offsets, keys, by_key, topics, output)
         for sp in finished:
             self._finish(sp)
 
     def _emit(
         self,
         msgs: list[Message],
+        values: list[bytes | None],
         parts: np.ndarray,
         offsets: np.ndarray,
         keys: np.ndarray,
@@ -200,85 +229,25 @@ class KafkaSourceReader(SourceReader):
     ) -> None:
         src = self.source
         need_ts = src.format == "raw" or src.include_metadata or src.event_time == "kafka"
-        ts = np.array([m.timestamp()[1] for m in msgs], dtype=np.int64) if need_ts else None
-        values = list(map(type(msgs[0]).value, msgs))
+        ts = message_timestamps(msgs) if need_ts else None
+        rows: np.ndarray | None = None
         if self._decoder is None:
-            batch = self._raw_batch(msgs, values, parts, offsets, ts, topics)
-            rows = None
+            assert ts is not None
+            batch: pa.RecordBatch | None = raw_batch(msgs, values, parts, offsets, ts, self._topics(msgs, topics))
         else:
             decoded = self._decoder.decode(values)
             self._handle_bad(decoded, msgs, values, output)
-            if decoded.batch is None:
-                batch = None
-                rows = None
-            else:
-                rows = decoded.rows
-                batch = decoded.batch
-                if src.include_metadata:
-                    batch = self._with_metadata(batch, msgs, rows, parts, offsets, ts, topics)
+            batch, rows = decoded.batch, decoded.rows
+            if batch is not None and src.include_metadata:
+                assert ts is not None
+                batch = with_metadata(batch, msgs, rows, parts, offsets, ts, self._topics(msgs, topics))
         if batch is not None and batch.num_rows:
             output.emit(batch)
         if self._wm is not None:
             self._track_event_time(batch, rows, keys, ts, by_key)
 
-    def _raw_batch(
-        self,
-        msgs: list[Message],
-        values: list[bytes | None],
-        parts: np.ndarray,
-        offsets: np.ndarray,
-        ts: np.ndarray | None,
-        topics: list[str] | None,
-    ) -> pa.RecordBatch:
-        assert ts is not None
-        headers = [m.headers() for m in msgs]
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([m.key() for m in msgs], pa.binary()),
-                pa.array(values, pa.binary()),
-                pa.array(headers, _HEADERS)
-                if any(h is not None for h in headers)
-                else pa.nulls(len(msgs), _HEADERS),
-                self._topic_column(msgs, topics),
-                pa.array(parts),
-                pa.array(offsets),
-                _timestamps(ts),
-            ],
-            names=["key", "value", "headers", "topic", "partition", "offset", "timestamp"],
-        )
-
-    def _topic_column(self, msgs: Sequence[Message], topics: list[str] | None) -> pa.Array:
-        if topics is None:
-            only = next(iter({sp.topic for sp in self._splits.values()}))
-            return pa.array([only] * len(msgs), pa.string())
-        return pa.array(topics, pa.string())
-
-    def _with_metadata(
-        self,
-        batch: pa.RecordBatch,
-        msgs: list[Message],
-        rows: np.ndarray | None,
-        parts: np.ndarray,
-        offsets: np.ndarray,
-        ts: np.ndarray | None,
-        topics: list[str] | None,
-    ) -> pa.RecordBatch:
-        assert ts is not None
-        sel = rows if rows is not None else slice(None)
-        picked = [msgs[i] for i in rows.tolist()] if rows is not None else msgs
-        cols = {
-            "_key": pa.array([m.key() for m in picked], pa.binary()),
-            "_topic": self._topic_column(
-                picked,
-                [topics[i] for i in rows.tolist()] if topics is not None and rows is not None else topics,
-            ),
-            "_partition": pa.array(parts[sel]),
-            "_offset": pa.array(offsets[sel]),
-            "_timestamp": _timestamps(ts[sel]),
-        }
-        for name, col in cols.items():
-            batch = batch.append_column(name, col)
-        return batch
+    def _topics(self, msgs: list[Message], topics: list[str] | None) -> pa.Array:
+        return topic_column(len(msgs), topics, next(iter({sp.topic for sp in self._splits.values()})))
 
     # -- bad records -----------------------------------------------------------------------------------
     def _handle_bad(
@@ -299,19 +268,7 @@ class KafkaSourceReader(SourceReader):
                 offset=m.offset() or 0,
                 snippet=values[i] or b"",
             )
-        picked = [msgs[i] for i, _ in decoded.bad]
-        dead = pa.RecordBatch.from_arrays(
-            [
-                pa.array([m.topic() for m in picked], pa.string()),
-                pa.array([m.partition() for m in picked], pa.int32()),
-                pa.array([m.offset() for m in picked], pa.int64()),
-                pa.array([m.key() for m in picked], pa.binary()),
-                pa.array([values[i] for i, _ in decoded.bad], pa.binary()),
-                pa.array([e for _, e in decoded.bad], pa.string()),
-            ],
-            schema=DEAD_LETTER_SCHEMA,
-        )
-        output.emit_side("dead_letters", dead)
+        output.emit_side(DEAD_LETTERS, dead_letters(msgs, values, decoded.bad))
 
     # -- event time ------------------------------------------------------------------------------------
     def _track_event_time(
@@ -419,7 +376,8 @@ class KafkaSourceReader(SourceReader):
     def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
         if self.source.commit_offsets_on_checkpoint:
             self._pending_commits[checkpoint_id] = {tp: sp.position for tp, sp in self._splits.items()}
-        return [SourceSplit(sp.sid, sp.position, sp.end) for sp in self._splits.values()]
+        schema = self._decoder.steady_schema if self._decoder is not None else None
+        return [KafkaSplit(sp.sid, sp.position, sp.end, value_schema=schema) for sp in self._splits.values()]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         offsets = self._pending_commits.pop(checkpoint_id, None)
@@ -441,10 +399,13 @@ class KafkaSourceReader(SourceReader):
         self._committed.update(offsets)
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        # librdkafka calls this inside consume(), so possibly in the fetch thread: hand it over
         if err is not None:
+            self._commit_failures.append(err.str())
+
+    def _report_commit_failures(self) -> None:
+        while self._commit_failures:
+            text = self._commit_failures.pop(0)
             self.ctx.metric("offset_commit_failures")
-            self._warn(err.code(), "commit", f"offset commit failed (lag monitoring only): {err.str()}")
+            self._warn(-2, "commit", f"offset commit failed (lag monitoring only): {text}")
 
-
-def _timestamps(ts: np.ndarray) -> pa.Array:
-    return pa.array(ts, pa.int64(), mask=ts < 0).cast(_TS)
