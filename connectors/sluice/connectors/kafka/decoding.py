@@ -229,8 +229,8 @@ class CsvDecoder(_TextDecoder):
             column_types=dict(zip(hint.names, hint.types, strict=True)) if hint is not None else None,
             strings_can_be_null=True,
         )
-        table = pcsv.read_csv(
-            io.BytesIO(buf), read_options=read, parse_options=parse, convert_options=convert
+        table = pcsv.read_csv(  # the final newline: pyarrow cannot infer the columns of one unterminated row
+            io.BytesIO(buf + b"\n"), read_options=read, parse_options=parse, convert_options=convert
         )
         if named is not None and table.schema != named:
             table = table.cast(named)

@@ -6,6 +6,11 @@ the task thread advances them only for what it emitted, so a checkpoint holds ex
 after the emitted records, however far the fetch thread has read (what it fetched beyond is simply read
 again after a restore).
 
+Every other consumer call (assign, unassign, commit, watermark queries) runs in the fetch thread too,
+between two ``consume()`` calls (:meth:`Fetcher.call`): librdkafka serves assignment changes through the
+queue ``consume()`` polls, so an ``incremental_assign`` from another thread waits for a ``consume()`` that
+never yields to it.
+
 Memory is bounded: the hand-over queue holds at most ``max_bytes`` of values (at least one batch); when it
 is full the thread stops calling ``consume()``, librdkafka's own queue (``queued.max.messages.kbytes``,
 the other half of the reader's ``max_prefetch_bytes``) fills and librdkafka stops fetching. A slow sink
@@ -17,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +95,7 @@ class Fetcher:
         self._cv = threading.Condition()
         self._stopping = False
         self._error: BaseException | None = None
+        self._commands: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         #: records fetched and handed over in total (the task's emitted count trails it)
         self.fetched_records = 0
         self._thread = threading.Thread(target=self._run, name=f"sluice-kafka-fetch-{name}", daemon=True)
@@ -107,14 +114,39 @@ class Fetcher:
         with self._cv:
             return sum(len(f.msgs) for f in self._queue)
 
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` (a consumer call) in the fetch thread before its next ``consume()``."""
+        fut: Future[Any] = Future()
+        with self._cv:
+            if self._error is not None or self._stopping or not self._thread.is_alive():
+                fut.set_exception(self._error or RuntimeError("the Kafka fetch thread is not running"))
+                return fut
+            self._commands.append((fn, fut))
+            self._cv.notify_all()
+        return fut
+
+    def _run_commands(self) -> None:
+        with self._cv:
+            commands = list(self._commands)
+            self._commands.clear()
+        for fn, fut in commands:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+
     def _run(self) -> None:
         try:
             while True:
                 with self._cv:
-                    while self._bytes >= self._max_bytes and not self._stopping:
+                    while self._bytes >= self._max_bytes and not self._stopping and not self._commands:
                         self._cv.wait()  # backpressure: no consume() until the task takes a batch
-                    if self._stopping:
-                        return
+                    stopping = self._stopping
+                self._run_commands()
+                if stopping:
+                    return
+                if self._bytes >= self._max_bytes:
+                    continue
                 msgs = self._consume(self._batch_size, _CONSUME_TIMEOUT_S)
                 if not msgs:
                     continue
@@ -146,7 +178,8 @@ class Fetcher:
             return None
 
     def stop(self) -> None:
-        """Stop the thread and wait for it (it is inside ``consume`` for at most 0.1 s)."""
+        """Stop the thread and wait for it (it is inside ``consume`` for at most 0.1 s); consumer calls
+        still pending (an offset commit after the final checkpoint) run first."""
         with self._cv:
             self._stopping = True
             self._queue.clear()
@@ -154,3 +187,5 @@ class Fetcher:
             self._cv.notify_all()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self._run_commands()  # the thread died first: nobody else uses the consumer now

@@ -72,6 +72,7 @@ class KafkaSourceReader(SourceReader):
         self._consumer: Any = None
         self._decoder = make_decoder(source)
         self._fetcher: Fetcher | None = None
+        self._consumer_conf: dict[str, Any] = {}
         self._commit_failures: list[str] = []
         self._wm = (
             PartitionWatermarks(source.max_out_of_orderness_ms, source.idle_timeout_s)
@@ -90,6 +91,7 @@ class KafkaSourceReader(SourceReader):
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
             conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
+            self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
             if self.source.fetch_thread:
                 self._fetcher = Fetcher(
@@ -125,14 +127,15 @@ class KafkaSourceReader(SourceReader):
             if self._wm is not None:
                 self._wm.add(sp.sid)
         if assign:
-            self._consumer.incremental_assign(assign)
+            self._control(lambda: self._consumer.incremental_assign(assign))
 
     def notify_no_more_splits(self) -> None:
         self._no_more = True
 
     def _finish(self, sp: _Split) -> None:
         sp.done = True
-        self._consumer.incremental_unassign([TopicPartition(sp.topic, sp.partition)])
+        tp = TopicPartition(sp.topic, sp.partition)
+        self._control(lambda: self._consumer.incremental_unassign([tp]))
         if self._wm is not None:
             self._wm.remove(sp.sid)
 
@@ -159,6 +162,14 @@ class KafkaSourceReader(SourceReader):
             return self._fetcher.take(self._timeout_s)
         msgs = self._consumer.consume(self.source.batch_size, self._timeout_s)
         return split_messages(msgs) if msgs else None
+
+    def _control(self, fn: Callable[[], Any], wait_s: float | None = None) -> Any:
+        """Run a consumer call where the consumer is polled: in the fetch thread if there is one (waiting
+        for the result only when ``wait_s`` is given)."""
+        if self._fetcher is None:
+            return fn()
+        fut = self._fetcher.call(fn)
+        return fut.result(timeout=wait_s) if wait_s is not None else None
 
     @property
     def prefetched_records(self) -> int:
@@ -346,7 +357,10 @@ class KafkaSourceReader(SourceReader):
         if self.source.fail_on_data_loss:
             raise KafkaDataLossError(self.source.name, sp.topic, sp.partition, sp.position)
         tp = TopicPartition(sp.topic, sp.partition)
-        low, _high = self._consumer.get_watermark_offsets(tp, timeout=self.source.request_timeout_s)
+        timeout = self.source.request_timeout_s
+        low, _high = self._control(
+            lambda: self._consumer.get_watermark_offsets(tp, timeout=timeout), wait_s=timeout + 5
+        )
         log.warning(
             "%s: offset %d of %s[%d] is out of range; fail_on_data_loss=False: continuing at the earliest "
             "offset %d (records in between are lost)",
@@ -357,14 +371,15 @@ class KafkaSourceReader(SourceReader):
             low,
         )
         self.ctx.metric("data_loss_resets")
-        self._consumer.incremental_unassign([tp])
+        self._control(lambda: self._consumer.incremental_unassign([tp]))
         sp.position = int(low)
         if sp.end is not None and sp.position >= sp.end:
             sp.done = True
             if self._wm is not None:
                 self._wm.remove(sp.sid)
             return
-        self._consumer.incremental_assign([TopicPartition(sp.topic, sp.partition, sp.position)])
+        at = TopicPartition(sp.topic, sp.partition, sp.position)
+        self._control(lambda: self._consumer.incremental_assign([at]))
 
     def _warn(self, code: int, where: str, text: str) -> None:
         now = time.monotonic()
@@ -390,12 +405,15 @@ class KafkaSourceReader(SourceReader):
         ]
         if not changed:
             return
-        try:
-            self._consumer.commit(offsets=changed, asynchronous=True)
-        except KafkaException as exc:
-            self.ctx.metric("offset_commit_failures")
-            self._warn(-1, "commit", f"committing offsets of checkpoint {checkpoint_id} failed: {exc}")
-            return
+        consumer = self._consumer
+
+        def commit() -> None:
+            try:
+                consumer.commit(offsets=changed, asynchronous=True)
+            except KafkaException as exc:
+                self._commit_failures.append(f"committing offsets of checkpoint {checkpoint_id} failed: {exc}")
+
+        self._control(commit)
         self._committed.update(offsets)
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
