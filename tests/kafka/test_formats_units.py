@@ -25,7 +25,7 @@ from sluice.connectors.kafka.errors import (
     SchemaRegistryError,
     UnsupportedSchemaError,
 )
-from sluice.connectors.kafka.fetcher import Fetcher
+from sluice.connectors.kafka.fetcher import Fetcher, split_messages
 from sluice.connectors.kafka.json_schema import json_schema_to_arrow
 from sluice.connectors.kafka.registry import SchemaRegistry, SchemaRegistryClient, split_wire_format
 from sluice.connectors.kafka.schemas import align, widen
@@ -383,7 +383,7 @@ def test_fetch_thread_stops_consuming_at_its_byte_budget() -> None:
         calls += 1
         return [FakeMessage("t", 0, calls * 10 + i, value) for i in range(10)]  # 10 kB per batch
 
-    f = Fetcher(consume, 10, max_bytes=35_000, name="test")
+    f = Fetcher(consume, split_messages, 10, max_bytes=35_000, name="test")
     f.start()
     try:
         with f._cv:  # wait for the thread to fill its budget (it cannot pass it: no consume() until a take)
@@ -401,7 +401,7 @@ def test_fetch_thread_failure_surfaces_in_the_task_thread() -> None:
     def consume(n: int, timeout: float) -> list[FakeMessage]:
         raise RuntimeError("broker exploded")
 
-    f = Fetcher(consume, 10, max_bytes=1000, name="test")
+    f = Fetcher(consume, split_messages, 10, max_bytes=1000, name="test")
     f.start()
     try:
         with pytest.raises(RuntimeError, match="broker exploded"):

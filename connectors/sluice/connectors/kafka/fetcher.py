@@ -1,7 +1,7 @@
 """The reader's fetch thread: consumes ahead of the task, within a byte budget.
 
-librdkafka and pyarrow release the GIL, so one thread can ``consume()`` and turn messages into arrays while
-the task thread decodes and writes the previous batch. The fetch thread never touches split positions:
+librdkafka and pyarrow release the GIL, so one thread can ``consume()`` and decode a batch
+(:mod:`.prepared`) while the task thread writes the previous one. The fetch thread never touches split positions:
 the task thread advances them only for what it emitted, so a checkpoint holds exactly the next offsets
 after the emitted records, however far the fetch thread has read (what it fetched beyond is simply read
 again after a restore).
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Fetched", "Fetcher"]
+__all__ = ["Fetched", "Fetcher", "split_messages"]
 
-_CONSUME_TIMEOUT_S = 0.1
+_CONSUME_TIMEOUT_S = 0.02
 
 
 @dataclass
@@ -75,22 +75,30 @@ def split_messages(msgs: list[Any]) -> Fetched:
 
 
 class Fetcher:
-    """Runs ``consume`` in a daemon thread and hands the results over through a bounded queue.
+    """Runs ``consume`` in a daemon thread and hands the prepared results over through a bounded queue.
 
     Args:
         consume: ``consumer.consume`` (``(num_messages, timeout) -> messages``).
+        prepare: turns a ``consume()`` result into the item handed over (it has ``msgs`` and ``nbytes``);
+            runs in the fetch thread.
         batch_size: messages per ``consume`` call.
         max_bytes: budget of fetched-but-not-taken values (one batch always fits).
         name: thread name suffix.
     """
 
     def __init__(
-        self, consume: Callable[[int, float], list[Any]], batch_size: int, max_bytes: int, name: str
+        self,
+        consume: Callable[[int, float], list[Any]],
+        prepare: Callable[[list[Any]], Any],
+        batch_size: int,
+        max_bytes: int,
+        name: str,
     ) -> None:
         self._consume = consume
+        self._prepare = prepare
         self._batch_size = batch_size
         self._max_bytes = max_bytes
-        self._queue: deque[Fetched] = deque()
+        self._queue: deque[Any] = deque()
         self._bytes = 0
         self._cv = threading.Condition()
         self._stopping = False
@@ -150,7 +158,7 @@ class Fetcher:
                 msgs = self._consume(self._batch_size, _CONSUME_TIMEOUT_S)
                 if not msgs:
                     continue
-                item = split_messages(msgs)
+                item = self._prepare(msgs)
                 with self._cv:
                     if self._stopping:
                         return
@@ -163,8 +171,9 @@ class Fetcher:
                 self._error = exc
                 self._cv.notify_all()
 
-    def take(self, timeout_s: float) -> Fetched | None:
-        """The oldest fetched batch, waiting up to ``timeout_s``; re-raises a failure of the thread."""
+    def take(self, timeout_s: float) -> Any:
+        """The oldest prepared batch (None if none came within ``timeout_s``); re-raises a failure of the
+        thread once the batches before it are taken."""
         with self._cv:
             if not self._queue and self._error is None:
                 self._cv.wait(timeout_s)
@@ -178,7 +187,7 @@ class Fetcher:
             return None
 
     def stop(self) -> None:
-        """Stop the thread and wait for it (it is inside ``consume`` for at most 0.1 s); consumer calls
+        """Stop the thread and wait for it (it is inside ``consume`` for at most 20 ms); consumer calls
         still pending (an offset commit after the final checkpoint) run first."""
         with self._cv:
             self._stopping = True

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,15 +23,14 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from sluice.connectors.kafka.columns import (
     dead_letters,
-    message_timestamps,
-    raw_batch,
     topic_column,
     with_metadata,
 )
 from sluice.connectors.kafka.decoding import Decoded, make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
-from sluice.connectors.kafka.fetcher import Fetched, Fetcher, split_messages
+from sluice.connectors.kafka.fetcher import Fetcher
 from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
+from sluice.connectors.kafka.prepared import Prepared, Preparer
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
 from sluice.errors import BadRecordError, ConfigError
 from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
@@ -71,6 +71,8 @@ class KafkaSourceReader(SourceReader):
         self._no_more = False
         self._consumer: Any = None
         self._decoder = make_decoder(source)
+        self._ends: dict[TopicPartitionKey, int | None] = {}
+        self._prepare = Preparer(source, self._decoder, self._ends)
         self._fetcher: Fetcher | None = None
         self._consumer_conf: dict[str, Any] = {}
         self._commit_failures: list[str] = []
@@ -96,6 +98,7 @@ class KafkaSourceReader(SourceReader):
             if self.source.fetch_thread:
                 self._fetcher = Fetcher(
                     self._consumer.consume,
+                    self._prepare,
                     self.source.batch_size,
                     self.source.max_prefetch_bytes // 2,
                     f"{self.source.name}-{self.ctx.subtask}",
@@ -118,8 +121,9 @@ class KafkaSourceReader(SourceReader):
             topic, partition = parse_split_id(s.split_id)
             sp = _Split(s.split_id, topic, partition, int(s.position), None if s.end is None else int(s.end))
             self._splits[(topic, partition)] = sp
+            self._ends[(topic, partition)] = sp.end
             if self._decoder is not None and isinstance(s, KafkaSplit):
-                self._decoder.adopt(s.value_schema)
+                self._control(partial(self._decoder.adopt, s.value_schema))  # the fetch thread's decoder
             if sp.end is not None and sp.position >= sp.end:
                 sp.done = True
                 continue
@@ -157,11 +161,12 @@ class KafkaSourceReader(SourceReader):
         self._emit_watermark(output)
         return InputStatus.MORE_AVAILABLE
 
-    def _next_fetched(self) -> Fetched | None:
+    def _next_fetched(self) -> Prepared | None:
         if self._fetcher is not None:
-            return self._fetcher.take(self._timeout_s)
+            item: Prepared | None = self._fetcher.take(self._timeout_s)
+            return item
         msgs = self._consumer.consume(self.source.batch_size, self._timeout_s)
-        return split_messages(msgs) if msgs else None
+        return self._prepare(msgs) if msgs else None
 
     def _control(self, fn: Callable[[], Any], wait_s: float | None = None) -> Any:
         """Run a consumer call where the consumer is polled: in the fetch thread if there is one (waiting
@@ -176,89 +181,44 @@ class KafkaSourceReader(SourceReader):
         """Records the fetch thread has read ahead of what this reader emitted (not in any checkpoint)."""
         return self._fetcher.queued_records if self._fetcher is not None else 0
 
-    def _process(self, item: Fetched, output: ReaderOutput) -> None:
-        msgs, values, parts, offsets = item.msgs, item.values, item.parts, item.offsets
-        topics: list[str] | None = None
-        topic_set = {sp.topic for sp in self._splits.values()}
-        if len(topic_set) == 1:
-            only = next(iter(topic_set))
-            keys = parts.astype(np.int64)
-            uniq = np.unique(keys)
-            by_key = {int(k): self._splits.get((only, int(k))) for k in uniq}
-        else:
-            topics = [str(m.topic()) for m in msgs]
-            ids: dict[TopicPartitionKey, int] = {}
-            keys = np.array(
-                [ids.setdefault((t, p), len(ids)) for t, p in zip(topics, parts.tolist(), strict=True)],
-                dtype=np.int64,
-            )
-            uniq = np.arange(len(ids))
-            by_key = {i: self._splits.get(tp) for tp, i in ids.items()}
-        keep: np.ndarray | None = None
+    def _process(self, item: Prepared, output: ReaderOutput) -> None:
+        by_key = {k: self._splits.get(tp) for k, tp in item.key_tps.items()}
+        drop: np.ndarray | None = None
         finished: list[_Split] = []
-        for k in uniq.tolist():
-            sp = by_key[k]
-            sel = keys == k if len(uniq) > 1 else None
-            offs = offsets[sel] if sel is not None else offsets
+        many = len(by_key) > 1
+        for k, sp in by_key.items():
             if sp is None or sp.done:  # a stale message of a partition no longer assigned
-                drop = sel if sel is not None else np.ones(len(msgs), dtype=bool)
-            elif sp.end is not None and offs.size and offs.max() >= sp.end:
-                drop = (offsets >= sp.end) if sel is None else (sel & (offsets >= sp.end))
-                offs = offs[offs < sp.end]
-            else:
-                drop = None
-            if drop is not None:
-                keep = ~drop if keep is None else keep & ~drop
-            if sp is None or sp.done:
+                stale = item.keys == k if many else np.ones(len(item.msgs), dtype=bool)
+                drop = stale if drop is None else drop | stale
                 continue
+            offs = item.offsets[item.keys == k] if many else item.offsets
             if offs.size:
                 sp.position = max(sp.position, int(offs.max()) + 1)
+            if k in item.passed_end and sp.end is not None:
+                sp.position = max(sp.position, sp.end)  # everything before the stop offset was delivered
             if sp.end is not None and sp.position >= sp.end:
                 finished.append(sp)
-        if keep is not None:
-            idx = np.flatnonzero(keep)
-            msgs = [msgs[i] for i in idx.tolist()]
-            values = [values[i] for i in idx.tolist()]
-            parts, offsets, keys = parts[idx], offsets[idx], keys[idx]
-            if topics is not None:
-                topics = [topics[i] for i in idx.tolist()]
-        if msgs:
-            self._emit(msgs, values, parts, offsets, keys, by_key, topics, output)
+        if drop is not None and drop.any():
+            item = item.without(drop)
+        if item.msgs:
+            self._emit(item, by_key, output)
         for sp in finished:
             self._finish(sp)
 
-    def _emit(
-        self,
-        msgs: list[Message],
-        values: list[bytes | None],
-        parts: np.ndarray,
-        offsets: np.ndarray,
-        keys: np.ndarray,
-        by_key: dict[int, _Split | None],
-        topics: list[str] | None,
-        output: ReaderOutput,
-    ) -> None:
-        src = self.source
-        need_ts = src.format == "raw" or src.include_metadata or src.event_time == "kafka"
-        ts = message_timestamps(msgs) if need_ts else None
+    def _emit(self, item: Prepared, by_key: dict[int, _Split | None], output: ReaderOutput) -> None:
         rows: np.ndarray | None = None
-        if self._decoder is None:
-            assert ts is not None
-            batch: pa.RecordBatch | None = raw_batch(msgs, values, parts, offsets, ts, self._topics(msgs, topics))
-        else:
-            decoded = self._decoder.decode(values)
-            self._handle_bad(decoded, msgs, values, output)
-            batch, rows = decoded.batch, decoded.rows
-            if batch is not None and src.include_metadata:
-                assert ts is not None
-                batch = with_metadata(batch, msgs, rows, parts, offsets, ts, self._topics(msgs, topics))
+        batch = item.raw
+        if item.decoded is not None:
+            self._handle_bad(item.decoded, item.msgs, item.values, output)
+            batch, rows = item.decoded.batch, item.decoded.rows
+            if batch is not None and self.source.include_metadata:
+                assert item.ts is not None
+                topics = topic_column(len(item.msgs), item.topics, item.key_tps[int(item.keys[0])][0])
+                batch = with_metadata(batch, item.msgs, rows, item.parts, item.offsets, item.ts, topics)
         if batch is not None and batch.num_rows:
             output.emit(batch)
         if self._wm is not None:
-            self._track_event_time(batch, rows, keys, ts, by_key)
-
-    def _topics(self, msgs: list[Message], topics: list[str] | None) -> pa.Array:
-        return topic_column(len(msgs), topics, next(iter({sp.topic for sp in self._splits.values()})))
+            self._track_event_time(batch, rows, item.keys, item.ts, by_key)
 
     # -- bad records -----------------------------------------------------------------------------------
     def _handle_bad(
