@@ -332,7 +332,9 @@ def test_slow_sink_stops_the_fetching_within_the_budget(
     client = p.start(runtime="local", restore="none")
     try:
         deadline = time.monotonic() + 60
-        while not (readers and readers[0]._fetcher is not None and readers[0]._fetcher.queued_bytes >= budget // 2):
+        while not (
+            seen and readers and readers[0]._fetcher is not None and readers[0]._fetcher.queued_bytes >= budget // 2
+        ):  # the task is blocked in the sink with its first batch, and the fetch thread has filled its half
             assert time.monotonic() < deadline, "the fetch thread never filled its half of the budget"
             time.sleep(0.02)
         fetcher = readers[0]._fetcher

@@ -8,6 +8,7 @@ task advances them from the :class:`Prepared` batches it emits.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +94,9 @@ class Prepared:
 
 
 class Preparer:
-    """Turns ``consume()`` results into :class:`Prepared` batches (called in the fetch thread).
+    """Turns ``consume()`` results into :class:`Prepared` batches: ``__call__`` splits and filters them (in
+    the fetch thread), :meth:`finish` decodes them (in the fetch thread or the task's, one at a time, in
+    order).
 
     Args:
         source: the source (format and options).
@@ -107,6 +110,7 @@ class Preparer:
         self.decoder = decoder
         self.ends = ends
         self.need_ts = source.format == "raw" or source.include_metadata or source.event_time == "kafka"
+        self._lock = threading.Lock()
 
     def __call__(self, fetched_msgs: list[Any]) -> Prepared:
         f = split_messages(fetched_msgs)
@@ -142,15 +146,32 @@ class Preparer:
             parts, offsets, keys = parts[keep], offsets[keep], keys[keep]
             topics = [topics[i] for i in sel] if topics is not None else None
         ts = message_timestamps(msgs) if self.need_ts and msgs else None
-        decoded: Decoded | None = None
-        raw: pa.RecordBatch | None = None
-        if msgs:
-            if self.decoder is not None:
-                decoded = self.decoder.decode(values)
-            else:
-                assert ts is not None
-                only_topic = msgs[0].topic() if topics is None else ""
-                raw = raw_batch(msgs, values, parts, offsets, ts, topic_column(len(msgs), topics, str(only_topic)))
         return Prepared(
-            msgs, values, parts, offsets, keys, key_tps, topics, ts, decoded, raw, passed_end, f.nbytes, f.events
+            msgs, values, parts, offsets, keys, key_tps, topics, ts, None, None, passed_end, f.nbytes, f.events
         )
+
+    def finish(self, item: Prepared) -> Prepared:
+        """``item`` with its values decoded (or its raw-format batch built)."""
+        if not item.msgs:
+            return item
+        if self.decoder is not None:
+            with self._lock:  # the decoder's schema state: one batch at a time
+                item.decoded = self.decoder.decode(item.values)
+        else:
+            assert item.ts is not None
+            only_topic = item.key_tps[int(item.keys[0])][0]
+            item.raw = raw_batch(
+                item.msgs,
+                item.values,
+                item.parts,
+                item.offsets,
+                item.ts,
+                topic_column(len(item.msgs), item.topics, only_topic),
+            )
+        return item
+
+    def adopt(self, schema: pa.Schema | None) -> None:
+        """The decoder starts from ``schema`` (from the enumerator's sample or a checkpoint)."""
+        if self.decoder is not None:
+            with self._lock:
+                self.decoder.adopt(schema)

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,6 +98,7 @@ class KafkaSourceReader(SourceReader):
                 self._fetcher = Fetcher(
                     self._consumer.consume,
                     self._prepare,
+                    self._prepare.finish,
                     self.source.batch_size,
                     self.source.max_prefetch_bytes // 2,
                     f"{self.source.name}-{self.ctx.subtask}",
@@ -122,8 +122,8 @@ class KafkaSourceReader(SourceReader):
             sp = _Split(s.split_id, topic, partition, int(s.position), None if s.end is None else int(s.end))
             self._splits[(topic, partition)] = sp
             self._ends[(topic, partition)] = sp.end
-            if self._decoder is not None and isinstance(s, KafkaSplit):
-                self._control(partial(self._decoder.adopt, s.value_schema))  # the fetch thread's decoder
+            if isinstance(s, KafkaSplit):
+                self._prepare.adopt(s.value_schema)
             if sp.end is not None and sp.position >= sp.end:
                 sp.done = True
                 continue
@@ -166,7 +166,7 @@ class KafkaSourceReader(SourceReader):
             item: Prepared | None = self._fetcher.take(self._timeout_s)
             return item
         msgs = self._consumer.consume(self.source.batch_size, self._timeout_s)
-        return self._prepare(msgs) if msgs else None
+        return self._prepare.finish(self._prepare(msgs)) if msgs else None
 
     def _control(self, fn: Callable[[], Any], wait_s: float | None = None) -> Any:
         """Run a consumer call where the consumer is polled: in the fetch thread if there is one (waiting
