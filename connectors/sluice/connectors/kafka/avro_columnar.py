@@ -2,7 +2,8 @@
 
 Avro's binary encoding is sequential within a record, but records are independent, so a batch can be decoded
 one *field* at a time for every record at once: each record has a cursor (``pos``), and reading a field
-advances all cursors together (varints via a 10-byte window per record, strings by gathering their bytes).
+advances all cursors together (varints one byte position at a time over the records still in one, strings
+by gathering their bytes).
 The Python loop runs per field of the schema, never per record.
 
 Every record is checked to end exactly where its bytes end; a record that runs past its end, has an invalid
@@ -24,25 +25,37 @@ __all__ = ["PAD", "ColumnarPlan", "compile_plan"]
 #: bytes of zero padding the joined buffer needs after its last record (a varint window, a double)
 PAD = 16
 
-_AR10 = np.arange(10, dtype=np.int64)
-_SHIFTS = (7 * np.arange(10)).astype(np.uint64)
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_COUNTING = np.arange(1 << 20, dtype=np.int64)
+
+
+def _counting(n: int) -> np.ndarray:
+    """``np.arange(n)`` without allocating it every time (a read-only view of a shared array)."""
+    global _COUNTING
+    if n > _COUNTING.size:
+        _COUNTING = np.arange(max(n, 2 * _COUNTING.size), dtype=np.int64)
+    return _COUNTING[:n]
 
 _Reader = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], pa.Array]
 
 
 def _varint(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray, bad: np.ndarray) -> np.ndarray:
-    """Zig-zag varints at ``pos`` (advanced past them)."""
-    if pos.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    win = buf[pos[:, None] + _AR10]
-    term = (win & 0x80) == 0
-    nb = term.argmax(axis=1) + 1
-    bad |= ~term.any(axis=1)
-    parts = (win & 0x7F).astype(np.uint64) << _SHIFTS
-    parts[_AR10[None, :] >= nb[:, None]] = 0
-    raw = np.bitwise_or.reduce(parts, axis=1)
-    pos += nb
+    """Zig-zag varints at ``pos`` (advanced past them): one gather per byte position, over the records
+    whose varint is still going (most are 1-3 bytes long)."""
+    b = buf[pos]
+    raw = (b & 0x7F).astype(np.uint64)
+    pos += 1
+    more = np.flatnonzero(b & 0x80)
+    shift = 7
+    while more.size:
+        if shift >= 70:  # longer than the 10 bytes of a 64-bit varint
+            bad[more] = True
+            break
+        b = buf[pos[more]]
+        raw[more] |= (b & 0x7F).astype(np.uint64) << np.uint64(shift)
+        pos[more] += 1
+        more = more[(b & 0x80) != 0]
+        shift += 7
     _clamp(pos, ends, bad)
     out: np.ndarray = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
     return out
@@ -107,7 +120,7 @@ def _bytes_like(typ: pa.DataType) -> _Reader:
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(ln, out=offsets[1:])
         total = int(offsets[-1])
-        data = buf[np.repeat(pos - offsets[:-1], ln) + np.arange(total, dtype=np.int64)] if total else b""
+        data = buf[np.repeat(pos - offsets[:-1], ln) + _counting(total)] if total else b""
         pos += ln
         large = total >= 2**31
         physical = (pa.large_string() if typ == pa.string() else pa.large_binary()) if large else typ

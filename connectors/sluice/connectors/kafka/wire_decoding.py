@@ -18,6 +18,7 @@ unreachable registry fails the job (:class:`~sluice.connectors.kafka.errors.Sche
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,6 +51,7 @@ _NOT_WIRE = (
     "schema-registry serializer?"
 )
 _Part = tuple[pa.RecordBatch, np.ndarray]
+_Payloads = Callable[[np.ndarray | None], list[bytes]]
 
 
 class _WireDecoder(ValueDecoder):
@@ -86,9 +88,10 @@ class _WireDecoder(ValueDecoder):
 
     @abstractmethod
     def _group(
-        self, writer: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, payloads: list[bytes]
+        self, writer: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, payloads: _Payloads
     ) -> tuple[list[_Part], list[tuple[int, str]]]:
-        """Decode one id's records: parts with rows local to the group, and bad (local index, error)."""
+        """Decode one id's records: parts with rows local to the group, and bad (local index, error).
+        ``payloads(sel)`` gives the payload bytes of the group's records ``sel`` (None: all)."""
 
     @abstractmethod
     def _target(self) -> pa.Schema:
@@ -122,7 +125,11 @@ class _WireDecoder(ValueDecoder):
                 bad.extend((int(i), failed[sid]) for i in idx)
                 continue
             off = 5 if self.registry is not None else 0
-            payloads = [values[i][off:] for i in idx.tolist()]
+
+            def payloads(sel: np.ndarray | None, idx: np.ndarray = idx, off: int = off) -> list[bytes]:
+                picked = idx if sel is None else idx[sel]
+                return [values[i][off:] for i in picked.tolist()]
+
             got, group_bad = self._group(writers[sid], buf, starts[idx], ends[idx], payloads)
             parts.extend((b, idx[r]) for b, r in got if b.num_rows)
             bad.extend((int(idx[i]), e) for i, e in group_bad)
@@ -165,14 +172,14 @@ class AvroDecoder(_WireDecoder):
             self._reader = writers[newest]
 
     def _group(
-        self, writer: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, payloads: list[bytes]
+        self, writer: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, payloads: _Payloads
     ) -> tuple[list[_Part], list[tuple[int, str]]]:
         reader = self._reader
         assert reader is not None
         writer = writer if writer is not None else reader
         fast = columnar_or_none(writer, reader, buf, starts, ends)
         if fast is None:
-            batch, good, bad = read_records(payloads, writer, reader)
+            batch, good, bad = read_records(payloads(None), writer, reader)
             return [(self._cast(batch), np.asarray(good, dtype=np.int64))], bad
         batch, flagged = fast
         parts = [(self._cast(batch.filter(pa.array(~flagged))), np.flatnonzero(~flagged))]
@@ -180,7 +187,7 @@ class AvroDecoder(_WireDecoder):
             return parts, []
         # fastavro has the last word on the records the columnar pass flagged (and the precise error)
         again = np.flatnonzero(flagged)
-        b2, good2, bad2 = read_records([payloads[i] for i in again.tolist()], writer, reader)
+        b2, good2, bad2 = read_records(payloads(again), writer, reader)
         parts.append((self._cast(b2), again[np.asarray(good2, dtype=np.int64)]))
         return parts, [(int(again[i]), e) for i, e in bad2]
 
@@ -228,9 +235,9 @@ class JsonSchemaDecoder(_WireDecoder):
                 del writers[sid]
 
     def _group(
-        self, writer: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, payloads: list[bytes]
+        self, writer: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, payloads: _Payloads
     ) -> tuple[list[_Part], list[tuple[int, str]]]:
-        d = writer.decode(payloads)
+        d = writer.decode(payloads(None))
         if d.batch is None:
             return [], d.bad
         rows = np.arange(d.batch.num_rows, dtype=np.int64) if d.rows is None else d.rows
