@@ -383,7 +383,7 @@ def test_fetch_thread_stops_consuming_at_its_byte_budget() -> None:
         calls += 1
         return [FakeMessage("t", 0, calls * 10 + i, value) for i in range(10)]  # 10 kB per batch
 
-    f = Fetcher(consume, split_messages, lambda f: f, 10, max_bytes=35_000, name="test")
+    f = Fetcher(consume, split_messages, 10, max_bytes=35_000, name="test")
     f.start()
     try:
         with f._cv:  # wait for the thread to fill its budget (it cannot pass it: no consume() until a take)
@@ -401,7 +401,7 @@ def test_fetch_thread_failure_surfaces_in_the_task_thread() -> None:
     def consume(n: int, timeout: float) -> list[FakeMessage]:
         raise RuntimeError("broker exploded")
 
-    f = Fetcher(consume, split_messages, lambda f: f, 10, max_bytes=1000, name="test")
+    f = Fetcher(consume, split_messages, 10, max_bytes=1000, name="test")
     f.start()
     try:
         with pytest.raises(RuntimeError, match="broker exploded"):
@@ -409,30 +409,3 @@ def test_fetch_thread_failure_surfaces_in_the_task_thread() -> None:
                 f.take(0.1)
     finally:
         f.stop()
-
-
-def test_fetch_thread_and_task_finish_batches_in_order_once_each() -> None:
-    offsets = iter(range(10**6))
-    finished: list[tuple[int, str]] = []
-
-    def consume(n: int, timeout: float) -> list[FakeMessage]:
-        return [FakeMessage("t", 0, next(offsets), b"v") for _ in range(5)]
-
-    def finish(item: Any) -> Any:
-        finished.append((int(item.offsets[0]), threading.current_thread().name))
-        return item
-
-    f = Fetcher(consume, split_messages, finish, 5, max_bytes=50, name="test")
-    f.start()
-    taken: list[int] = []
-    try:
-        while len(taken) < 200:
-            item = f.take(1.0)
-            if item is not None:
-                taken.append(int(item.offsets[0]))
-    finally:
-        f.stop()
-    assert taken == list(range(0, 1000, 5))
-    done = [o for o, _ in finished]
-    assert done[:200] == taken  # each batch finished once, in order, before it was handed over
-    assert {t for _, t in finished} <= {"MainThread", "sluice-kafka-fetch-test"}

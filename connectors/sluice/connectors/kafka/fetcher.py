@@ -81,9 +81,6 @@ class Fetcher:
         consume: ``consumer.consume`` (``(num_messages, timeout) -> messages``).
         prepare: turns a ``consume()`` result into the item handed over (it has ``msgs`` and ``nbytes``);
             runs in the fetch thread.
-        finish: the expensive rest of an item's preparation (decoding); done by the fetch thread when the
-            task is busy (batches wait in the queue), else left to the task (:meth:`take` says which), so
-            the work flows to whichever thread has time. Items are finished in order, one at a time.
         batch_size: messages per ``consume`` call.
         max_bytes: budget of fetched-but-not-taken values (one batch always fits).
         name: thread name suffix.
@@ -93,18 +90,15 @@ class Fetcher:
         self,
         consume: Callable[[int, float], list[Any]],
         prepare: Callable[[list[Any]], Any],
-        finish: Callable[[Any], Any],
         batch_size: int,
         max_bytes: int,
         name: str,
     ) -> None:
         self._consume = consume
         self._prepare = prepare
-        self._finish = finish
-        self._unfinished = 0
         self._batch_size = batch_size
         self._max_bytes = max_bytes
-        self._queue: deque[tuple[Any, bool]] = deque()
+        self._queue: deque[Any] = deque()
         self._bytes = 0
         self._cv = threading.Condition()
         self._stopping = False
@@ -126,7 +120,7 @@ class Fetcher:
     def queued_records(self) -> int:
         """Records fetched and not taken yet."""
         with self._cv:
-            return sum(len(f.msgs) for f, _ in self._queue)
+            return sum(len(f.msgs) for f in self._queue)
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn`` (a consumer call) in the fetch thread before its next ``consume()``."""
@@ -165,15 +159,10 @@ class Fetcher:
                 if not msgs:
                     continue
                 item = self._prepare(msgs)
-                with self._cv:  # the task has batches waiting, all finished: it is the busy one
-                    finish_here = bool(self._queue) and self._unfinished == 0
-                if finish_here:
-                    item = self._finish(item)
                 with self._cv:
                     if self._stopping:
                         return
-                    self._queue.append((item, finish_here))
-                    self._unfinished += not finish_here
+                    self._queue.append(item)
                     self._bytes += item.nbytes
                     self.fetched_records += len(item.msgs)
                     self._cv.notify_all()
@@ -186,8 +175,8 @@ class Fetcher:
                 self._cv.notify_all()
 
     def take(self, timeout_s: float) -> Any:
-        """The oldest batch, finished (here, if the fetch thread left it), or None if none came within
-        ``timeout_s``; re-raises a failure of the thread once the batches before it are taken."""
+        """The oldest prepared batch, or None if none came within ``timeout_s``; re-raises a failure of the
+        thread once the batches before it are taken."""
         with self._cv:
             if not self._queue and self._error is None:
                 self._cv.wait(timeout_s)
@@ -195,16 +184,10 @@ class Fetcher:
                 if self._error is not None:
                     raise self._error
                 return None
-            item, finished = self._queue.popleft()
+            item = self._queue.popleft()
             self._bytes -= item.nbytes
             self._cv.notify_all()
-        if finished:
             return item
-        try:  # while this runs, the fetch thread finishes nothing (an unfinished batch is counted)
-            return self._finish(item)
-        finally:
-            with self._cv:
-                self._unfinished -= 1
 
     def stop(self) -> None:
         """Stop the thread and wait for it (it is inside ``consume`` for at most 20 ms); consumer calls
@@ -213,7 +196,6 @@ class Fetcher:
             self._stopping = True
             self._queue.clear()
             self._bytes = 0
-            self._unfinished = 0
             self._cv.notify_all()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)

@@ -94,9 +94,8 @@ class Prepared:
 
 
 class Preparer:
-    """Turns ``consume()`` results into :class:`Prepared` batches: ``__call__`` splits and filters them (in
-    the fetch thread), :meth:`finish` decodes them (in the fetch thread or the task's, one at a time, in
-    order).
+    """Turns ``consume()`` results into :class:`Prepared` batches: ``__call__`` splits and filters them,
+    :meth:`finish` decodes them (both in the fetch thread, or in ``poll_next`` without one).
 
     Args:
         source: the source (format and options).

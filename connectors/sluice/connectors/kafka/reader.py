@@ -97,8 +97,7 @@ class KafkaSourceReader(SourceReader):
             if self.source.fetch_thread:
                 self._fetcher = Fetcher(
                     self._consumer.consume,
-                    self._prepare,
-                    self._prepare.finish,
+                    lambda msgs: self._prepare.finish(self._prepare(msgs)),
                     self.source.batch_size,
                     self.source.max_prefetch_bytes // 2,
                     f"{self.source.name}-{self.ctx.subtask}",
