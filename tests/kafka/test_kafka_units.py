@@ -392,3 +392,15 @@ def test_watermarks_from_a_column(monkeypatch: pytest.MonkeyPatch) -> None:
     out = CollectingOutput()
     reader.poll_next(out)
     assert out.watermarks == [1_704_067_201_000]
+
+
+def test_inferred_schema_travels_with_splits_and_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    reader, consumer, _ = make_reader(monkeypatch, schema=None)
+    sampled = pa.schema([("id", pa.int64()), ("v", pa.float64())])
+    reader.add_splits([KafkaSplit("t:0", 0, value_schema=sampled)])  # the enumerator's sample
+    consumer.batches = [[FakeMessage("t", 0, 0, b'{"id": 1, "v": 2, "new": "x"}')]]
+    out = CollectingOutput()
+    reader.poll_next(out)
+    assert out.batches[0].schema == pa.schema([*sampled, ("new", pa.string())])  # v stays double
+    (split,) = reader.snapshot_state(1)
+    assert split.position == 1 and split.value_schema == out.batches[0].schema

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from sluice.connectors.kafka.errors import UnsupportedSchemaError
 
 __all__ = ["PAD", "ColumnarPlan", "compile_plan"]
 
@@ -205,26 +206,26 @@ _PRIMITIVES: dict[str, tuple[_Reader, pa.DataType]] = {
 }
 
 
-class _Unsupported(Exception):
-    """The schema has a type the columnar plan does not cover."""
+class _UnsupportedTypeError(UnsupportedSchemaError):
+    """The schema has a type the columnar plan does not cover (fastavro decodes it instead)."""
 
 
 def _compile(schema: Any) -> tuple[_Reader, pa.DataType]:
     if isinstance(schema, str):
         if schema in _PRIMITIVES:
             return _PRIMITIVES[schema]
-        raise _Unsupported(schema)
+        raise _UnsupportedTypeError(schema)
     if isinstance(schema, list):
         non_null = [i for i, s in enumerate(schema) if s != "null"]
         if len(schema) != 2 or len(non_null) != 1:
-            raise _Unsupported("union")
+            raise _UnsupportedTypeError("union")
         child, typ = _compile(schema[non_null[0]])
         return _nullable(non_null[0], child, typ), typ
     if not isinstance(schema, dict):
-        raise _Unsupported(repr(schema))
+        raise _UnsupportedTypeError(repr(schema))
     kind = schema.get("type")
     if "logicalType" in schema and kind not in ("record", "enum", "array", "map"):
-        raise _Unsupported(schema["logicalType"])  # the caller strips the logical types it casts itself
+        raise _UnsupportedTypeError(schema["logicalType"])  # the caller strips the logical types it casts itself
     if kind == "record":
         compiled = [_compile(f["type"]) for f in schema["fields"]]
         names = [f["name"] for f in schema["fields"]]
@@ -236,7 +237,7 @@ def _compile(schema: Any) -> tuple[_Reader, pa.DataType]:
         return _fixed(int(schema["size"])), pa.binary(int(schema["size"]))
     if isinstance(kind, str | list | dict) and kind not in ("array", "map"):
         return _compile(kind)
-    raise _Unsupported(str(kind))
+    raise _UnsupportedTypeError(str(kind))
 
 
 class ColumnarPlan:
@@ -267,7 +268,7 @@ def compile_plan(schema: Any) -> ColumnarPlan | None:
         return None
     try:
         reader, typ = _compile(schema)
-    except _Unsupported:
+    except _UnsupportedTypeError:
         return None
     assert isinstance(typ, pa.StructType)
     return ColumnarPlan(reader, typ)

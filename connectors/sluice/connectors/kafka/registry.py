@@ -109,8 +109,8 @@ class RegisteredSchema:
     references: tuple[dict[str, Any], ...] = ()
 
 
-class _TransientError(Exception):
-    """A failure worth retrying (connection refused, timeout, HTTP 5xx)."""
+class _TransientError(SchemaRegistryError):
+    """A failure worth retrying (connection refused, timeout, HTTP 5xx); never leaves this module."""
 
 
 class SchemaRegistryClient:
