@@ -6,11 +6,12 @@ Starts a tansu broker (tests/kafka_broker.py), produces ``--messages`` JSON mess
 (a) ceiling: one tuned confluent-kafka consumer, ``consume()`` in batches, ``pyarrow.json`` over the joined
     values, a ``ParquetWriter`` -- no checkpoints, no guarantees;
 (b) sluice: ``KafkaSource(format="json")`` -> ``FileSink(parquet)`` on the local runtime with exactly-once
-    checkpoints every second, bounded by the end offsets.
+    checkpoints every second, bounded by the end offsets, at each ``--parallelism`` (default 1 and 2).
 
-The last line is ``RESULT {"ceiling_rec_s": ..., "sluice_rec_s": ..., "ratio": ...}``.
+Targets (issue 14): parallelism 1 >= 1.0x the ceiling, parallelism 2 >= 1.5x. The last line is
+``RESULT {"ceiling_rec_s": ..., "runs": [{"parallelism": p, "sluice_rec_s": ..., "ratio": ...}, ...]}``.
 
-Usage: python benchmarks/kafka_ceiling.py [--messages 2000000] [--parallelism 2]
+Usage: python benchmarks/kafka_ceiling.py [--messages 1000000] [--parallelism 1 2] [--no-fetch-thread]
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def _file_sink(directory: str) -> Any:
     return FileSink(directory, format="parquet", compression="snappy")
 
 
-def sluice_job(bootstrap: str, n: int, out: Path, ends: dict[int, int], parallelism: int) -> float:
+def sluice_job(
+    bootstrap: str, n: int, out: Path, ends: dict[int, int], parallelism: int, fetch_thread: bool = True
+) -> float:
     p = Pipeline(
         "kafka-bench",
         parallelism=parallelism,
@@ -140,6 +143,7 @@ def sluice_job(bootstrap: str, n: int, out: Path, ends: dict[int, int], parallel
         batch_size=10_000,
         stopping_offsets={(TOPIC, q): off for q, off in ends.items()},
         commit_offsets_on_checkpoint=True,
+        fetch_thread=fetch_thread,
     )
     p.source(src).sink(_file_sink(str(out / "parquet")))
     t0 = time.perf_counter()
@@ -163,10 +167,12 @@ def sluice_job(bootstrap: str, n: int, out: Path, ends: dict[int, int], parallel
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=2_000_000)
-    ap.add_argument("--parallelism", type=int, default=2, help="sluice source parallelism")
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--parallelism", type=int, nargs="+", default=[1, 2], help="sluice source parallelism(s)")
+    ap.add_argument("--no-fetch-thread", action="store_true", help="consume in poll_next (the old reader)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
+    runs: list[dict[str, Any]] = []
     try:
         with TansuBroker() as broker:
             broker.create_topic(TOPIC, PARTITIONS)
@@ -176,8 +182,16 @@ def main() -> None:
             (work / "ceiling").mkdir()
             c_rate = ceiling(broker.bootstrap, args.messages, work / "ceiling")
             print(f"(a) ceiling: {c_rate:,.0f} rec/s", flush=True)
-            s_rate = sluice_job(broker.bootstrap, args.messages, work / "sluice", ends, args.parallelism)
-            print(f"(b) sluice exactly-once, checkpoints every 1s: {s_rate:,.0f} rec/s", flush=True)
+            for par in args.parallelism:
+                s_rate = sluice_job(
+                    broker.bootstrap, args.messages, work / f"sluice-{par}", ends, par, not args.no_fetch_thread
+                )
+                print(
+                    f"(b) sluice exactly-once, parallelism {par}, checkpoints every 1s: {s_rate:,.0f} rec/s "
+                    f"= {s_rate / c_rate:.2f}x the ceiling",
+                    flush=True,
+                )
+                runs.append({"parallelism": par, "sluice_rec_s": round(s_rate), "ratio": round(s_rate / c_rate, 3)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(
@@ -185,10 +199,9 @@ def main() -> None:
         + json.dumps(
             {
                 "messages": args.messages,
-                "parallelism": args.parallelism,
+                "fetch_thread": not args.no_fetch_thread,
                 "ceiling_rec_s": round(c_rate),
-                "sluice_rec_s": round(s_rate),
-                "ratio": round(s_rate / c_rate, 3),
+                "runs": runs,
             }
         )
     )

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from sluice.connectors.kafka import KafkaDataLossError, KafkaSource, OffsetsInitializer
 from sluice.connectors.kafka.decoding import CsvDecoder, JsonDecoder
-from sluice.connectors.kafka.offsets import owner_of, parse_split_id, resolve_offsets, split_id
+from sluice.connectors.kafka.offsets import KafkaSplit, owner_of, parse_split_id, resolve_offsets, split_id
 from sluice.connectors.kafka.reader import KafkaSourceReader
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
 from sluice.errors import BadRecordError, ConfigError
@@ -30,18 +30,16 @@ SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
 
 # -- decoding ------------------------------------------------------------------------------------------
-def test_json_batch_decodes_in_one_parse_and_pins_inferred_schema() -> None:
+def test_json_batch_decodes_in_one_parse_and_keeps_inferred_schema_steady() -> None:
     d = JsonDecoder(None)
     r = d.decode([b'{"id": 1, "name": "a"}', b'{"id": 2, "name": "b"}'])
     assert r.batch is not None and r.batch.to_pydict() == {"id": [1, 2], "name": ["a", "b"]}
     assert r.rows is None and r.bad == []
     assert d.schema == r.batch.schema
-    r2 = d.decode([b'{"id": 3, "extra": true}'])  # later batches keep the first batch's schema
-    assert (
-        r2.batch is not None
-        and r2.batch.schema == d.schema
-        and r2.batch.to_pydict() == {"id": [3], "name": [None]}
-    )
+    r2 = d.decode([b'{"id": 3, "extra": true}'])  # known fields keep their types; new ones are added
+    assert r2.batch is not None and r2.batch.schema == d.schema
+    assert r2.batch.to_pydict() == {"id": [3], "name": [None], "extra": [True]}
+    assert d.schema.names == ["id", "name", "extra"]
 
 
 def test_json_explicit_schema_ignores_unknown_fields() -> None:
@@ -176,7 +174,7 @@ def test_idle_partition_is_left_out() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"format": "xml"}, r"format must be one of \('raw', 'json', 'csv'\)"),
+        ({"format": "xml"}, r"format must be one of \('raw', 'json', 'csv', 'avro'\)"),
         ({"on_bad_record": "skip"}, r"on_bad_record must be one of \('fail', 'dead_letter'\)"),
         ({"poll_timeout_ms": 500}, "poll_timeout_ms must be an integer in 0..50"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1"),
@@ -186,7 +184,19 @@ def test_idle_partition_is_left_out() -> None:
         ({"consumer_config": {"enable.auto.commit": True}}, "must not set 'enable.auto.commit'"),
         ({"consumer_config": {"auto.offset.reset": "earliest"}}, "fail_on_data_loss"),
         ({"consumer_config": {"no.such.setting": 1}}, "consumer_config: .*no.such.setting"),
-        ({"format": "raw", "schema": SCHEMA}, "apply to format 'json' or 'csv'"),
+        ({"format": "raw", "schema": SCHEMA}, "apply to formats 'json', 'csv' and 'avro'"),
+        ({"format": "avro"}, "format 'avro' needs schema_registry .* or avro_schema"),
+        ({"format": "csv", "schema_registry": "http://r:8081"}, "schema_registry applies to format 'avro' or 'json'"),
+        ({"format": "avro", "schema_registry": "ftp://r"}, r"schema_registry url must be http\(s\)://host"),
+        ({"format": "avro", "avro_schema": '{"type": "recrod"}'}, "avro_schema: not a valid Avro schema"),
+        (
+            {"format": "avro", "avro_schema": {"type": "record", "name": "r", "fields": [{"name": "u", "type": ["int", "string"]}]}},
+            r"avro_schema: .*u: a union of several non-null types",
+        ),
+        ({"format": "json", "avro_schema": '"string"'}, "avro_schema applies to format 'avro'"),
+        ({"format": "json", "schema_sample_size": -1}, "schema_sample_size must be an integer >= 0"),
+        ({"max_prefetch_bytes": 1000}, "max_prefetch_bytes must be an integer >= 4 MiB"),
+        ({"fetch_thread": "yes"}, "fetch_thread must be True or False"),
         ({"idle_timeout_s": -1}, "idle_timeout_s must be a number of seconds > 0 or None"),
     ],
 )
@@ -230,7 +240,7 @@ def make_reader(
         return consumers[-1]
 
     monkeypatch.setattr(KafkaSourceReader, "consumer_factory", staticmethod(factory))
-    src = KafkaSource("localhost:9092", "t", **{"format": "json", "schema": SCHEMA, **kwargs})  # type: ignore[arg-type]
+    src = KafkaSource("localhost:9092", "t", **{"format": "json", "schema": SCHEMA, "fetch_thread": False, **kwargs})  # type: ignore[arg-type]
     src.validate()
     ctx = FakeReaderContext()
     reader = KafkaSourceReader(src, ctx)
@@ -258,7 +268,7 @@ def test_position_is_last_offset_plus_one_across_gaps(monkeypatch: pytest.Monkey
     out = CollectingOutput()
     assert reader.poll_next(out) is InputStatus.MORE_AVAILABLE
     assert out.batches[0].column("id").to_pylist() == [10, 11, 15]
-    assert reader.snapshot_state(1) == [SourceSplit("t:0", 16, None)]
+    assert reader.snapshot_state(1) == [KafkaSplit("t:0", 16, None)]
     assert reader.poll_next(out) is InputStatus.NOTHING_AVAILABLE
 
 
@@ -288,7 +298,7 @@ def test_bounded_split_ends_at_partition_eof_when_stop_offset_is_a_marker(
     reader.poll_next(out)  # EOF below the stop offset: more may come
     assert reader.poll_next(out) is InputStatus.MORE_AVAILABLE
     assert reader.poll_next(out) is InputStatus.END_OF_INPUT
-    assert reader.snapshot_state(1) == [SourceSplit("t:0", 4, 4)]
+    assert reader.snapshot_state(1) == [KafkaSplit("t:0", 4, 4)]
 
 
 def test_out_of_range_fails_naming_topic_partition_offset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -311,7 +321,7 @@ def test_out_of_range_resets_to_earliest_when_allowed(monkeypatch: pytest.Monkey
     reader.poll_next(CollectingOutput())
     assert consumer.assigned == {("t", 0): 700}
     assert ctx.metrics["data_loss_resets"] == 1
-    assert reader.snapshot_state(1) == [SourceSplit("t:0", 700, None)]
+    assert reader.snapshot_state(1) == [KafkaSplit("t:0", 700, None)]
 
 
 def test_bad_record_fail_mode_names_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,7 +344,7 @@ def test_bad_record_dead_letter_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dead["topic"] == ["t"] and dead["partition"] == [0] and dead["offset"] == [1]
     assert dead["key"] == [b"k1"] and dead["value"] == [b"{oops"] and "JSON" in dead["error"][0]
     assert ctx.metrics["bad_records"] == 1
-    assert reader.snapshot_state(1) == [SourceSplit("t:0", 3, None)]  # the bad record is consumed too
+    assert reader.snapshot_state(1) == [KafkaSplit("t:0", 3, None)]  # the bad record is consumed too
 
 
 def test_commit_uses_the_checkpoints_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -382,3 +392,15 @@ def test_watermarks_from_a_column(monkeypatch: pytest.MonkeyPatch) -> None:
     out = CollectingOutput()
     reader.poll_next(out)
     assert out.watermarks == [1_704_067_201_000]
+
+
+def test_inferred_schema_travels_with_splits_and_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    reader, consumer, _ = make_reader(monkeypatch, schema=None)
+    sampled = pa.schema([("id", pa.int64()), ("v", pa.float64())])
+    reader.add_splits([KafkaSplit("t:0", 0, value_schema=sampled)])  # the enumerator's sample
+    consumer.batches = [[FakeMessage("t", 0, 0, b'{"id": 1, "v": 2, "new": "x"}')]]
+    out = CollectingOutput()
+    reader.poll_next(out)
+    assert out.batches[0].schema == pa.schema([*sampled, ("new", pa.string())])  # v stays double
+    (split,) = reader.snapshot_state(1)
+    assert split.position == 1 and split.value_schema == out.batches[0].schema

@@ -8,11 +8,35 @@ Example::
     orders.side_output("dead_letters").sink(FileSink("/data/dead-letters", format="parquet"))
     orders.sink(FileSink("/data/orders", format="parquet"))
 
-See ``docs/kafka.md`` for every option, the guarantees and known broker quirks.
+Avro through a schema registry (Confluent wire format)::
+
+    src = KafkaSource("broker:9092", "orders", format="avro",
+                      schema_registry=SchemaRegistry("https://registry:8081", username="key", password=secret),
+                      on_bad_record="dead_letter")
+
+See ``docs/kafka.md`` for every option, the formats, the guarantees and known broker quirks.
 """
 
-from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
+from sluice.connectors.kafka.errors import (
+    IncompatibleSchemaError,
+    KafkaDataLossError,
+    KafkaSourceError,
+    SchemaNotFoundError,
+    SchemaRegistryError,
+    UnsupportedSchemaError,
+)
 from sluice.connectors.kafka.offsets import OffsetsInitializer
+from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.connectors.kafka.source import KafkaSource
 
-__all__ = ["KafkaDataLossError", "KafkaSource", "KafkaSourceError", "OffsetsInitializer"]
+__all__ = [
+    "IncompatibleSchemaError",
+    "KafkaDataLossError",
+    "KafkaSource",
+    "KafkaSourceError",
+    "OffsetsInitializer",
+    "SchemaNotFoundError",
+    "SchemaRegistry",
+    "SchemaRegistryError",
+    "UnsupportedSchemaError",
+]

@@ -8,15 +8,18 @@ from typing import Any
 
 __all__ = ["LIBRDKAFKA_LOG", "RESERVED", "TUNING", "is_secret", "redact", "redact_text"]
 
-#: fetch/queue tuning (overridable through ``consumer_config``): fetch large batches and keep a deep
-#: prefetch queue, so the reader never waits on the network while it decodes (librdkafka's defaults pause
-#: fetching at 100k queued messages per partition and 1 MB per partition fetch).
+#: fetch/queue tuning (overridable through ``consumer_config``): fetch large batches and keep a prefetch
+#: queue, so the reader never waits on the network while it decodes (librdkafka's defaults pause fetching
+#: at 100k queued messages per partition and 1 MB per partition fetch). A reader's queue is capped by its
+#: ``max_prefetch_bytes``; when the queue is full librdkafka postpones the partition's next fetch by
+#: ``fetch.queue.backoff.ms`` (default 1 s, which starves a reader whose queue is small): 10 ms here.
 TUNING: dict[str, Any] = {
     "fetch.max.bytes": 64 * 1024 * 1024,
     "max.partition.fetch.bytes": 16 * 1024 * 1024,
     "queued.max.messages.kbytes": 256 * 1024,
     "queued.min.messages": 1_000_000,
     "fetch.wait.max.ms": 100,
+    "fetch.queue.backoff.ms": 10,
     "isolation.level": "read_committed",
     "socket.keepalive.enable": True,
 }

@@ -9,6 +9,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 from sluice.connectors.kafka.errors import KafkaSourceError
 from sluice.connectors.kafka.offsets import (
+    KafkaSplit,
     OffsetsInitializer,
     TopicPartitionKey,
     owner_of,
@@ -16,6 +17,7 @@ from sluice.connectors.kafka.offsets import (
     resolve_offsets,
     split_id,
 )
+from sluice.connectors.kafka.sampling import sample_schema
 from sluice.source import Boundedness, EnumeratorContext, SourceSplit, SplitEnumerator
 
 if TYPE_CHECKING:
@@ -86,11 +88,11 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self._readers: list[int] = []
         self._signalled: set[int] = set()
         self._restored = restored is not None
+        self._schema: Any = None
         if restored is not None:
-            self._pending = {
-                s.split_id: SourceSplit(s.split_id, s.position, s.end) for s in restored["pending"]
-            }
+            self._pending = {s.split_id: _copy(s) for s in restored["pending"]}
             self._discovered = set(restored["discovered"])
+            self._schema = restored.get("schema")
         self._admin: AdminClient | None = None
         self._lookup: BrokerOffsetLookup | None = None
 
@@ -177,10 +179,12 @@ class KafkaSplitEnumerator(SplitEnumerator):
                 f"KafkaSource {src.name!r}: cannot look up offsets of {len(new)} partition(s) on "
                 f"{src.bootstrap_servers!r}: {exc}"
             ) from None
+        if initial and self._schema is None:
+            self._schema = sample_schema(src, starts, stops)
         for tp in new:
             sid = split_id(*tp)
             self._discovered.add(sid)
-            self._pending[sid] = SourceSplit(sid, starts[tp], stops.get(tp))
+            self._pending[sid] = KafkaSplit(sid, starts[tp], stops.get(tp), value_schema=self._schema)
         if not initial:
             log.info(
                 "%s: discovered %d new partition(s): %s", src.name, len(new), [split_id(*tp) for tp in new]
@@ -194,7 +198,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
 
     def add_splits_back(self, splits: list[SourceSplit]) -> None:
         for s in splits:
-            self._pending[s.split_id] = SourceSplit(s.split_id, s.position, s.end)
+            self._pending[s.split_id] = _copy(s)
             self._discovered.add(s.split_id)
         self._assign()
 
@@ -218,6 +222,11 @@ class KafkaSplitEnumerator(SplitEnumerator):
 
     def snapshot_state(self, checkpoint_id: int) -> dict[str, Any]:
         return {
-            "pending": [SourceSplit(s.split_id, s.position, s.end) for s in self._pending.values()],
+            "pending": [_copy(s) for s in self._pending.values()],
             "discovered": sorted(self._discovered),
+            "schema": self._schema,
         }
+
+
+def _copy(s: SourceSplit) -> KafkaSplit:
+    return KafkaSplit(s.split_id, s.position, s.end, value_schema=getattr(s, "value_schema", None))

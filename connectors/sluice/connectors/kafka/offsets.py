@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import pyarrow as pa
 from sluice.errors import ConfigError
+from sluice.source import SourceSplit
 
 __all__ = [
+    "KafkaSplit",
     "OffsetLookup",
     "OffsetsInitializer",
     "TopicPartitionKey",
@@ -26,6 +29,18 @@ __all__ = [
 
 #: (topic, partition)
 TopicPartitionKey = tuple[str, int]
+
+@dataclass
+class KafkaSplit(SourceSplit):
+    """A partition split that also carries the stream's inferred value schema (json/csv without a schema).
+
+    The enumerator infers the schema once from a sample across partitions and hands it to every reader
+    with its splits; readers widen it and checkpoint it with their positions, so a restore starts from the
+    same schema.
+    """
+
+    value_schema: pa.Schema | None = None
+
 
 KINDS = ("earliest", "latest", "committed", "timestamp", "offsets")
 FALLBACKS = ("earliest", "latest")

@@ -1,7 +1,8 @@
 """The Kafka source reader: one consumer per subtask, manually assigned, batches decoded to Arrow.
 
-Positions: a split's position is the offset of the last message consumed + 1 (offsets may skip:
-transaction markers, compaction). A bounded split ends once its position reaches the stop offset, or the
+Positions: a split's position is the offset of the last message *emitted* + 1 (offsets may skip:
+transaction markers, compaction); the fetch thread (:mod:`.fetcher`) may have read further, which a
+checkpoint never records. A bounded split ends once its position reaches the stop offset, or the
 consumer reports the end of the partition at or after it (the stop offset itself may be a marker that is
 never delivered). Positions are snapshotted per checkpoint and committed to the consumer group when that
 checkpoint completes, for lag monitoring only.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +20,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA, Decoded, make_decoder
+from sluice.connectors.kafka.columns import (
+    dead_letters,
+    topic_column,
+    with_metadata,
+)
+from sluice.connectors.kafka.decoding import Decoded, make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
-from sluice.connectors.kafka.offsets import TopicPartitionKey, parse_split_id
+from sluice.connectors.kafka.fetcher import Fetcher
+from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
+from sluice.connectors.kafka.prepared import Prepared, Preparer
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
 from sluice.errors import BadRecordError, ConfigError
 from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
@@ -33,8 +41,7 @@ __all__ = ["KafkaSourceReader"]
 
 log = logging.getLogger("sluice.kafka")
 
-_TS = pa.timestamp("ms", tz="UTC")
-_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+DEAD_LETTERS = "dead_letters"
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 _WARN_EVERY_S = 30.0
 
@@ -62,7 +69,12 @@ class KafkaSourceReader(SourceReader):
         self._splits: dict[TopicPartitionKey, _Split] = {}
         self._no_more = False
         self._consumer: Any = None
-        self._decoder = make_decoder(source.format, source.schema, source.csv_delimiter)
+        self._decoder = make_decoder(source)
+        self._ends: dict[TopicPartitionKey, int | None] = {}
+        self._prepare = Preparer(source, self._decoder, self._ends)
+        self._fetcher: Fetcher | None = None
+        self._consumer_conf: dict[str, Any] = {}
+        self._commit_failures: list[str] = []
         self._wm = (
             PartitionWatermarks(source.max_out_of_orderness_ms, source.idle_timeout_s)
             if source.event_time is not None
@@ -78,11 +90,24 @@ class KafkaSourceReader(SourceReader):
     def start(self) -> None:
         if self._consumer is None:
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
-            conf = self.source.consumer_conf(group, bounded=self.bounded)
+            conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
+            self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
+            if self.source.fetch_thread:
+                self._fetcher = Fetcher(
+                    self._consumer.consume,
+                    lambda msgs: self._prepare.finish(self._prepare(msgs)),
+                    self.source.batch_size,
+                    self.source.max_prefetch_bytes // 2,
+                    f"{self.source.name}-{self.ctx.subtask}",
+                )
+                self._fetcher.start()
 
     def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.stop()
+            self._fetcher = None
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             consumer.close()
@@ -95,6 +120,9 @@ class KafkaSourceReader(SourceReader):
             topic, partition = parse_split_id(s.split_id)
             sp = _Split(s.split_id, topic, partition, int(s.position), None if s.end is None else int(s.end))
             self._splits[(topic, partition)] = sp
+            self._ends[(topic, partition)] = sp.end
+            if isinstance(s, KafkaSplit):
+                self._prepare.adopt(s.value_schema)
             if sp.end is not None and sp.position >= sp.end:
                 sp.done = True
                 continue
@@ -102,14 +130,15 @@ class KafkaSourceReader(SourceReader):
             if self._wm is not None:
                 self._wm.add(sp.sid)
         if assign:
-            self._consumer.incremental_assign(assign)
+            self._control(lambda: self._consumer.incremental_assign(assign))
 
     def notify_no_more_splits(self) -> None:
         self._no_more = True
 
     def _finish(self, sp: _Split) -> None:
         sp.done = True
-        self._consumer.incremental_unassign([TopicPartition(sp.topic, sp.partition)])
+        tp = TopicPartition(sp.topic, sp.partition)
+        self._control(lambda: self._consumer.incremental_unassign([tp]))
         if self._wm is not None:
             self._wm.remove(sp.sid)
 
@@ -119,166 +148,76 @@ class KafkaSourceReader(SourceReader):
             if self.bounded and self._no_more:
                 return InputStatus.END_OF_INPUT
             return InputStatus.NOTHING_AVAILABLE
-        msgs: list[Message] = self._consumer.consume(self.source.batch_size, self._timeout_s)
-        if not msgs:
+        self._report_commit_failures()
+        item = self._next_fetched()
+        if item is None:
             self._emit_watermark(output)
             return InputStatus.NOTHING_AVAILABLE
-        cls = type(msgs[0])  # unbound accessors through map(): no per-message attribute lookups
-        if not any(map(cls.error, msgs)):
-            self._process(msgs, output)
-        else:  # data first: an EOF or reset event follows the messages before it
-            good = [m for m in msgs if m.error() is None]
-            if good:
-                self._process(good, output)
-            for m in msgs:
-                if m.error() is not None:
-                    self._on_error(m, m.error())
+        if item.msgs:  # data first: an EOF or reset event follows the messages before it
+            self._process(item, output)
+        for m in item.events:
+            self._on_error(m, m.error())
         self._emit_watermark(output)
         return InputStatus.MORE_AVAILABLE
 
-    def _process(self, msgs: list[Message], output: ReaderOutput) -> None:
-        cls = type(msgs[0])
-        parts = np.fromiter(map(cls.partition, msgs), dtype=np.int32, count=len(msgs))
-        offsets = np.fromiter(map(cls.offset, msgs), dtype=np.int64, count=len(msgs))
-        topics: list[str] | None = None
-        topic_set = {sp.topic for sp in self._splits.values()}
-        if len(topic_set) == 1:
-            only = next(iter(topic_set))
-            keys = parts.astype(np.int64)
-            uniq = np.unique(keys)
-            by_key = {int(k): self._splits.get((only, int(k))) for k in uniq}
-        else:
-            topics = [str(m.topic()) for m in msgs]
-            ids: dict[TopicPartitionKey, int] = {}
-            keys = np.array(
-                [ids.setdefault((t, p), len(ids)) for t, p in zip(topics, parts.tolist(), strict=True)],
-                dtype=np.int64,
-            )
-            uniq = np.arange(len(ids))
-            by_key = {i: self._splits.get(tp) for tp, i in ids.items()}
-        keep: np.ndarray | None = None
+    def _next_fetched(self) -> Prepared | None:
+        if self._fetcher is not None:
+            item: Prepared | None = self._fetcher.take(self._timeout_s)
+            return item
+        msgs = self._consumer.consume(self.source.batch_size, self._timeout_s)
+        return self._prepare.finish(self._prepare(msgs)) if msgs else None
+
+    def _control(self, fn: Callable[[], Any], wait_s: float | None = None) -> Any:
+        """Run a consumer call where the consumer is polled: in the fetch thread if there is one (waiting
+        for the result only when ``wait_s`` is given)."""
+        if self._fetcher is None:
+            return fn()
+        fut = self._fetcher.call(fn)
+        return fut.result(timeout=wait_s) if wait_s is not None else None
+
+    @property
+    def prefetched_records(self) -> int:
+        """Records the fetch thread has read ahead of what this reader emitted (not in any checkpoint)."""
+        return self._fetcher.queued_records if self._fetcher is not None else 0
+
+    def _process(self, item: Prepared, output: ReaderOutput) -> None:
+        by_key = {k: self._splits.get(tp) for k, tp in item.key_tps.items()}
+        drop: np.ndarray | None = None
         finished: list[_Split] = []
-        for k in uniq.tolist():
-            sp = by_key[k]
-            sel = keys == k if len(uniq) > 1 else None
-            offs = offsets[sel] if sel is not None else offsets
+        many = len(by_key) > 1
+        for k, sp in by_key.items():
             if sp is None or sp.done:  # a stale message of a partition no longer assigned
-                drop = sel if sel is not None else np.ones(len(msgs), dtype=bool)
-            elif sp.end is not None and offs.size and offs.max() >= sp.end:
-                drop = (offsets >= sp.end) if sel is None else (sel & (offsets >= sp.end))
-                offs = offs[offs < sp.end]
-            else:
-                drop = None
-            if drop is not None:
-                keep = ~drop if keep is None else keep & ~drop
-            if sp is None or sp.done:
+                stale = item.keys == k if many else np.ones(len(item.msgs), dtype=bool)
+                drop = stale if drop is None else drop | stale
                 continue
+            offs = item.offsets[item.keys == k] if many else item.offsets
             if offs.size:
                 sp.position = max(sp.position, int(offs.max()) + 1)
+            if k in item.passed_end and sp.end is not None:
+                sp.position = max(sp.position, sp.end)  # everything before the stop offset was delivered
             if sp.end is not None and sp.position >= sp.end:
                 finished.append(sp)
-        if keep is not None:
-            idx = np.flatnonzero(keep)
-            msgs = [msgs[i] for i in idx.tolist()]
-            parts, offsets, keys = parts[idx], offsets[idx], keys[idx]
-            if topics is not None:
-                topics = [topics[i] for i in idx.tolist()]
-        if msgs:
-            self._emit(msgs, parts, offsets, keys, by_key, topics, output)
+        if drop is not None and drop.any():
+            item = item.without(drop)
+        if item.msgs:
+            self._emit(item, by_key, output)
         for sp in finished:
             self._finish(sp)
 
-    def _emit(
-        self,
-        msgs: list[Message],
-        parts: np.ndarray,
-        offsets: np.ndarray,
-        keys: np.ndarray,
-        by_key: dict[int, _Split | None],
-        topics: list[str] | None,
-        output: ReaderOutput,
-    ) -> None:
-        src = self.source
-        need_ts = src.format == "raw" or src.include_metadata or src.event_time == "kafka"
-        ts = np.array([m.timestamp()[1] for m in msgs], dtype=np.int64) if need_ts else None
-        values = list(map(type(msgs[0]).value, msgs))
-        if self._decoder is None:
-            batch = self._raw_batch(msgs, values, parts, offsets, ts, topics)
-            rows = None
-        else:
-            decoded = self._decoder.decode(values)
-            self._handle_bad(decoded, msgs, values, output)
-            if decoded.batch is None:
-                batch = None
-                rows = None
-            else:
-                rows = decoded.rows
-                batch = decoded.batch
-                if src.include_metadata:
-                    batch = self._with_metadata(batch, msgs, rows, parts, offsets, ts, topics)
+    def _emit(self, item: Prepared, by_key: dict[int, _Split | None], output: ReaderOutput) -> None:
+        rows: np.ndarray | None = None
+        batch = item.raw
+        if item.decoded is not None:
+            self._handle_bad(item.decoded, item.msgs, item.values, output)
+            batch, rows = item.decoded.batch, item.decoded.rows
+            if batch is not None and self.source.include_metadata:
+                assert item.ts is not None
+                topics = topic_column(len(item.msgs), item.topics, item.key_tps[int(item.keys[0])][0])
+                batch = with_metadata(batch, item.msgs, rows, item.parts, item.offsets, item.ts, topics)
         if batch is not None and batch.num_rows:
             output.emit(batch)
         if self._wm is not None:
-            self._track_event_time(batch, rows, keys, ts, by_key)
-
-    def _raw_batch(
-        self,
-        msgs: list[Message],
-        values: list[bytes | None],
-        parts: np.ndarray,
-        offsets: np.ndarray,
-        ts: np.ndarray | None,
-        topics: list[str] | None,
-    ) -> pa.RecordBatch:
-        assert ts is not None
-        headers = [m.headers() for m in msgs]
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([m.key() for m in msgs], pa.binary()),
-                pa.array(values, pa.binary()),
-                pa.array(headers, _HEADERS)
-                if any(h is not None for h in headers)
-                else pa.nulls(len(msgs), _HEADERS),
-                self._topic_column(msgs, topics),
-                pa.array(parts),
-                pa.array(offsets),
-                _timestamps(ts),
-            ],
-            names=["key", "value", "headers", "topic", "partition", "offset", "timestamp"],
-        )
-
-    def _topic_column(self, msgs: Sequence[Message], topics: list[str] | None) -> pa.Array:
-        if topics is None:
-            only = next(iter({sp.topic for sp in self._splits.values()}))
-            return pa.array([only] * len(msgs), pa.string())
-        return pa.array(topics, pa.string())
-
-    def _with_metadata(
-        self,
-        batch: pa.RecordBatch,
-        msgs: list[Message],
-        rows: np.ndarray | None,
-        parts: np.ndarray,
-        offsets: np.ndarray,
-        ts: np.ndarray | None,
-        topics: list[str] | None,
-    ) -> pa.RecordBatch:
-        assert ts is not None
-        sel = rows if rows is not None else slice(None)
-        picked = [msgs[i] for i in rows.tolist()] if rows is not None else msgs
-        cols = {
-            "_key": pa.array([m.key() for m in picked], pa.binary()),
-            "_topic": self._topic_column(
-                picked,
-                [topics[i] for i in rows.tolist()] if topics is not None and rows is not None else topics,
-            ),
-            "_partition": pa.array(parts[sel]),
-            "_offset": pa.array(offsets[sel]),
-            "_timestamp": _timestamps(ts[sel]),
-        }
-        for name, col in cols.items():
-            batch = batch.append_column(name, col)
-        return batch
+            self._track_event_time(batch, rows, item.keys, item.ts, by_key)
 
     # -- bad records -----------------------------------------------------------------------------------
     def _handle_bad(
@@ -299,19 +238,7 @@ class KafkaSourceReader(SourceReader):
                 offset=m.offset() or 0,
                 snippet=values[i] or b"",
             )
-        picked = [msgs[i] for i, _ in decoded.bad]
-        dead = pa.RecordBatch.from_arrays(
-            [
-                pa.array([m.topic() for m in picked], pa.string()),
-                pa.array([m.partition() for m in picked], pa.int32()),
-                pa.array([m.offset() for m in picked], pa.int64()),
-                pa.array([m.key() for m in picked], pa.binary()),
-                pa.array([values[i] for i, _ in decoded.bad], pa.binary()),
-                pa.array([e for _, e in decoded.bad], pa.string()),
-            ],
-            schema=DEAD_LETTER_SCHEMA,
-        )
-        output.emit_side("dead_letters", dead)
+        output.emit_side(DEAD_LETTERS, dead_letters(msgs, values, decoded.bad))
 
     # -- event time ------------------------------------------------------------------------------------
     def _track_event_time(
@@ -389,7 +316,10 @@ class KafkaSourceReader(SourceReader):
         if self.source.fail_on_data_loss:
             raise KafkaDataLossError(self.source.name, sp.topic, sp.partition, sp.position)
         tp = TopicPartition(sp.topic, sp.partition)
-        low, _high = self._consumer.get_watermark_offsets(tp, timeout=self.source.request_timeout_s)
+        timeout = self.source.request_timeout_s
+        low, _high = self._control(
+            lambda: self._consumer.get_watermark_offsets(tp, timeout=timeout), wait_s=timeout + 5
+        )
         log.warning(
             "%s: offset %d of %s[%d] is out of range; fail_on_data_loss=False: continuing at the earliest "
             "offset %d (records in between are lost)",
@@ -400,14 +330,15 @@ class KafkaSourceReader(SourceReader):
             low,
         )
         self.ctx.metric("data_loss_resets")
-        self._consumer.incremental_unassign([tp])
+        self._control(lambda: self._consumer.incremental_unassign([tp]))
         sp.position = int(low)
         if sp.end is not None and sp.position >= sp.end:
             sp.done = True
             if self._wm is not None:
                 self._wm.remove(sp.sid)
             return
-        self._consumer.incremental_assign([TopicPartition(sp.topic, sp.partition, sp.position)])
+        at = TopicPartition(sp.topic, sp.partition, sp.position)
+        self._control(lambda: self._consumer.incremental_assign([at]))
 
     def _warn(self, code: int, where: str, text: str) -> None:
         now = time.monotonic()
@@ -419,7 +350,8 @@ class KafkaSourceReader(SourceReader):
     def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
         if self.source.commit_offsets_on_checkpoint:
             self._pending_commits[checkpoint_id] = {tp: sp.position for tp, sp in self._splits.items()}
-        return [SourceSplit(sp.sid, sp.position, sp.end) for sp in self._splits.values()]
+        schema = self._decoder.steady_schema if self._decoder is not None else None
+        return [KafkaSplit(sp.sid, sp.position, sp.end, value_schema=schema) for sp in self._splits.values()]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         offsets = self._pending_commits.pop(checkpoint_id, None)
@@ -432,19 +364,25 @@ class KafkaSourceReader(SourceReader):
         ]
         if not changed:
             return
-        try:
-            self._consumer.commit(offsets=changed, asynchronous=True)
-        except KafkaException as exc:
-            self.ctx.metric("offset_commit_failures")
-            self._warn(-1, "commit", f"committing offsets of checkpoint {checkpoint_id} failed: {exc}")
-            return
+        consumer = self._consumer
+
+        def commit() -> None:
+            try:
+                consumer.commit(offsets=changed, asynchronous=True)
+            except KafkaException as exc:
+                self._commit_failures.append(f"committing offsets of checkpoint {checkpoint_id} failed: {exc}")
+
+        self._control(commit)
         self._committed.update(offsets)
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        # librdkafka calls this inside consume(), so possibly in the fetch thread: hand it over
         if err is not None:
+            self._commit_failures.append(err.str())
+
+    def _report_commit_failures(self) -> None:
+        while self._commit_failures:
+            text = self._commit_failures.pop(0)
             self.ctx.metric("offset_commit_failures")
-            self._warn(err.code(), "commit", f"offset commit failed (lag monitoring only): {err.str()}")
+            self._warn(-2, "commit", f"offset commit failed (lag monitoring only): {text}")
 
-
-def _timestamps(ts: np.ndarray) -> pa.Array:
-    return pa.array(ts, pa.int64(), mask=ts < 0).cast(_TS)

@@ -9,12 +9,13 @@ from typing import Any
 import pyarrow as pa
 from sluice.connectors.kafka.config import LIBRDKAFKA_LOG, RESERVED, TUNING, redact, redact_text
 from sluice.connectors.kafka.offsets import OffsetsInitializer
+from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.errors import ConfigError
 from sluice.source import Boundedness, EnumeratorContext, ReaderContext, Source, SourceReader, SplitEnumerator
 
 __all__ = ["FORMATS", "KafkaSource"]
 
-FORMATS = ("raw", "json", "csv")
+FORMATS = ("raw", "json", "csv", "avro")
 ON_BAD_RECORD = ("fail", "dead_letter")
 #: the side output dead letters go to
 DEAD_LETTERS = "dead_letters"
@@ -34,8 +35,18 @@ class KafkaSource(Source):
         topic_pattern: a regular expression matched against whole topic names (instead of ``topics``);
             matching topics created while the job runs are picked up by discovery.
         format: ``"raw"`` (columns key, value, headers, topic, partition, offset, timestamp), ``"json"``
-            (one object per value) or ``"csv"`` (one row per value, no header).
-        schema: Arrow schema of the decoded values (json/csv); inferred from the first batch if None.
+            (one object per value), ``"csv"`` (one row per value, no header) or ``"avro"``.
+        schema: Arrow schema of the decoded values: unknown fields are dropped, missing ones are null. If
+            None: json/csv infer it once from a sample across partitions and widen it (int -> double,
+            null -> any type, new fields); avro and registry formats take it from the Avro/JSON schemas.
+        schema_registry: URL (or :class:`~sluice.connectors.kafka.registry.SchemaRegistry`) of a
+            Confluent-compatible schema registry: values are in the Confluent wire format (magic byte,
+            schema id) and their schemas are fetched by id, once. With ``"avro"`` or ``"json"``.
+        avro_schema: Avro schema (JSON text or dict). Without a registry: the writer schema of plain Avro
+            values (required). With one: the reader schema every schema id is resolved to (default: the
+            newest id seen).
+        schema_sample_size: json/csv without a schema: records per partition the enumerator samples at
+            start to infer the schema (0: each reader infers from its first batch).
         include_metadata: json/csv: add ``_key``, ``_topic``, ``_partition``, ``_offset``, ``_timestamp``.
         csv_delimiter: csv field delimiter.
         starting_offsets: ``"earliest"``, ``"latest"``, ``"committed"`` (fallback earliest), an
@@ -58,6 +69,11 @@ class KafkaSource(Source):
             tuning). Secret values are never logged or shown.
         batch_size: maximum messages per ``consume`` call and emitted batch.
         poll_timeout_ms: how long ``poll_next`` waits for messages (keep it small: checkpoints wait on it).
+        fetch_thread: consume in a background thread while the task decodes and writes (positions stay
+            those of the emitted records, so exactly-once is unchanged); False consumes in ``poll_next``.
+        max_prefetch_bytes: memory budget per reader for fetched-but-not-emitted values: half for the
+            fetch thread's hand-over queue, half for librdkafka's queue (``queued.max.messages.kbytes``,
+            ``fetch.max.bytes``), so a slow sink stops the fetching.
         request_timeout_s: bound on metadata and offset requests (an unreachable broker fails after this).
         name: the source's name in metrics, errors and the graph.
     """
@@ -70,6 +86,9 @@ class KafkaSource(Source):
         topic_pattern: str | re.Pattern[str] | None = None,
         format: str = "raw",
         schema: pa.Schema | None = None,
+        schema_registry: str | SchemaRegistry | None = None,
+        avro_schema: str | Mapping[str, Any] | None = None,
+        schema_sample_size: int = 1000,
         include_metadata: bool = False,
         csv_delimiter: str = ",",
         starting_offsets: OffsetsInitializer | str | Mapping[tuple[str, int], int] = "earliest",
@@ -85,6 +104,8 @@ class KafkaSource(Source):
         consumer_config: Mapping[str, Any] | None = None,
         batch_size: int = 10_000,
         poll_timeout_ms: int = 20,
+        fetch_thread: bool = True,
+        max_prefetch_bytes: int = 64 * 1024 * 1024,
         request_timeout_s: float = 10.0,
         name: str = "kafka",
     ) -> None:
@@ -93,6 +114,9 @@ class KafkaSource(Source):
         self.topic_pattern = topic_pattern
         self.format = format
         self.schema = schema
+        self.schema_registry = schema_registry
+        self.avro_schema = dict(avro_schema) if isinstance(avro_schema, Mapping) else avro_schema
+        self.schema_sample_size = schema_sample_size
         self.include_metadata = include_metadata
         self.csv_delimiter = csv_delimiter
         self.starting_offsets_option = starting_offsets
@@ -108,6 +132,8 @@ class KafkaSource(Source):
         self.consumer_config = dict(consumer_config or {})
         self.batch_size = batch_size
         self.poll_timeout_ms = poll_timeout_ms
+        self.fetch_thread = fetch_thread
+        self.max_prefetch_bytes = max_prefetch_bytes
         self.request_timeout_s = request_timeout_s
         self.name = name
 
@@ -175,9 +201,10 @@ class KafkaSource(Source):
             raise bad("schema", "a pyarrow.Schema or None", self.schema)
         if self.format == "raw" and (self.schema is not None or self.include_metadata):
             raise ConfigError(
-                "KafkaSource: schema and include_metadata apply to format 'json' or 'csv' "
+                "KafkaSource: schema and include_metadata apply to formats 'json', 'csv' and 'avro' "
                 "(format 'raw' already has the metadata columns)"
             )
+        self._validate_schemas()
         if not isinstance(self.csv_delimiter, str) or len(self.csv_delimiter) != 1:
             raise bad("csv_delimiter", "a single character", self.csv_delimiter)
         start = self.starting_offsets
@@ -221,12 +248,45 @@ class KafkaSource(Source):
                 raise bad(opt, "a number of seconds > 0 or None", fval)
         if not isinstance(self.request_timeout_s, int | float) or self.request_timeout_s <= 0:
             raise bad("request_timeout_s", "a number of seconds > 0", self.request_timeout_s)
-        for opt in ("commit_offsets_on_checkpoint", "fail_on_data_loss", "include_metadata"):
+        if (
+            not isinstance(self.max_prefetch_bytes, int)
+            or isinstance(self.max_prefetch_bytes, bool)
+            or self.max_prefetch_bytes < 4 * 1024 * 1024
+        ):
+            raise bad("max_prefetch_bytes", "an integer >= 4 MiB (4194304)", self.max_prefetch_bytes)
+        for opt in ("commit_offsets_on_checkpoint", "fail_on_data_loss", "include_metadata", "fetch_thread"):
             if not isinstance(getattr(self, opt), bool):
                 raise bad(opt, "True or False", getattr(self, opt))
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
             raise bad("group_id", "a non-empty string or None", self.group_id)
         self._validate_consumer_config()
+
+    def _validate_schemas(self) -> None:
+        if self.schema_registry is not None:
+            if self.format not in ("avro", "json"):
+                raise ConfigError(
+                    f"KafkaSource: schema_registry applies to format 'avro' or 'json' (got {self.format!r})"
+                )
+            SchemaRegistry.of(self.schema_registry)
+        if self.avro_schema is not None:
+            if self.format != "avro":
+                raise ConfigError(f"KafkaSource: avro_schema applies to format 'avro' (got {self.format!r})")
+            from sluice.connectors.kafka.avro import AvroSchema
+
+            AvroSchema.option(self.avro_schema)
+        elif self.format == "avro" and self.schema_registry is None:
+            raise ConfigError(
+                "KafkaSource: format 'avro' needs schema_registry (Confluent wire format) or avro_schema "
+                "(the writer schema of plain Avro values)"
+            )
+        n = self.schema_sample_size
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ConfigError(f"KafkaSource: schema_sample_size must be an integer >= 0 (got {n!r})")
+
+    @property
+    def infers_schema(self) -> bool:
+        """Whether the value schema is inferred from the data (json/csv without schema or registry)."""
+        return self.format in ("json", "csv") and self.schema is None and self.schema_registry is None
 
     def _validate_consumer_config(self) -> None:
         from confluent_kafka import Consumer, KafkaException
@@ -248,8 +308,9 @@ class KafkaSource(Source):
             ) from None
 
     # -- librdkafka ------------------------------------------------------------------------------------
-    def consumer_conf(self, default_group: str, *, bounded: bool) -> dict[str, Any]:
-        """The full librdkafka configuration of a reader or the enumerator."""
+    def consumer_conf(self, default_group: str, *, bounded: bool, reader: bool = False) -> dict[str, Any]:
+        """The full librdkafka configuration of a reader (``reader=True``: within the prefetch budget) or the
+        enumerator."""
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "group.id": self.group_id or default_group,
@@ -260,6 +321,16 @@ class KafkaSource(Source):
             **TUNING,
             **self.consumer_config,
         }
+        if reader:  # librdkafka's queue is the other half of the prefetch budget
+            half = self.max_prefetch_bytes // 2
+            if "queued.max.messages.kbytes" not in self.consumer_config:
+                conf["queued.max.messages.kbytes"] = max(1, half // 1024)
+            if "fetch.max.bytes" not in self.consumer_config:
+                conf["fetch.max.bytes"] = min(int(conf["fetch.max.bytes"]), half)
+            if "max.partition.fetch.bytes" not in self.consumer_config:
+                conf["max.partition.fetch.bytes"] = min(
+                    int(conf["max.partition.fetch.bytes"]), int(conf["fetch.max.bytes"])
+                )
         conf.setdefault("logger", LIBRDKAFKA_LOG)
         return conf
 

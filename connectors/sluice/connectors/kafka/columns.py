@@ -1,0 +1,97 @@
+"""Arrow columns built from Kafka messages: the ``raw`` format, metadata columns, dead letters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA
+
+__all__ = ["dead_letters", "message_timestamps", "raw_batch", "timestamps", "topic_column", "with_metadata"]
+
+_TS = pa.timestamp("ms", tz="UTC")
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def timestamps(ts: np.ndarray) -> pa.Array:
+    """Message timestamps (ms; negative = none) as a UTC timestamp column."""
+    return pa.array(ts, pa.int64(), mask=ts < 0).cast(_TS)
+
+
+def message_timestamps(msgs: list[Any]) -> np.ndarray:
+    """The ``timestamp()`` of every message, in ms."""
+    return np.array([m.timestamp()[1] for m in msgs], dtype=np.int64)
+
+
+def topic_column(n: int, topics: list[str] | None, only: str) -> pa.Array:
+    """The topic of each row: ``topics`` if the reader reads several, else ``only`` repeated."""
+    if topics is None:
+        return pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), [only]).cast(pa.string())
+    return pa.array(topics, pa.string())
+
+
+def raw_batch(
+    msgs: list[Any],
+    values: list[bytes | None],
+    parts: np.ndarray,
+    offsets: np.ndarray,
+    ts: np.ndarray,
+    topics: pa.Array,
+) -> pa.RecordBatch:
+    """The ``raw`` format: key, value, headers, topic, partition, offset, timestamp."""
+    headers = [m.headers() for m in msgs]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.key() for m in msgs], pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array(headers, _HEADERS)
+            if any(h is not None for h in headers)
+            else pa.nulls(len(msgs), _HEADERS),
+            topics,
+            pa.array(parts),
+            pa.array(offsets),
+            timestamps(ts),
+        ],
+        names=["key", "value", "headers", "topic", "partition", "offset", "timestamp"],
+    )
+
+
+def with_metadata(
+    batch: pa.RecordBatch,
+    msgs: list[Any],
+    rows: np.ndarray | None,
+    parts: np.ndarray,
+    offsets: np.ndarray,
+    ts: np.ndarray,
+    topics: pa.Array,
+) -> pa.RecordBatch:
+    """``batch`` plus ``_key, _topic, _partition, _offset, _timestamp`` of the messages its rows came from."""
+    sel: Any = rows if rows is not None else slice(None)
+    picked = [msgs[i] for i in rows.tolist()] if rows is not None else msgs
+    cols = {
+        "_key": pa.array([m.key() for m in picked], pa.binary()),
+        "_topic": topics.take(pa.array(rows)) if rows is not None else topics,
+        "_partition": pa.array(parts[sel]),
+        "_offset": pa.array(offsets[sel]),
+        "_timestamp": timestamps(ts[sel]),
+    }
+    for name, col in cols.items():
+        batch = batch.append_column(name, col)
+    return batch
+
+
+def dead_letters(msgs: list[Any], values: list[bytes | None], bad: list[tuple[int, str]]) -> pa.RecordBatch:
+    """The ``dead_letters`` rows of the bad records ``(index, error)``."""
+    picked = [msgs[i] for i, _ in bad]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.topic() for m in picked], pa.string()),
+            pa.array([m.partition() for m in picked], pa.int32()),
+            pa.array([m.offset() for m in picked], pa.int64()),
+            pa.array([m.key() for m in picked], pa.binary()),
+            pa.array([values[i] for i, _ in bad], pa.binary()),
+            pa.array([e for _, e in bad], pa.string()),
+        ],
+        schema=DEAD_LETTER_SCHEMA,
+    )
