@@ -20,6 +20,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.checkpoint.storage import checkpoint_storage
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.errors import ConfigError, GraphError
 from sluice.functions import KeyedProcessFunction
@@ -45,6 +46,7 @@ from sluice.runtime.operators import (
     ReduceFunction,
 )
 from sluice.runtime.sink_operator import SinkOperator
+from sluice.runtime.status import JobLifecycle, JobStatus
 from sluice.sink import Sink
 from sluice.source import Source
 
@@ -407,18 +409,17 @@ class Pipeline:
 
 
 class JobClient:
-    """A running job."""
+    """A running job: wait for it, cancel it, take a savepoint, read its :class:`JobStatus`."""
 
     def __init__(self, job: JobGraph, cfg: JobConfig, runtime: Any, faults: FaultHook) -> None:
         self.job = job
         self.config = cfg
         self.runtime = runtime
+        self._lifecycle = JobLifecycle(cfg.job_id)
         self._result: JobResult | None = None
         self._error: BaseException | None = None
         self._attempt: Any = None
-        self._thread = threading.Thread(
-            target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True)
         self._thread.start()
 
     def _main(self, faults: FaultHook) -> None:
@@ -429,9 +430,8 @@ class JobClient:
                 self.runtime.run_attempt,
                 faults,
                 on_attempt=lambda a: setattr(self, "_attempt", a),
+                lifecycle=self._lifecycle,
             )
-            if getattr(self.runtime, "cancelled", None) is not None and self.runtime.cancelled.is_set():
-                self._result.status = "cancelled"
         except BaseException as exc:
             self._error = exc
 
@@ -445,16 +445,20 @@ class JobClient:
         assert self._result is not None
         return self._result
 
-    def cancel(self) -> JobResult:
-        """Stop the job (checkpoints are kept if ``retain_on_cancel``) and return its result."""
-        self.runtime.cancel()
-        result = self.wait()
-        if not self.config.checkpoint.retain_on_cancel:
-            from sluice.checkpoint.storage import checkpoint_storage
+    @property
+    def status(self) -> JobStatus:
+        """Where the job is now (created, running, restarting, cancelling, ... finished)."""
+        return self._lifecycle.status
 
-            st = checkpoint_storage(
-                self.config.checkpoint.storage, self.config.job_id, **self.config.checkpoint.storage_options
-            )
+    def cancel(self) -> JobResult:
+        """Cancel the job and return its result (its status is ``cancelled``, or ``finished`` if it had
+        finished already). Checkpoints of a cancelled job are kept if ``retain_on_cancel``."""
+        if self._lifecycle.cancel():
+            self.runtime.cancel()
+        result = self.wait()
+        cc = self.config.checkpoint
+        if result.status is JobStatus.CANCELLED and not cc.retain_on_cancel:
+            st = checkpoint_storage(cc.storage, self.config.job_id, **cc.storage_options)
             for cid, _, sp in st.completed():
                 if not sp:
                     st.discard(cid)
