@@ -141,3 +141,19 @@ def test_cancelling_a_finished_job_keeps_its_result_and_checkpoints(tmp_path) ->
     result = client.cancel()
     assert result.status is S.FINISHED and client.status is S.FINISHED
     assert len(checkpoint_storage(f"{tmp_path}/chk", "done").completed()) == 1, "retained, not discarded"
+
+
+@pytest.mark.timeout(120)
+def test_a_cancel_that_races_the_start_of_an_attempt_ends_it(tmp_path) -> None:
+    """The cancel comes after the attempt was created but before the runtime knows of it: the runtime
+    itself is never told, yet the unbounded job ends."""
+    p = Pipeline("endless", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"))
+    p.source(GeneratorSource(num_splits=1, records_per_split=None, batch_size=10)).sink(
+        TwoPhaseCommitTestSink(f"{tmp_path}/out")
+    )
+    lc = JobLifecycle("endless")
+    result = run_job(
+        p.build(), p.job_config(restore="none"), LocalRuntime().run_attempt, on_attempt=lambda a: lc.cancel(),
+        lifecycle=lc,
+    )
+    assert result.status is S.CANCELLED and result.attempts == 1 and not result.failures
