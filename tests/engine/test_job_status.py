@@ -157,3 +157,12 @@ def test_a_cancel_that_races_the_start_of_an_attempt_ends_it(tmp_path) -> None:
         lifecycle=lc,
     )
     assert result.status is S.CANCELLED and result.attempts == 1 and not result.failures
+
+
+def test_a_runtime_cancelled_directly_ends_the_job_cancelled(tmp_path) -> None:
+    p = pipeline(tmp_path, "direct")
+    rt = LocalRuntime()
+    lc = JobLifecycle("direct")
+    result = run_job(p.build(), p.job_config(restore="none"), rt.run_attempt, on_attempt=lambda a: rt.cancel(),
+                     lifecycle=lc)
+    assert result.status is S.CANCELLED and statuses(lc)[-2:] == [S.CANCELLING, S.CANCELLED]

@@ -145,9 +145,12 @@ def run_job(
             status.on_cancel(None)
             a.stop()
             attempts.record(a)
-        if a.failure is None or a.cancelled or status.status is JobStatus.CANCELLING:
-            return
-        attempts.failures.append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
+        if a.cancelled:
+            status.cancel()  # the runtime was cancelled directly: the job ends cancelled all the same
+        elif a.failure is not None:
+            attempts.failures.append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
+        if a.failure is None or status.status is JobStatus.CANCELLING:
+            return  # finished, or cancelled: no restart either way
         if isinstance(a.failure, (RestoreError, ConfigError)):
             raise a.failure  # a restart cannot fix these
         raise AttemptFailedError(str(a.failure)) from a.failure
