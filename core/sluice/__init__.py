@@ -27,6 +27,7 @@ from sluice.errors import (
 )
 from sluice.functions import KeyedContext, KeyedProcessFunction, RuntimeContext, TimerService
 from sluice.runtime.job import JobResult
+from sluice.runtime.status import JobStatus
 from sluice.state.api import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "JobClient",
     "JobFailedError",
     "JobResult",
+    "JobStatus",
     "KeyedContext",
     "KeyedProcessFunction",
     "KeyedStream",

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 import re
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.errors import ConfigError, GraphError
 from sluice.functions import KeyedProcessFunction
@@ -34,7 +34,7 @@ from sluice.graph import (
 )
 from sluice.keys import KeySelector, KeySpec
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
-from sluice.runtime.job import JobConfig, JobResult, run_job
+from sluice.runtime.job import JobConfig, JobResult
 from sluice.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -404,74 +404,3 @@ class Pipeline:
     def run(self, **kwargs: Any) -> JobResult:
         """Run the job to completion (bounded sources) and return its result. See :meth:`start`."""
         return self.start(**kwargs).wait()
-
-
-class JobClient:
-    """A running job."""
-
-    def __init__(self, job: JobGraph, cfg: JobConfig, runtime: Any, faults: FaultHook) -> None:
-        self.job = job
-        self.config = cfg
-        self.runtime = runtime
-        self._result: JobResult | None = None
-        self._error: BaseException | None = None
-        self._attempt: Any = None
-        self._thread = threading.Thread(
-            target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True
-        )
-        self._thread.start()
-
-    def _main(self, faults: FaultHook) -> None:
-        try:
-            self._result = run_job(
-                self.job,
-                self.config,
-                self.runtime.run_attempt,
-                faults,
-                on_attempt=lambda a: setattr(self, "_attempt", a),
-            )
-            if getattr(self.runtime, "cancelled", None) is not None and self.runtime.cancelled.is_set():
-                self._result.status = "cancelled"
-        except BaseException as exc:
-            self._error = exc
-
-    def wait(self, timeout: float | None = None) -> JobResult:
-        """Wait for the job to end; raises JobFailedError if it failed for good."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"job {self.config.job_id!r} still running after {timeout}s")
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def cancel(self) -> JobResult:
-        """Stop the job (checkpoints are kept if ``retain_on_cancel``) and return its result."""
-        self.runtime.cancel()
-        result = self.wait()
-        if not self.config.checkpoint.retain_on_cancel:
-            from sluice.checkpoint.storage import checkpoint_storage
-
-            st = checkpoint_storage(
-                self.config.checkpoint.storage, self.config.job_id, **self.config.checkpoint.storage_options
-            )
-            for cid, _, sp in st.completed():
-                if not sp:
-                    st.discard(cid)
-        return result
-
-    def trigger_savepoint(self, timeout: float = 600.0) -> str:
-        """Take an aligned savepoint now; returns its path (usable as ``restore=``)."""
-        a = self._attempt
-        if a is None or a.coordinator is None:
-            raise RuntimeError("the job is not running yet")
-        return a.coordinator.trigger_savepoint(timeout)  # type: ignore[no-any-return]
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def checkpoint_history(self) -> list[Any]:
-        a = self._attempt
-        return list(a.coordinator.history) if a is not None and a.coordinator is not None else []

@@ -11,12 +11,28 @@ Every exception derives from :class:`SluiceError`::
     ├── UserFunctionError      a user function raised; names the operator
     ├── CommitError            a sink could not commit after its retries
     ├── StorageError           a file system or object store refused an operation (names bucket, operation)
-    └── JobFailedError         the job failed for good; ``__cause__`` is the root cause
+    ├── JobFailedError         the job failed for good; ``__cause__`` is the root cause
+    └── IllegalTransitionError a state machine was asked for a transition its table does not allow
 """
 
 from __future__ import annotations
 
 import enum
+
+__all__ = [
+    "BadRecordError",
+    "CheckpointError",
+    "CheckpointFailureReason",
+    "CommitError",
+    "ConfigError",
+    "GraphError",
+    "IllegalTransitionError",
+    "JobFailedError",
+    "RestoreError",
+    "SluiceError",
+    "StorageError",
+    "UserFunctionError",
+]
 
 
 class SluiceError(Exception):
@@ -54,17 +70,27 @@ class BadRecordError(SluiceError):
 
 
 class CheckpointFailureReason(enum.Enum):
-    """Why a checkpoint failed. ``value`` is the human-readable message."""
+    """Why a checkpoint failed: its message, and whether it counts toward ``tolerable_failed_checkpoints``.
 
-    EXPIRED = "checkpoint expired before completing (timeout)"
-    DECLINED = "a task declined the checkpoint"
-    TASK_FAILURE = "a task failed while the checkpoint was pending"
-    STORAGE_FAILURE = "writing checkpoint data or metadata failed"
-    TOO_MANY_CONCURRENT = "too many concurrent checkpoints"
-    JOB_FAILOVER = "the job failed over while the checkpoint was pending"
-    SUBSUMED = "a later checkpoint completed first"
-    FINISHED = "tasks finished before the checkpoint reached them"
-    JOB_CANCELLED = "the job was cancelled while the checkpoint was pending"
+    As in Flink, a checkpoint that expired, was declined or could not be written counts: it says something
+    about the job's health. One that was subsumed, or ended because the job failed over, finished or was
+    cancelled, does not.
+    """
+
+    EXPIRED = ("checkpoint expired before completing (timeout)", True)
+    DECLINED = ("a task declined the checkpoint", True)
+    TASK_FAILURE = ("a task failed while the checkpoint was pending", False)
+    STORAGE_FAILURE = ("writing checkpoint data or metadata failed", True)
+    TOO_MANY_CONCURRENT = ("too many concurrent checkpoints", False)
+    JOB_FAILOVER = ("the job failed over while the checkpoint was pending", False)
+    SUBSUMED = ("a later checkpoint completed first", False)
+    FINISHED = ("tasks finished before the checkpoint reached them", False)
+    JOB_CANCELLED = ("the job was cancelled while the checkpoint was pending", False)
+
+    def __init__(self, message: str, counts_toward_tolerable: bool) -> None:
+        self.message = message
+        #: whether a failure for this reason counts toward ``tolerable_failed_checkpoints``
+        self.counts_toward_tolerable = counts_toward_tolerable
 
 
 class CheckpointError(SluiceError):
@@ -75,7 +101,7 @@ class CheckpointError(SluiceError):
         self.detail = detail
         self.checkpoint_id = checkpoint_id
         where = f"checkpoint {checkpoint_id}: " if checkpoint_id is not None else ""
-        super().__init__(f"{where}{reason.value}" + (f": {detail}" if detail else ""))
+        super().__init__(f"{where}{reason.message}" + (f": {detail}" if detail else ""))
 
 
 class RestoreError(SluiceError):
@@ -112,3 +138,8 @@ class StorageError(SluiceError):
 
 class JobFailedError(SluiceError):
     """The job failed for good: the restart budget is spent. ``__cause__`` is the root cause."""
+
+
+class IllegalTransitionError(SluiceError):
+    """A state machine (e.g. a job's :class:`~sluice.runtime.status.JobStatus`) was asked to go from one
+    state to another that its transition table does not allow. The message names both states."""

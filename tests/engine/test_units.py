@@ -155,7 +155,7 @@ def test_aligned_blocks_until_last_barrier() -> None:
     r = Recorder()
     h = BarrierHandler.aligned(3, r)
     h.on_barrier(0, bar(1))
-    assert r.blocked == {0} and h.state_name == "CollectingAligned"
+    assert r.blocked == {0} and h.state_name == "CollectingBarriers"
     h.on_barrier(2, bar(1))
     assert r.blocked == {0, 2} and not any(e[0] == "snapshot" for e in r.log)
     h.on_barrier(1, bar(1))

@@ -17,10 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from sluice.checkpoint.payload import without_channel_state
-from sluice.checkpoint.stats import CheckpointStats
+from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.config import CheckpointConfig
 from sluice.errors import CheckpointError, CheckpointFailureReason
@@ -40,10 +41,15 @@ class TaskHandle(Protocol):
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
 
 
-class AckResult:
+class AckResult(Enum):
+    """What became of an acknowledgement (acknowledging never raises)."""
+
     SUCCESS = "success"
+    #: the task already acknowledged this checkpoint
     DUPLICATE = "duplicate"
+    #: a checkpoint that was never triggered
     UNKNOWN = "unknown"
+    #: a checkpoint that is no longer pending (completed, aborted or subsumed)
     DISCARDED = "discarded"
 
 
@@ -114,7 +120,7 @@ class CheckpointCoordinator:
         self._wake.set()
         with self.lock:
             for cid in list(self.pending):
-                self._abort(cid, reason, "", notify=False, count=False)
+                self._abort(cid, reason, "", notify=False)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
 
@@ -215,7 +221,11 @@ class CheckpointCoordinator:
         self.pending[cid] = p
         self.history.append(
             CheckpointStats(
-                cid, "in_progress", barrier.timestamp, kind=opts.kind.value, alignment=opts.alignment.value
+                cid,
+                CheckpointStatus.IN_PROGRESS,
+                barrier.timestamp,
+                kind=opts.kind.value,
+                alignment=opts.alignment.value,
             )
         )
         for t in sorted(waiting, key=lambda s: (s.vertex, s.index)):
@@ -224,7 +234,7 @@ class CheckpointCoordinator:
         return cid
 
     # -- messages from tasks -------------------------------------------------------------------------
-    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> str:
+    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> AckResult:
         with self.lock:
             p = self.pending.get(checkpoint_id)
             if p is None:
@@ -316,7 +326,7 @@ class CheckpointCoordinator:
             if not h.get("finished"):
                 self.completed_handles[t] = h
         stats = self._stats(cid)
-        stats.status = "completed"
+        stats.finish(CheckpointStatus.COMPLETED)
         stats.duration_s = duration
         stats.path = path.rsplit("/", 1)[0]
         stats.tasks = {str(t): dict(h.get("stats") or {}) for t, h in p.acks.items()}
@@ -329,7 +339,7 @@ class CheckpointCoordinator:
         self.last_completed_at = time.monotonic()
         # older pending checkpoints are subsumed
         for older in [c for c in self.pending if c < cid]:
-            self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed", count=False)
+            self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed")
         self.committed_upto = cid
         try:
             for name, commit in self.global_committers.items():
@@ -355,13 +365,11 @@ class CheckpointCoordinator:
         for s in reversed(self.history):
             if s.checkpoint_id == cid:
                 return s
-        s = CheckpointStats(cid, "in_progress", time.time())
+        s = CheckpointStats(cid, CheckpointStatus.IN_PROGRESS, time.time())
         self.history.append(s)
         return s
 
-    def _abort(
-        self, cid: int, reason: CheckpointFailureReason, detail: str, notify: bool = True, count: bool = True
-    ) -> None:
+    def _abort(self, cid: int, reason: CheckpointFailureReason, detail: str, notify: bool = True) -> None:
         p = self.pending.pop(cid, None)
         if p is None:
             return
@@ -370,9 +378,9 @@ class CheckpointCoordinator:
         p.done.set()
         self._wake.set()
         stats = self._stats(cid)
-        stats.status = "failed"
+        stats.finish(CheckpointStatus.FAILED)
         stats.failure_reason = reason.name
-        stats.failure_detail = detail or reason.value
+        stats.failure_detail = detail or reason.message
         stats.duration_s = time.monotonic() - p.started
         try:
             self.storage.record_stats(stats.to_dict())
@@ -385,8 +393,8 @@ class CheckpointCoordinator:
         self.storage.discard(cid, savepoint)
         quiet = (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED, CheckpointFailureReason.JOB_CANCELLED)
         if reason not in quiet:
-            log.warning("checkpoint %d failed: %s %s", cid, reason.value, detail)
-        if count and reason is not CheckpointFailureReason.SUBSUMED:
+            log.warning("checkpoint %d failed: %s %s", cid, reason.message, detail)
+        if reason.counts_toward_tolerable:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
                 self.on_fatal(

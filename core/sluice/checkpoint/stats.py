@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CheckpointStats"]
+from sluice.errors import IllegalTransitionError
+
+__all__ = ["CheckpointStats", "CheckpointStatus"]
+
+
+class CheckpointStatus(enum.StrEnum):
+    """Where a checkpoint is: in progress until it completes or fails. The values are what
+    ``_stats.jsonl`` holds and ``sluice checkpoints list|show`` prints."""
+
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
 
 
 @dataclass
@@ -13,7 +25,7 @@ class CheckpointStats:
     """What ``sluice checkpoints show`` prints for a checkpoint."""
 
     checkpoint_id: int
-    status: str  # "completed" | "failed" | "in_progress"
+    status: CheckpointStatus
     trigger_time: float
     kind: str = "checkpoint"
     alignment: str = "aligned"
@@ -25,6 +37,15 @@ class CheckpointStats:
     path: str | None = None
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def finish(self, status: CheckpointStatus) -> None:
+        """Record the outcome; a checkpoint completes or fails once, from in progress."""
+        if self.status is not CheckpointStatus.IN_PROGRESS or status is CheckpointStatus.IN_PROGRESS:
+            raise IllegalTransitionError(
+                f"checkpoint {self.checkpoint_id}: cannot go from {self.status} to {status} "
+                "(a checkpoint completes or fails once, from in_progress); this is a bug in sluice"
+            )
+        self.status = status
+
     @property
     def switched_to_unaligned(self) -> bool:
         return any(t.get("switched") for t in self.tasks.values())
@@ -35,6 +56,7 @@ class CheckpointStats:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["status"] = self.status.value
         d["switched_to_unaligned"] = self.switched_to_unaligned
         d["unaligned"] = self.is_unaligned
         return d

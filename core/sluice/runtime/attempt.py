@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.checkpoint.coordinator import CheckpointCoordinator
 from sluice.checkpoint.storage import CheckpointStorage
-from sluice.errors import CheckpointFailureReason
+from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.restore import RestoredCheckpoint
@@ -33,11 +33,12 @@ log = logging.getLogger("sluice.job")
 
 
 class AttemptCancelled(Exception):
-    """The client cancelled the job: the attempt ends and no restart follows."""
+    """Set as :attr:`JobAttempt.failure` when the job is cancelled (:meth:`JobAttempt.cancel`): a signal,
+    not an error. The attempt ends and no restart follows."""
 
 
-class AttemptFailedError(Exception):
-    """An attempt failed; ``__cause__`` is the root cause. Triggers a restart."""
+class AttemptFailedError(SluiceError):
+    """An attempt failed; ``__cause__`` is the root cause. The restart strategy decides what follows."""
 
 
 class _EnumeratorCtx:
@@ -244,13 +245,28 @@ class JobAttempt:
             v = self.job.vertices[task.vertex]
             self.enumerators[v.chain[0].uid].handle_split_request(task.index)
 
-    # -- teardown --------------------------------------------------------------------------------------
+    # -- outcome and teardown --------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """The job is cancelled: end this attempt (the runtime cancels its tasks); no restart follows."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = AttemptCancelled("cancelled")
+        self.done.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return isinstance(self.failure, AttemptCancelled)
+
+    @property
+    def succeeded(self) -> bool:
+        """Every task finished (after its final checkpoint) and nothing failed."""
+        return self.failure is None and len(self.finished_tasks) == len(self.tasks)
+
     def stop(self) -> None:
         self.done.set()
         if self.coordinator is not None:
-            ok = self.failure is None and len(self.finished_tasks) == len(self.tasks)
-            reason = CheckpointFailureReason.FINISHED if ok else CheckpointFailureReason.JOB_FAILOVER
-            if isinstance(self.failure, AttemptCancelled):
+            reason = CheckpointFailureReason.FINISHED if self.succeeded else CheckpointFailureReason.JOB_FAILOVER
+            if self.cancelled:
                 reason = CheckpointFailureReason.JOB_CANCELLED
             self.coordinator.stop(reason)
         for e in self.enumerators.values():

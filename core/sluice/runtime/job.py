@@ -1,6 +1,7 @@
 """Running a job: the restart strategy around attempts, and which checkpoint each attempt restores.
 
-``run_job`` applies the restart strategy (tenacity) around attempts. An attempt loads the checkpoint to
+``run_job`` applies the restart strategy (tenacity) around attempts and moves the job's
+:class:`~sluice.runtime.status.JobStatus` along its table (created, running, restarting, ... finished). An attempt loads the checkpoint to
 restore (the user's, or the latest completed one after a failure), lets sinks clean up what later,
 unfinished checkpoints left behind, re-commits the restored committables, starts the coordinator and the
 source enumerators (:class:`~sluice.runtime.attempt.JobAttempt`). The runtime (in-process or Spark) only
@@ -12,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage
@@ -20,9 +20,10 @@ from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
 from sluice.errors import ConfigError, JobFailedError, RestoreError
 from sluice.events import AlignmentMode
 from sluice.graph import JobGraph
-from sluice.runtime.attempt import AttemptCancelled, AttemptFailedError, JobAttempt
+from sluice.runtime.attempt import AttemptFailedError, JobAttempt
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.status import JobLifecycle, JobStatus
 
 __all__ = ["JobConfig", "JobResult", "run_job"]
 
@@ -56,10 +57,19 @@ class JobConfig:
 
 @dataclass
 class JobResult:
-    """What a finished (or cancelled) job reports."""
+    """What a finished (or cancelled) job reports.
+
+    Attributes:
+        status: ``JobStatus.FINISHED`` or ``JobStatus.CANCELLED`` (a string enum: ``== "finished"`` holds).
+        attempts: attempts run (restarts + 1).
+        last_checkpoint: id of the last completed checkpoint, if any.
+        checkpoints: statistics of every checkpoint of every attempt.
+        metrics: task metrics summed over subtasks and attempts.
+        failures: one line per failed attempt.
+    """
 
     job_id: str
-    status: str
+    status: JobStatus
     attempts: int
     last_checkpoint: int | None
     checkpoints: list[CheckpointStats]
@@ -102,14 +112,21 @@ def run_job(
     run_attempt: Callable[[JobAttempt, FaultHook], None],
     faults: FaultHook = NO_FAULTS,
     on_attempt: Callable[[JobAttempt], None] | None = None,
+    lifecycle: JobLifecycle | None = None,
 ) -> JobResult:
-    """Run ``job`` with failover: each attempt restores and runs until it finishes, fails or is cancelled."""
-    storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options)
-    state: dict[str, Any] = {"attempt": 0, "failures": [], "history": [], "last": None, "metrics": {}}
+    """Run ``job`` with failover: each attempt restores and runs until it finishes, fails or is cancelled.
 
-    def one_attempt() -> None:
-        n = state["attempt"]
-        state["attempt"] += 1
+    ``lifecycle`` holds the job's :class:`~sluice.runtime.status.JobStatus` (a client cancels through it);
+    the result's status is where it ended: finished or cancelled. A job that fails for good raises
+    JobFailedError (RestoreError and ConfigError as they are: a restart cannot fix them).
+    """
+    status = lifecycle or JobLifecycle(cfg.job_id)
+    attempts = _AttemptLog()
+
+    def one_attempt(storage: CheckpointStorage) -> None:
+        if not status.advance(JobStatus.RUNNING):
+            return  # cancelled before this attempt began
+        n = attempts.begin()
         restored = resolve_restore(cfg, storage, n)
         if restored is not None:
             restored.check_compatible(job, cfg.allow_non_restored_state)
@@ -117,6 +134,7 @@ def run_job(
         a.faults = faults
         if on_attempt is not None:
             on_attempt(a)
+        status.on_cancel(a.cancel)
         try:
             a.recover_sinks()
             run_attempt(a, faults)
@@ -124,36 +142,68 @@ def run_job(
             if a.failure is None:
                 a.failure = exc
         finally:
+            status.on_cancel(None)
             a.stop()
-            if a.coordinator is not None:
-                state["history"].extend(a.coordinator.history)
-                if a.coordinator.completed:
-                    state["last"] = a.coordinator.completed[-1][0]
-            for t in a.tasks.values():
-                for ctx in getattr(t, "contexts", []):
-                    for k, v in ctx.metrics.items():
-                        state["metrics"][k] = state["metrics"].get(k, 0) + v
-        if a.failure is not None and not isinstance(a.failure, AttemptCancelled):
-            state["failures"].append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
-            if isinstance(a.failure, (RestoreError, ConfigError)):
-                raise a.failure  # a restart cannot fix these
-            raise AttemptFailedError(str(a.failure)) from a.failure
+            attempts.record(a)
+        if a.cancelled:
+            status.cancel()  # the runtime was cancelled directly: the job ends cancelled all the same
+        elif a.failure is not None:
+            attempts.failures.append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
+        if a.failure is None or status.status is JobStatus.CANCELLING:
+            return  # finished, or cancelled: no restart either way
+        if isinstance(a.failure, (RestoreError, ConfigError)):
+            raise a.failure  # a restart cannot fix these
+        raise AttemptFailedError(str(a.failure)) from a.failure
 
     try:
-        for attempt in cfg.restart.retrying(AttemptFailedError):
+        storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options)
+        retrying = cfg.restart.retrying(AttemptFailedError).copy(
+            before_sleep=lambda _: status.advance(JobStatus.RESTARTING), sleep=status.sleep
+        )
+        for attempt in retrying:
             with attempt:
-                one_attempt()
-    except AttemptFailedError as exc:
-        cause = exc.__cause__ or exc
-        raise JobFailedError(
-            f"job {cfg.job_id!r} failed after {state['attempt']} attempt(s); root cause: {cause}"
-        ) from cause
-    return JobResult(
-        cfg.job_id,
-        "finished",
-        state["attempt"],
-        state["last"],
-        state["history"],
-        state["metrics"],
-        state["failures"],
-    )
+                one_attempt(storage)
+    except BaseException as exc:
+        if status.advance(JobStatus.FAILING):  # else a cancel came first: the job ends cancelled
+            status.transition(JobStatus.FAILED)
+            if not isinstance(exc, AttemptFailedError):
+                raise
+            cause = exc.__cause__ or exc
+            raise JobFailedError(
+                f"job {cfg.job_id!r} failed after {attempts.count} attempt(s); root cause: {cause}"
+            ) from cause
+    if not status.advance(JobStatus.FINISHED):
+        status.transition(JobStatus.CANCELLED)
+    return attempts.result(cfg.job_id, status.status)
+
+
+class _AttemptLog:
+    """What a job keeps across its attempts: how many ran, their failures, checkpoints and metrics."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.failures: list[str] = []
+        self.checkpoints: list[CheckpointStats] = []
+        self.last_checkpoint: int | None = None
+        self.metrics: dict[str, int] = {}
+
+    def begin(self) -> int:
+        """Count an attempt in; returns its number (0 first)."""
+        self.count += 1
+        return self.count - 1
+
+    def record(self, a: JobAttempt) -> None:
+        """Keep what an ended attempt's coordinator and tasks report."""
+        if a.coordinator is not None:
+            self.checkpoints.extend(a.coordinator.history)
+            if a.coordinator.completed:
+                self.last_checkpoint = a.coordinator.completed[-1][0]
+        for t in a.tasks.values():
+            for ctx in getattr(t, "contexts", []):
+                for k, v in ctx.metrics.items():
+                    self.metrics[k] = self.metrics.get(k, 0) + v
+
+    def result(self, job_id: str, status: JobStatus) -> JobResult:
+        return JobResult(
+            job_id, status, self.count, self.last_checkpoint, self.checkpoints, self.metrics, self.failures
+        )

@@ -1,0 +1,92 @@
+"""A running job, seen from the program that started it: wait, cancel, savepoint, status.
+
+:meth:`sluice.api.Pipeline.start` returns a :class:`JobClient`; the job runs in a background thread
+(:func:`~sluice.runtime.job.run_job`) and its :class:`~sluice.runtime.status.JobStatus` changes only along
+the transitions of :mod:`sluice.runtime.status`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sluice.checkpoint.storage import checkpoint_storage
+from sluice.graph import JobGraph
+from sluice.runtime.fault_hook import FaultHook
+from sluice.runtime.job import JobConfig, JobResult, run_job
+from sluice.runtime.status import JobLifecycle, JobStatus
+
+__all__ = ["JobClient"]
+
+
+class JobClient:
+    """A running job: wait for it, cancel it, take a savepoint, read its :class:`JobStatus`."""
+
+    def __init__(self, job: JobGraph, cfg: JobConfig, runtime: Any, faults: FaultHook) -> None:
+        self.job = job
+        self.config = cfg
+        self.runtime = runtime
+        self._lifecycle = JobLifecycle(cfg.job_id)
+        self._result: JobResult | None = None
+        self._error: BaseException | None = None
+        self._attempt: Any = None
+        self._thread = threading.Thread(target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True)
+        self._thread.start()
+
+    def _main(self, faults: FaultHook) -> None:
+        try:
+            self._result = run_job(
+                self.job,
+                self.config,
+                self.runtime.run_attempt,
+                faults,
+                on_attempt=lambda a: setattr(self, "_attempt", a),
+                lifecycle=self._lifecycle,
+            )
+        except BaseException as exc:
+            self._error = exc
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Wait for the job to end; raises JobFailedError if it failed for good."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"job {self.config.job_id!r} still running after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    @property
+    def status(self) -> JobStatus:
+        """Where the job is now (created, running, restarting, cancelling, ... finished)."""
+        return self._lifecycle.status
+
+    def cancel(self) -> JobResult:
+        """Cancel the job and return its result (its status is ``cancelled``, or ``finished`` if it had
+        finished already). Checkpoints of a cancelled job are kept if ``retain_on_cancel``."""
+        if self._lifecycle.cancel():
+            self.runtime.cancel()
+        result = self.wait()
+        cc = self.config.checkpoint
+        if result.status is JobStatus.CANCELLED and not cc.retain_on_cancel:
+            st = checkpoint_storage(cc.storage, self.config.job_id, **cc.storage_options)
+            for cid, _, sp in st.completed():
+                if not sp:
+                    st.discard(cid)
+        return result
+
+    def trigger_savepoint(self, timeout: float = 600.0) -> str:
+        """Take an aligned savepoint now; returns its path (usable as ``restore=``)."""
+        a = self._attempt
+        if a is None or a.coordinator is None:
+            raise RuntimeError("the job is not running yet")
+        return a.coordinator.trigger_savepoint(timeout)  # type: ignore[no-any-return]
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def checkpoint_history(self) -> list[Any]:
+        a = self._attempt
+        return list(a.coordinator.history) if a is not None and a.coordinator is not None else []

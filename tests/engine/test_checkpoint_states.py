@@ -1,0 +1,116 @@
+"""The coordinator's small state machines: acknowledgement results, checkpoint statuses, and which failure
+reasons count toward ``tolerable_failed_checkpoints`` (a real coordinator over local storage)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sluice import CheckpointConfig, CheckpointError, CheckpointFailureReason
+from sluice.checkpoint.coordinator import AckResult, CheckpointCoordinator
+from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
+from sluice.checkpoint.storage import checkpoint_storage
+from sluice.errors import IllegalTransitionError
+from sluice.events import CheckpointBarrier
+from sluice.graph import SubtaskId
+
+A, B = SubtaskId(0, 0), SubtaskId(0, 1)
+
+
+class Handle:
+    def __init__(self) -> None:
+        self.triggered: list[int] = []
+        self.completed: list[int] = []
+        self.aborted: list[int] = []
+
+    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None:
+        self.triggered.append(barrier.checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed.append(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self.aborted.append(checkpoint_id)
+
+
+def coordinator(tmp_path, tolerable: int = 0, concurrent: int = 1) -> tuple[CheckpointCoordinator, list[BaseException]]:
+    cfg = CheckpointConfig(
+        interval=None, storage=str(tmp_path), tolerable_failed_checkpoints=tolerable, max_concurrent=concurrent
+    )
+    fatal: list[BaseException] = []
+    c = CheckpointCoordinator(
+        cfg, checkpoint_storage(str(tmp_path), "job"), {A: Handle(), B: Handle()}, {A, B}, {"job_id": "job"}, 1,
+        on_fatal=fatal.append,
+    )
+    return c, fatal
+
+
+def trigger(c: CheckpointCoordinator) -> int:
+    cid = c._try_trigger(forced=True)
+    assert cid is not None
+    return cid
+
+
+def test_acknowledgements_return_a_result_and_never_raise(tmp_path) -> None:
+    c, fatal = coordinator(tmp_path)
+    assert c.acknowledge(A, 1, {}) is AckResult.UNKNOWN
+    cid = trigger(c)
+    assert c.acknowledge(A, cid, {}) is AckResult.SUCCESS
+    assert c.acknowledge(A, cid, {}) is AckResult.DUPLICATE
+    assert c.acknowledge(B, cid, {}) is AckResult.SUCCESS
+    assert c.acknowledge(B, cid, {}) is AckResult.DISCARDED  # completed: no longer pending
+    assert [s.status for s in c.history] == [CheckpointStatus.COMPLETED] and not fatal
+
+
+def test_statuses_are_written_as_their_json_values(tmp_path) -> None:
+    c, _ = coordinator(tmp_path, tolerable=5)
+    done = trigger(c)
+    c.acknowledge(A, done, {})
+    c.acknowledge(B, done, {})
+    failed = trigger(c)
+    c.decline(A, failed, "disk full")
+    rows = [json.loads(line) for line in (tmp_path / "job" / "_stats.jsonl").read_text().splitlines()]
+    assert [(r["checkpoint_id"], r["status"], r["failure_reason"]) for r in rows] == [
+        (done, "completed", None),
+        (failed, "failed", "DECLINED"),
+    ]
+    assert c.history[-1].status == "failed" and c.history[-1].failure_detail == "disk full"
+
+
+@pytest.mark.parametrize("reason", list(CheckpointFailureReason))
+def test_only_failures_that_say_something_about_the_job_count_toward_the_tolerable_limit(
+    tmp_path, reason: CheckpointFailureReason
+) -> None:
+    c, fatal = coordinator(tmp_path, tolerable=0)
+    cid = trigger(c)
+    c._abort(cid, reason, "test")
+    counts = reason in (
+        CheckpointFailureReason.EXPIRED,
+        CheckpointFailureReason.DECLINED,
+        CheckpointFailureReason.STORAGE_FAILURE,
+    )
+    assert reason.counts_toward_tolerable is counts
+    assert c.consecutive_failures == int(counts)
+    assert [type(e) for e in fatal] == ([CheckpointError] if counts else [])
+    assert c.history[-1].status is CheckpointStatus.FAILED and c.history[-1].failure_reason == reason.name
+
+
+def test_subsumed_and_stopped_checkpoints_do_not_fail_the_job(tmp_path) -> None:
+    c, fatal = coordinator(tmp_path, tolerable=0, concurrent=3)
+    first, second, third = trigger(c), trigger(c), trigger(c)
+    c.acknowledge(A, second, {})
+    c.acknowledge(B, second, {})  # completes: the first is subsumed
+    c.stop(CheckpointFailureReason.JOB_FAILOVER)  # the third ends with the attempt
+    by_id = {s.checkpoint_id: s for s in c.history}
+    assert by_id[first].failure_reason == "SUBSUMED" and by_id[third].failure_reason == "JOB_FAILOVER"
+    assert by_id[second].status is CheckpointStatus.COMPLETED
+    assert not fatal and c.consecutive_failures == 0
+
+
+def test_a_checkpoint_completes_or_fails_once() -> None:
+    s = CheckpointStats(7, CheckpointStatus.IN_PROGRESS, 0.0)
+    s.finish(CheckpointStatus.COMPLETED)
+    with pytest.raises(IllegalTransitionError, match="checkpoint 7: cannot go from completed to failed"):
+        s.finish(CheckpointStatus.FAILED)
+    with pytest.raises(IllegalTransitionError, match="in_progress to in_progress"):
+        CheckpointStats(8, CheckpointStatus.IN_PROGRESS, 0.0).finish(CheckpointStatus.IN_PROGRESS)
