@@ -31,19 +31,25 @@ MODE_POINTS = {
 }
 #: points hit once per batch: counts barely depend on timing
 _PER_BATCH = ("process", "source")
+#: points hit only while a checkpoint meets live input channels: a run may see none where another saw a few
+_SPARSE = ("align", "channel_state")
 _AFTER_COMPLETION = ("complete_to_commit", "commit", "final_checkpoint")
 
 
 def _first(rng: random.Random, point: str, count: int) -> PlannedFault:
     if point == "final_checkpoint":
         return PlannedFault(point, rng.randint(0, count - 1))
-    share = 2 if point in _PER_BATCH else 4
+    share = 2 if point in _PER_BATCH else 8 if point in _SPARSE else 4
     return PlannedFault(point, rng.randint(0, max(0, count // share - 1)))
+
+
+def _reachable(point: str, count: int) -> bool:
+    return count >= 4 if point in _SPARSE else count > 0
 
 
 def crash_plan(rng: random.Random, hits: dict[str, int], mode: str, crashes: int) -> list[PlannedFault]:
     """``crashes`` (1 or 2) crashes at points ``hits`` shows reachable in ``mode``."""
-    reachable = [p for p in MODE_POINTS[mode] if hits.get(p, 0) > 0]
+    reachable = [p for p in MODE_POINTS[mode] if _reachable(p, hits.get(p, 0))]
     assert reachable, f"no fault point was reached: {hits}"
     point = rng.choice(reachable)
     plan = [_first(rng, point, hits[point])]
