@@ -203,8 +203,27 @@ def run_shape(
     ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
     overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the sink's commit path.
     """
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix=f"sluice-{shape.name}-{seed}-") as d:
+            return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, d, restore)
+    return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, directory, restore)
+
+
+def _run(
+    shape: Shape,
+    seed: int,
+    faults: FaultHook | None,
+    mode: str,
+    alignment: dict[str, Any] | None,
+    attempts: int,
+    runtime: str,
+    checkpoint: dict[str, Any] | None,
+    global_commit: bool | None,
+    scale: int | None,
+    d: str,
+    restore: str,
+) -> Run:
     rng = random.Random(seed)
-    d = directory or tempfile.mkdtemp(prefix=f"sluice-{shape.name}-{seed}-")
     drawn = rng.random() < 0.5  # always drawn: the data must not depend on the override
     gc = drawn if global_commit is None else global_commit
     p = Pipeline(

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import functools
-import random
-import tempfile
 from typing import Any
 
-from sluice import Pipeline
 from sluice.api import JobResult
 from sluice.runtime.fault_hook import FaultHook
 
-from tests.faults.shapes import SHAPE, Build, Shape, run_shape
+from tests.faults.shapes import SHAPE, Shape, run_shape
 
 
 def shape_named(name: str) -> Shape:
@@ -40,10 +37,3 @@ def reference(shape_name: str, seed: int) -> tuple[tuple[Any, ...], ...]:
     rows, _ = run_shape_on("local", shape_named(shape_name), seed)
     return tuple(rows)
 
-
-def num_slots(shape_name: str, seed: int) -> int:
-    rng = random.Random(seed)
-    p = Pipeline("probe", max_parallelism=rng.choice([8, 16, 128]))
-    rng.choice([0.01, 0.03, 0.08]), rng.choice([1, 2, 4]), rng.random()
-    shape_named(shape_name).build(p, Build(rng, tempfile.mkdtemp(prefix="sluice-probe-")))
-    return p.build().num_slots
