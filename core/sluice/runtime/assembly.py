@@ -60,7 +60,8 @@ def build_task(
     restored: RestoredCheckpoint | None,
     faults: FaultHook,
 ) -> Task:
-    """Assemble subtask ``index`` of ``vertex``: operators, chain outputs, writers, reader, restore."""
+    """Assemble subtask ``index`` of ``vertex`` (operators, chain outputs, writers, reader, restore) into a
+    :class:`~sluice.runtime.task_spec.TaskSpec`, and the :class:`Task` that runs it."""
     kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
     ops = [node.factory() for node in vertex.chain]
     ctxs = [
