@@ -306,9 +306,11 @@ def test_idle_input_does_not_hold_back_event_time(tmp_path) -> None:
         def process_watermark(self, timestamp: int) -> None:
             seen.append(timestamp)
 
+    from sluice.events import AlignmentMode
     from sluice.graph import SubtaskId
     from sluice.runtime.operators import OperatorContext
     from sluice.runtime.task import Task
+    from sluice.runtime.task_spec import TaskSpec
     from sluice.state.keygroups import key_group_range
 
     sig = Signal()
@@ -316,23 +318,23 @@ def test_idle_input_does_not_hold_back_event_time(tmp_path) -> None:
     op = Rec("rec")
     ctx = OperatorContext("rec", 0, 1, 8, key_group_range(8, 1, 0), "j", 0)
     op.setup(ctx, None)  # type: ignore[arg-type]
-    t = Task(SubtaskId(0, 0), "rec", [op], [ctx], [a, b], [0, 0], True, {}, sig, None, None,  # type: ignore[arg-type]
-             __import__("sluice.events", fromlist=["AlignmentMode"]).AlignmentMode.ALIGNED)
+    spec = TaskSpec(SubtaskId(0, 0), "rec", [op], [ctx], [a, b], [0, 0], {}, sig, AlignmentMode.ALIGNED)
+    t = Task(spec, None, None)  # type: ignore[arg-type]
     a.send(Watermark(100))
-    t._poll_input()
+    t.gate.poll()
     assert seen == []  # b has no watermark yet
     b.send(WatermarkStatus(idle=True))
-    t._poll_input()
+    t.gate.poll()
     assert seen == [100]
     b.send(Watermark(50))  # b is active again, behind a: no regression
-    while t._poll_input():
+    while t.gate.poll():
         pass
     a.send(Watermark(200))  # and now it holds event time back at its own watermark
-    while t._poll_input():
+    while t.gate.poll():
         pass
     assert seen == [100]
     b.send(Watermark(300))
-    while t._poll_input():
+    while t.gate.poll():
         pass
     assert seen == [100, 200]
 

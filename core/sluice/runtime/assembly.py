@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.events import AlignmentMode
 from sluice.graph import JobEdge, JobGraph, JobVertex, NodeKind, Partitioning, SubtaskId
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.operators import OperatorContext
+from sluice.runtime.output import ChainOutput, RecordWriter
 from sluice.runtime.partitioners import (
     BroadcastPartitioner,
     ForwardPartitioner,
@@ -20,7 +22,8 @@ from sluice.runtime.partitioners import (
     RebalancePartitioner,
 )
 from sluice.runtime.restore import RestoredCheckpoint
-from sluice.runtime.task import ChainOutput, RecordWriter, Task, TaskGateway
+from sluice.runtime.task import Task, TaskGateway
+from sluice.runtime.task_spec import TaskSpec
 from sluice.state.keygroups import key_group_range
 
 if TYPE_CHECKING:
@@ -57,7 +60,8 @@ def build_task(
     restored: RestoredCheckpoint | None,
     faults: FaultHook,
 ) -> Task:
-    """Assemble subtask ``index`` of ``vertex``: operators, chain outputs, writers, reader, restore."""
+    """Assemble subtask ``index`` of ``vertex`` (operators, chain outputs, writers, reader, restore) into a
+    :class:`~sluice.runtime.task_spec.TaskSpec`, and the :class:`Task` that runs it."""
     kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
     ops = [node.factory() for node in vertex.chain]
     ctxs = [
@@ -79,29 +83,26 @@ def build_task(
         reader = head.spec.create_reader(
             _ReaderCtx(SubtaskId(vertex.id, index), vertex.parallelism, cfg.job_id, ctxs[0], gateway)
         )
-    unaligned_ok = all(
-        e.partitioning not in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs
-    )
-    restore = restored.for_subtask(job, vertex, index) if restored is not None else None
-    task = Task(
+    alignment = cfg.alignment()
+    if alignment in (AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE) and any(
+        e.partitioning in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs
+    ):
+        alignment = AlignmentMode.ALIGNED  # a forward/broadcast input aligns (ARCHITECTURE.md 4)
+    spec = TaskSpec(
         SubtaskId(vertex.id, index),
         vertex.name,
         ops,
         ctxs,
         inputs,
         input_edges,
-        unaligned_ok,
         writers,
         signal,
-        gateway,
-        storage,
-        cfg.alignment(),
+        alignment,
         reader=reader,
-        restore=restore,
-        faults=faults,
+        restore=restored.for_subtask(job, vertex, index) if restored is not None else None,
         max_batch_rows=cfg.max_batch_rows,
     )
-    return task
+    return Task(spec, gateway, storage, faults)
 
 
 class _ReaderCtx:

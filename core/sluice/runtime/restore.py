@@ -7,12 +7,13 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.checkpoint.channel_state import read_ipc
 from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import RestoreError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.runtime.partitioners import HashPartitioner
-from sluice.runtime.task import TaskRestore, read_ipc
+from sluice.runtime.task_spec import TaskRestore
 from sluice.source import SourceSplit
 from sluice.state.keygroups import key_group_range
 

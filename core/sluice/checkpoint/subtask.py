@@ -1,0 +1,260 @@
+"""A subtask's part of a checkpoint (Flink ``SubtaskCheckpointCoordinatorImpl``).
+
+The **synchronous part** runs on the task thread when the barrier handler decides (or the coordinator
+triggers a source): every operator flushes what it buffers (pre-barrier), then snapshots its state as a
+cheap frozen copy, the source reader snapshots its split positions, and the barrier goes to every output:
+in order, at the head of the output queues when unaligned (the overtaken output becomes channel state), or
+in order after a priority *announcement* in timeout-adaptive mode. Exchanges that are never unaligned
+(forward, broadcast) get the in-order version of an unaligned barrier.
+
+The **asynchronous part** runs on the task's upload thread, so the task keeps processing: operators'
+asynchronous work (e.g. sink compaction), serialization, the write to checkpoint storage, then the
+acknowledgement with the state handle and the checkpoint's stats. An unaligned checkpoint is uploaded only
+once its channel state is complete. An upload that fails declines the checkpoint; a crash there (a
+``BaseException``) fails the task, as it would fail its process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sluice.checkpoint.channel_state import ChannelState, ChannelStateRecorder
+from sluice.checkpoint.payload import encode_task_state
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.events import (
+    AlignmentMode,
+    CancelCheckpointMarker,
+    CheckpointAnnouncement,
+    CheckpointBarrier,
+    CheckpointKind,
+    CheckpointOptions,
+)
+from sluice.graph import SubtaskId
+from sluice.runtime.operators import OperatorSnapshot
+from sluice.runtime.task_spec import TaskSpec
+from sluice.source import SourceSplit
+
+__all__ = ["CheckpointResponder", "PendingSnapshot", "SubtaskCheckpointing"]
+
+log = logging.getLogger("sluice.task")
+
+
+class CheckpointResponder(Protocol):
+    """Where a subtask reports the outcome of its part of a checkpoint (the coordinator)."""
+
+    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None: ...
+    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None: ...
+
+
+@dataclass
+class PendingSnapshot:
+    """A checkpoint between its synchronous snapshot and its acknowledgement."""
+
+    barrier: CheckpointBarrier
+    operators: dict[str, OperatorSnapshot]
+    splits: list[SourceSplit] | None
+    started: float
+    sync_s: float
+    unaligned: bool
+    channel_state: ChannelState = field(default_factory=ChannelState)
+    alignment_s: float = 0.0
+    switched: bool = False
+
+
+class SubtaskCheckpointing:
+    """Takes, uploads, acknowledges and forgets the snapshots of one subtask.
+
+    Every method except the upload itself runs on the task thread.
+
+    Args:
+        spec: The subtask (its operators, reader, writers and input numbering).
+        responder: Receives acknowledgements and declines.
+        storage: Where the task's state file of each checkpoint goes.
+        fault: The task's fault-injection hook.
+    """
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        responder: CheckpointResponder,
+        storage: CheckpointStorage,
+        fault: Callable[[str], None],
+    ) -> None:
+        self._spec = spec
+        self._name = spec.subtask_name
+        self._responder = responder
+        self._storage = storage
+        self._fault = fault
+        self._pending: dict[int, PendingSnapshot] = {}
+        self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"upload-{spec.task_id}")
+        #: the channel state of the unaligned checkpoint collecting its barriers, if any
+        self.channel_state = ChannelStateRecorder()
+        #: the highest checkpoint this subtask snapshotted
+        self.last_triggered = 0
+        #: a crash of the upload thread, re-raised by the task thread
+        self.async_error: BaseException | None = None
+
+    @property
+    def pending(self) -> list[int]:
+        """Ids of the checkpoints snapshotted but not yet completed or aborted."""
+        return sorted(self._pending)
+
+    # -- the synchronous part ------------------------------------------------------------------------
+    def perform_checkpoint(
+        self, barrier: CheckpointBarrier, unaligned: bool, outputs_open: bool, upload_now: bool
+    ) -> None:
+        """Snapshot operators and reader, forward ``barrier``, and upload unless channel state is due.
+
+        Args:
+            barrier: The checkpoint's barrier.
+            unaligned: Send the barrier ahead of queued output and persist what it overtook.
+            outputs_open: False after end of input: the outputs carry ``EndOfPartition`` and no barrier
+                follows it; what is still queued before it belongs to the receivers' checkpoints (they
+                see the channel as live until they reach ``EndOfPartition``), so no output state either.
+            upload_now: Upload at once even if unaligned (a task without inputs records nothing).
+        """
+        cid = barrier.checkpoint_id
+        self.last_triggered = max(self.last_triggered, cid)
+        t0 = time.perf_counter()
+        for op in self._spec.operators:
+            op.prepare_snapshot_pre_barrier(cid)
+        snaps = {op.name: op.snapshot_state(cid) for op in self._spec.operators}
+        reader = self._spec.reader
+        splits = reader.snapshot_state(cid) if reader is not None else None
+        state = ChannelState()
+        announce = barrier.options.alignment is AlignmentMode.ADAPTIVE and not unaligned
+        writers = self._spec.all_writers if outputs_open else []
+        for idx, w in enumerate(writers):
+            if unaligned and w.partitioner.supports_unaligned:
+                state.output.extend((idx, b) for b in w.broadcast_priority(barrier))
+            else:
+                if announce and w.partitioner.supports_unaligned:
+                    w.broadcast_priority(CheckpointAnnouncement(barrier))
+                w.broadcast(
+                    barrier if w.partitioner.supports_unaligned or not unaligned else _aligned(barrier)
+                )
+        sync_s = time.perf_counter() - t0
+        p = PendingSnapshot(barrier, snaps, splits, t0, sync_s, unaligned, channel_state=state)
+        self._pending[cid] = p
+        if not unaligned or upload_now:
+            self._upload(p)
+
+    def alignment_done(self, checkpoint_id: int, alignment_s: float, switched: bool) -> None:
+        """Record how long the checkpoint aligned, and whether it switched to unaligned on the way."""
+        p = self._pending.get(checkpoint_id)
+        if p is not None:
+            p.alignment_s = alignment_s
+            p.switched = switched
+
+    # -- channel state -------------------------------------------------------------------------------
+    def start_recording(
+        self, checkpoint_id: int, channels: set[int], overtaken: dict[int, list[Any]]
+    ) -> None:
+        """Persist the input each barrier overtook, and record ``channels`` until their barrier."""
+        self.channel_state.start(
+            checkpoint_id, self._pending[checkpoint_id].channel_state, channels, overtaken
+        )
+
+    def add_overtaken(self, checkpoint_id: int, channel: int, batches: list[Any]) -> None:
+        """Persist input that a later channel's priority barrier overtook."""
+        p = self._pending.get(checkpoint_id)
+        if p is not None:
+            p.channel_state.input.extend((channel, b) for b in batches)
+
+    def finish_recording(self, checkpoint_id: int) -> None:
+        """The channel state is complete: upload the checkpoint."""
+        p = self._pending.get(checkpoint_id)
+        self.channel_state.finish()
+        if p is not None:
+            self._fault("channel_state")
+            self._upload(p)
+
+    # -- the asynchronous part -----------------------------------------------------------------------
+    def _upload(self, p: PendingSnapshot) -> None:
+        self._uploads.submit(self._upload_async, p)
+
+    def _upload_async(self, p: PendingSnapshot) -> None:
+        cid = p.barrier.checkpoint_id
+        task_id = self._spec.task_id
+        try:
+            t0 = time.perf_counter()
+            ops: dict[str, Any] = {}
+            committables: list[Any] = []
+            for name, s in p.operators.items():
+                if s.async_part is not None:
+                    s.async_part(s)
+                ops[name] = {
+                    "keyed": s.keyed.serialize() if s.keyed is not None else {},
+                    "operator": s.operator,
+                }
+                if s.committables:
+                    committables.extend((name, c) for c in s.committables)
+            payload: dict[str, Any] = {"operators": ops, "splits": p.splits}
+            payload.update(p.channel_state.encode(self._spec.input_index_of))
+            data = encode_task_state(payload)
+            savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
+            path = self._storage.write_task_state(
+                cid, f"{task_id.vertex}-{task_id.index}.state", data, savepoint
+            )
+            self._fault("snapshot_to_ack")
+            handle = {
+                "path": path,
+                "size": len(data),
+                "committables": committables,
+                "stats": {
+                    "sync_s": p.sync_s,
+                    "async_s": time.perf_counter() - t0,
+                    "alignment_s": p.alignment_s,
+                    "unaligned": p.unaligned,
+                    "switched": p.switched,
+                    "inflight_bytes": p.channel_state.nbytes,
+                    "state_bytes": len(data),
+                },
+            }
+            self._responder.acknowledge(task_id, cid, handle)
+        except Exception as exc:
+            log.warning("%s: checkpoint %d upload failed: %s", self._name, cid, exc)
+            self._responder.decline(task_id, cid, f"{self._name}: upload failed: {exc}")
+        except BaseException as exc:  # a crash (simulated ones too): the task fails, as its process would
+            self.async_error = exc
+            self._spec.signal.notify()
+
+    # -- outcome -------------------------------------------------------------------------------------
+    def abort_checkpoint(self, checkpoint_id: int, reason: str) -> None:
+        """This subtask gives up ``checkpoint_id``: cancel it downstream and decline it."""
+        for w in self._spec.all_writers:
+            w.broadcast(CancelCheckpointMarker(checkpoint_id))
+        self.channel_state.abort(checkpoint_id)
+        self._pending.pop(checkpoint_id, None)
+        self._responder.decline(self._spec.task_id, checkpoint_id, f"{self._name}: {reason}")
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` completed: forget it and older ones, tell operators and the reader."""
+        for cid in [c for c in self._pending if c <= checkpoint_id]:
+            del self._pending[cid]
+        for op in self._spec.operators:
+            op.notify_checkpoint_complete(checkpoint_id)
+        if self._spec.reader is not None:
+            self._spec.reader.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        """The coordinator aborted ``checkpoint_id``: forget it, tell operators."""
+        if self._pending.pop(checkpoint_id, None) is not None:
+            self.channel_state.abort(checkpoint_id)
+        for op in self._spec.operators:
+            op.notify_checkpoint_aborted(checkpoint_id)
+
+    def shutdown(self) -> None:
+        """Stop the upload thread; uploads not started are dropped (the task is ending)."""
+        self._uploads.shutdown(wait=False, cancel_futures=True)
+
+
+def _aligned(barrier: CheckpointBarrier) -> CheckpointBarrier:
+    """The in-order version of ``barrier`` for exchanges that are never unaligned (forward, broadcast)."""
+    opts = CheckpointOptions(barrier.options.kind, AlignmentMode.ALIGNED, barrier.options.alignment_timeout)
+    return CheckpointBarrier(barrier.checkpoint_id, barrier.timestamp, opts)

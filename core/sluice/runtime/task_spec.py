@@ -1,0 +1,81 @@
+"""What a task is made of (Flink's ``TaskDeploymentDescriptor``, resolved into live objects).
+
+:func:`sluice.runtime.assembly.build_task` builds a :class:`TaskSpec` per subtask (operators set up with
+their chain outputs, channels, writers, the source reader, the restored state); the :class:`Task` runs it
+with the services of its runtime (coordinator gateway, checkpoint storage, fault hook).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+
+from sluice.events import AlignmentMode
+from sluice.graph import SubtaskId
+from sluice.runtime.channels import InputChannel, Signal
+from sluice.runtime.operators import Operator, OperatorContext
+from sluice.runtime.output import RecordWriter
+from sluice.source import SourceReader
+
+__all__ = ["TaskRestore", "TaskSpec"]
+
+
+@dataclass
+class TaskRestore:
+    """What a subtask restores from a checkpoint (already redistributed for its index)."""
+
+    checkpoint_id: int
+    keyed: dict[str, dict[int, bytes]] = field(default_factory=dict)  # node uid -> key group -> blob
+    operator: dict[str, list[Any]] = field(default_factory=dict)  # node uid -> operator states
+    #: batches to process before any new input (input channel state), per input index
+    replay_input: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+    #: batches to send before anything else (output channel state), per output writer index
+    resend_output: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One subtask, assembled: its operator chain, channels, writers and what it restores.
+
+    Attributes:
+        task_id: Which subtask of which vertex.
+        name: The vertex's name.
+        operators: The operator chain, each already set up with its context and chain output.
+        contexts: The operators' contexts, in chain order.
+        inputs: The input channels, in the order the barrier handler numbers them.
+        input_index_of: For each input channel, the head operator's input it feeds (0, or 1 for the
+            second input of a two-input operator).
+        writers: The writers of each output, by (producing node id, side output tag or None).
+        signal: The task's wake-up, shared with its channels.
+        alignment: How this task handles barriers (already aligned where an input exchange is never
+            unaligned: forward and broadcast).
+        reader: The source reader if the chain's head is a source.
+        restore: What the task restores, None on a fresh start.
+        max_batch_rows: Input batches are processed in slices of at most this many rows (0: whole).
+    """
+
+    task_id: SubtaskId
+    name: str
+    operators: list[Operator]
+    contexts: list[OperatorContext]
+    inputs: list[InputChannel]
+    input_index_of: list[int]
+    writers: dict[tuple[int, str | None], list[RecordWriter]]
+    signal: Signal
+    alignment: AlignmentMode
+    reader: SourceReader | None = None
+    restore: TaskRestore | None = None
+    max_batch_rows: int = 0
+
+    @property
+    def subtask_name(self) -> str:
+        """``name (i/parallelism)``, as logs and decline reasons name the subtask."""
+        return f"{self.name} ({self.task_id.index + 1}/{self.contexts[0].parallelism})"
+
+    @cached_property
+    def all_writers(self) -> list[RecordWriter]:
+        """Every writer, in the order output channel state numbers them."""
+        return [w for ws in self.writers.values() for w in ws]
