@@ -6,7 +6,10 @@ import datetime as dt
 import json
 import logging
 import runpy
+import signal
 import sys
+import threading
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,9 @@ import click
 
 from sluice.api import Pipeline
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage, parse_checkpoint_uri
+from sluice.client import JobClient
 from sluice.errors import SluiceError
+from sluice.runtime.job import JobResult
 
 __all__ = ["main"]
 
@@ -102,22 +107,62 @@ def run(
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
 ) -> None:
-    """Run the pipeline defined in JOB (a Python file)."""
+    """Run the pipeline defined in JOB (a Python file).
+
+    SIGTERM (or Ctrl-C) stops the job with a savepoint (sources stop, the savepoint is its last checkpoint,
+    sinks commit it) and prints the savepoint's path: resume with --restore PATH. A second signal while
+    stopping cancels the job.
+    """
     pipeline = load_pipeline(job)
     try:
-        result = pipeline.run(
-            runtime=runtime,
+        client = pipeline.start(
+            runtime=runtime,  # type: ignore[arg-type]
             restore=restore,
-            spark_master=master,  # type: ignore[arg-type, unused-ignore]
+            spark_master=master,
             recover_without_channel_state=recover_without_channel_state,
             allow_non_restored_state=allow_non_restored_state,
         )
+        result = _wait_or_stop(client)
     except SluiceError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
         f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
         f"last checkpoint {result.last_checkpoint}"
     )
+    if result.stopped_at:
+        click.echo(f"stopped at {result.stopped_at}; resume with: sluice run {job} --restore {result.stopped_at}")
+
+
+def _wait_or_stop(client: JobClient) -> JobResult:
+    """Wait for the job; on SIGTERM/SIGINT stop it with a savepoint, on a second one cancel it."""
+    signals: list[int] = []
+    handler = lambda signum, frame: signals.append(signum)  # noqa: E731 - the main thread acts on it
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while client.running:
+            if signals:
+                click.echo("stopping the job with a savepoint (signal again to cancel)", err=True)
+                stopper = threading.Thread(target=_stop_quietly, args=(client,), daemon=True)
+                stopper.start()
+                while stopper.is_alive() and len(signals) < 2:
+                    stopper.join(0.1)
+                if len(signals) >= 2:
+                    click.echo("cancelling the job", err=True)
+                    return client.cancel()
+                signals.clear()  # stopped, or the stop failed and the job goes on
+                continue
+            time.sleep(0.1)
+        return client.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _stop_quietly(client: JobClient) -> None:
+    try:
+        client.stop(savepoint=True)
+    except SluiceError as exc:
+        click.echo(f"stop with a savepoint failed, the job goes on: {exc}", err=True)
 
 
 @main.group()

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from sluice.checkpoint.storage import checkpoint_storage
+from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.graph import JobGraph
 from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.job import JobConfig, JobResult, run_job
@@ -77,10 +78,32 @@ class JobClient:
 
     def trigger_savepoint(self, timeout: float = 600.0) -> str:
         """Take an aligned savepoint now; returns its path (usable as ``restore=``)."""
+        return self._coordinator().trigger_savepoint(timeout)  # type: ignore[no-any-return]
+
+    def stop(self, savepoint: bool = True, drain: bool = False, timeout: float = 600.0) -> JobResult:
+        """Stop the job with a last checkpoint, as Flink's stop-with-savepoint, and return its result.
+
+        Sources stop reading; the savepoint (or, with ``savepoint=False``, a regular checkpoint) is the
+        job's last checkpoint; sinks commit it; the job ends ``stopped`` and ``result.stopped_at`` is its
+        path: run again with ``restore=result.stopped_at`` to go on exactly where it stopped. With
+        ``drain=True`` the sources end their input first, so event time reaches its end and every
+        event-time timer fires (use it when the job will not be resumed). If the savepoint fails the job
+        goes on running and the error (a CheckpointError) is raised.
+        """
+        self._lifecycle.transition(JobStatus.STOPPING)
+        try:
+            self._coordinator().stop_with_savepoint(savepoint, drain, timeout)
+        except BaseException:
+            if self._lifecycle.status is JobStatus.STOPPING:
+                self._lifecycle.advance(JobStatus.RUNNING)
+            raise
+        return self.wait(timeout)
+
+    def _coordinator(self) -> Any:
         a = self._attempt
         if a is None or a.coordinator is None:
-            raise RuntimeError("the job is not running yet")
-        return a.coordinator.trigger_savepoint(timeout)  # type: ignore[no-any-return]
+            raise CheckpointError(CheckpointFailureReason.FINISHED, "the job is not running (yet)")
+        return a.coordinator
 
     @property
     def running(self) -> bool:

@@ -14,6 +14,7 @@ import tenacity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sluice.errors import ConfigError
+from sluice.events import AlignmentMode, CheckpointKind, CheckpointOptions
 
 __all__ = [
     "CheckpointConfig",
@@ -125,6 +126,20 @@ class CheckpointConfig(_Frozen):
         if (self.unaligned or self.aligned_checkpoint_timeout is not None) and self.mode != "exactly_once":
             raise bad("mode", "'exactly_once' when unaligned or aligned_checkpoint_timeout is set", self.mode)
         return self
+
+    def options(self, savepoint: bool = False) -> CheckpointOptions:
+        """The options a checkpoint's barriers carry: its kind and how tasks align (savepoints align)."""
+        if savepoint:
+            return CheckpointOptions(CheckpointKind.SAVEPOINT, AlignmentMode.ALIGNED)
+        if self.mode == "at_least_once":
+            return CheckpointOptions(alignment=AlignmentMode.AT_LEAST_ONCE)
+        if self.aligned_checkpoint_timeout is not None:
+            return CheckpointOptions(
+                alignment=AlignmentMode.ADAPTIVE, alignment_timeout=self.aligned_checkpoint_timeout
+            )
+        if self.unaligned:
+            return CheckpointOptions(alignment=AlignmentMode.UNALIGNED)
+        return CheckpointOptions()
 
 
 class RestartStrategy(_Frozen):

@@ -41,6 +41,11 @@ class CheckpointOptions:
     kind: CheckpointKind = CheckpointKind.CHECKPOINT
     alignment: AlignmentMode = AlignmentMode.ALIGNED
     alignment_timeout: float | None = None
+    #: the last checkpoint of a job that stops (Flink's stop-with-savepoint): sources read nothing after
+    #: it, and every task finishes once it completes; if it fails, the job goes on
+    terminate: bool = False
+    #: with ``terminate``: sources end their input first (event time jumps to the end, timers fire)
+    drain: bool = False
 
     @property
     def is_unaligned(self) -> bool:

@@ -87,7 +87,8 @@ class Shape:
     build: Callable[[Pipeline, Build], None]
 
 
-def _gen(rng: random.Random, name: str = "generator", offset: int = 0) -> GeneratorSource:
+def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
+    rng = b.rng
     splits = rng.randint(1, 5)
     per_split = rng.choice([200, 400, 700])
 
@@ -103,6 +104,7 @@ def _gen(rng: random.Random, name: str = "generator", offset: int = 0) -> Genera
         batch_size=rng.choice([10, 25, 60]),
         rows=rows,
         name=name,
+        rows_per_second=b.rate,
     )
 
 
@@ -112,11 +114,19 @@ class Build:
     ``par`` always consumes one draw, so a rescaled run generates the same data as the original one.
     """
 
-    def __init__(self, rng: random.Random, out: str, scale: int | None = None, global_commit: bool = False):
+    def __init__(
+        self,
+        rng: random.Random,
+        out: str,
+        scale: int | None = None,
+        global_commit: bool = False,
+        rate: float | None = None,
+    ) -> None:
         self.rng = rng
         self.out = out
         self.scale = scale
         self.global_commit = global_commit
+        self.rate = rate  # rows per second per source reader (None: as fast as possible)
 
     def par(self) -> int:
         drawn = self.rng.randint(1, 4)
@@ -127,21 +137,21 @@ class Build:
 
 
 def chain(p: Pipeline, b: Build) -> None:
-    s = p.source(_gen(b.rng))
+    s = p.source(_gen(b))
     s = s.map_batches(lambda x: x.append_column("double", pc.multiply(x.column("value"), 2)))
     s.filter(pc.field("value") >= 0).sink(b.sink())
 
 
 def keyed(p: Pipeline, b: Build) -> None:
-    s = p.source(_gen(b.rng), parallelism=b.par()).map_batches(with_key)
+    s = p.source(_gen(b), parallelism=b.par()).map_batches(with_key)
     s.key_by("k").process(RunningCount(), parallelism=b.par()).sink(b.sink(), parallelism=b.par())
 
 
 def union(p: Pipeline, b: Build) -> None:
     # forward edges into the union keep each split's rows on one FIFO path, so per-key order is fixed
     par = b.par()
-    x = p.source(_gen(b.rng, "gen-a"), parallelism=par).map_batches(with_key, name="key-a", parallelism=par)
-    y = p.source(_gen(b.rng, "gen-b", offset=10**9), parallelism=par)
+    x = p.source(_gen(b, "gen-a"), parallelism=par).map_batches(with_key, name="key-a", parallelism=par)
+    y = p.source(_gen(b, "gen-b", offset=10**9), parallelism=par)
     y = y.map_batches(
         lambda z: with_key(z).set_column(6, "k", pc.add(with_key(z).column("k"), 10**6)),
         name="key-b",
@@ -152,12 +162,12 @@ def union(p: Pipeline, b: Build) -> None:
 
 
 def rebalanced(p: Pipeline, b: Build) -> None:
-    s = p.source(_gen(b.rng), parallelism=b.par()).rebalance(parallelism=b.par())
+    s = p.source(_gen(b), parallelism=b.par()).rebalance(parallelism=b.par())
     s.map_batches(lambda x: x.select(["id", "value"])).sink(b.sink(), parallelism=b.par())
 
 
 def two_keyed(p: Pipeline, b: Build) -> None:
-    s = p.source(_gen(b.rng), parallelism=b.par()).map_batches(with_key)
+    s = p.source(_gen(b), parallelism=b.par()).map_batches(with_key)
     s = s.key_by("k").process(RunningCount(), parallelism=b.par())
     s = s.map_batches(lambda x: x.append_column("value", x.column("count")), name="again")
     s.key_by("k").process(RunningCount(), name="second", parallelism=b.par()).sink(b.sink())
@@ -223,6 +233,29 @@ def _run(
     d: str,
     restore: str,
 ) -> Run:
+    p = pipeline_of(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale)
+    result: JobResult | None = None
+    error: BaseException | None = None
+    try:
+        result = p.run(runtime=runtime, faults=faults, restore=restore)
+    except JobFailedError as exc:
+        error = exc
+    return Run(rows_of(read_committed(f"{d}/out")), result, f"{d}/chk", error)
+
+
+def pipeline_of(
+    shape: Shape,
+    seed: int,
+    d: str,
+    mode: str = "exactly_once",
+    alignment: dict[str, Any] | None = None,
+    attempts: int = 6,
+    checkpoint: dict[str, Any] | None = None,
+    global_commit: bool | None = None,
+    scale: int | None = None,
+    rate: float | None = None,
+) -> Pipeline:
+    """The pipeline of ``shape`` with ``seed``, its sink and checkpoints in ``d`` (see :func:`run_shape`)."""
     rng = random.Random(seed)
     drawn = rng.random() < 0.5  # always drawn: the data must not depend on the override
     gc = drawn if global_commit is None else global_commit
@@ -239,14 +272,8 @@ def _run(
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
         buffers_per_channel=rng.choice([1, 2, 4]),
     )
-    shape.build(p, Build(rng, f"{d}/out", scale, gc))
-    result: JobResult | None = None
-    error: BaseException | None = None
-    try:
-        result = p.run(runtime=runtime, faults=faults, restore=restore)
-    except JobFailedError as exc:
-        error = exc
-    return Run(rows_of(read_committed(f"{d}/out")), result, f"{d}/chk", error)
+    shape.build(p, Build(rng, f"{d}/out", scale, gc, rate))
+    return p
 
 
 def rows_of(table: pa.Table | None) -> list[tuple[Any, ...]]:

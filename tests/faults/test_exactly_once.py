@@ -8,6 +8,7 @@ nothing lost, nothing duplicated. Families:
 * tolerated checkpoint failures (declines, expiries) that must not restart the job nor lose committables;
 * at-least-once: crashes lose nothing;
 * a crash, then a restore of the latest checkpoint at another parallelism;
+* stop with a savepoint (or a final checkpoint) at a random moment, then a restore of it;
 * the same crash scenarios on the Spark runtime (slots killed with SIGKILL or raising).
 
 The default run is a fast slice; ``-m soak`` runs many more per mode.
@@ -17,15 +18,18 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sluice.sinks.testing import read_committed
 from sluice.testing.faults import FaultInjector, HitCounter
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan
-from tests.faults.shapes import SHAPE, SHAPES, record, run_shape
+from tests.faults.shapes import SHAPE, SHAPES, pipeline_of, record, rows_of, run_shape
 
 FAST = 200
 SOAK = 1000
@@ -178,6 +182,45 @@ def test_crash_then_restore_at_another_parallelism(i: int, tmp_path) -> None:
     assert second.result is not None and restored, label
     record("rescale", i, shape, "aligned", True, 1, second.rows, expected)
     check_exactly_once(label, second.rows, expected)
+
+
+def stop_scenario(i: int, tmp: Path) -> None:
+    shape, seed, mode, rng = scenario(i)
+    expected = reference(shape, seed)
+    al = alignment(mode, rng)
+    rate = rng.choice([150.0, 300.0])  # rows per second per reader: the job runs for seconds
+    client = pipeline_of(SHAPE[shape], seed, str(tmp), alignment=al, rate=rate).start(
+        runtime="local", restore="none"
+    )
+    wanted = rng.randint(1, 3)
+    while sum(s.status == "completed" for s in client.checkpoint_history) < wanted and client.running:
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.05))
+    savepoint = rng.random() < 0.7
+    result = client.stop(savepoint=savepoint)
+    label = f"{shape} {mode} seed={seed} stop after {wanted} checkpoint(s), savepoint={savepoint}"
+    stopped = result.status == "stopped" and result.stopped_at is not None
+    partial = rows_of(read_committed(f"{tmp}/out"))
+    assert stopped, f"{label}: {result.status}"
+    restored = pipeline_of(SHAPE[shape], seed, str(tmp), alignment=al).run(
+        runtime="local", restore=result.stopped_at
+    )
+    got = rows_of(read_committed(f"{tmp}/out"))
+    record("stop-restore", i, shape, mode, len(partial) < len(expected), 0, got, expected)
+    assert restored.status == "finished", label
+    check_exactly_once(label, got, expected)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("i", range(12))
+def test_stop_with_savepoint_then_restore(i: int, tmp_path: Path) -> None:
+    stop_scenario(i, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("i", range(12, 12 + SOAK // 4))
+def test_soak_stop_with_savepoint_then_restore(i: int, tmp_path: Path) -> None:
+    stop_scenario(i, tmp_path)
 
 
 @pytest.mark.soak

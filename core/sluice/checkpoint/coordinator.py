@@ -105,6 +105,10 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         self.last_completed_at = 0.0
         self._stopped = threading.Event()
+        #: while set, only the terminal checkpoint of stop-with-savepoint is triggered (with these options)
+        self._terminal: CheckpointOptions | None = None
+        #: the path of the terminal checkpoint once it completed
+        self.terminal_path: str | None = None
         self._thread: threading.Thread | None = None
         self._wanted = threading.Event()  # a trigger was requested (end of input)
         self._wake = threading.Event()  # wakes the trigger loop: a request, or a pending checkpoint ended
@@ -145,7 +149,7 @@ class CheckpointCoordinator:
             earliest = self.last_completed_at + self.config.min_pause
             if now < earliest:
                 next_at = earliest  # min_pause delays the trigger, it does not skip it
-            elif self._try_trigger(forced=False) is not None or not self.pending:
+            elif self._terminal is not None or self._try_trigger(forced=False) is not None or not self.pending:
                 next_at = now + interval
 
     def request_checkpoint(self) -> None:
@@ -155,18 +159,7 @@ class CheckpointCoordinator:
 
     # -- triggering ----------------------------------------------------------------------------------
     def _options(self, savepoint: bool) -> CheckpointOptions:
-        if savepoint:
-            return CheckpointOptions(CheckpointKind.SAVEPOINT, AlignmentMode.ALIGNED)
-        if self.config.mode == "at_least_once":
-            return CheckpointOptions(alignment=AlignmentMode.AT_LEAST_ONCE)
-        if self.config.unaligned and self.config.aligned_checkpoint_timeout is None:
-            return CheckpointOptions(alignment=AlignmentMode.UNALIGNED)
-        if self.config.unaligned or self.config.aligned_checkpoint_timeout is not None:
-            return CheckpointOptions(
-                alignment=AlignmentMode.ADAPTIVE,
-                alignment_timeout=self.config.aligned_checkpoint_timeout or 0.0,
-            )
-        return CheckpointOptions()
+        return self.config.options(savepoint)
 
     def _try_trigger(self, forced: bool, savepoint: bool = False) -> int | None:
         with self.lock:
@@ -179,7 +172,9 @@ class CheckpointCoordinator:
                 return None
             if not forced and time.monotonic() - self.last_completed_at < self.config.min_pause:
                 return None
-            opts = self._options(savepoint)
+            if self.terminal_path is not None:
+                return None  # the job stopped: its terminal checkpoint is the last one
+            opts = self._terminal or self._options(savepoint)
             if opts.alignment is not AlignmentMode.ALIGNED and any(
                 p.barrier.options.alignment in (AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE)
                 for p in self.pending.values()
@@ -189,24 +184,57 @@ class CheckpointCoordinator:
 
     def trigger_savepoint(self, timeout: float = 600.0) -> str:
         """Take an aligned savepoint now and return its path (blocks until it completed)."""
+        return self._exclusive(self._options(True), timeout)
+
+    def stop_with_savepoint(self, savepoint: bool = True, drain: bool = False, timeout: float = 600.0) -> str:
+        """Take the job's last checkpoint (Flink's stop-with-savepoint) and return its path.
+
+        No checkpoint is triggered after it. Sources read nothing after its barrier (with ``drain``, they end
+        their input first, so event time reaches its end and timers fire); once it completes, sinks commit
+        it and every task finishes. If it fails, the job goes on running (unless it drained: its input
+        ended, so the next checkpoint is again a terminal one) and the error is raised.
+
+        Args:
+            savepoint: A self-contained savepoint (``savepoint-<n>``, never deleted by retention); else a
+                regular checkpoint (``chk-<n>``).
+            drain: End the sources' input first (flush event time), as Flink's ``--drain``.
+            timeout: Seconds to wait for a free slot and for the checkpoint to complete.
+        """
+        kind = CheckpointKind.SAVEPOINT if savepoint else CheckpointKind.CHECKPOINT
+        opts = CheckpointOptions(kind, AlignmentMode.ALIGNED, terminate=True, drain=drain)
+        with self.lock:
+            self._terminal = opts  # no periodic checkpoint from now on
+        try:
+            self.terminal_path = self._exclusive(opts, timeout)
+            return self.terminal_path
+        except BaseException:
+            if not drain:
+                with self.lock:
+                    self._terminal = None
+            raise
+
+    def _exclusive(self, opts: CheckpointOptions, timeout: float) -> str:
+        """Trigger a checkpoint with ``opts`` once none is pending; wait for it; return its path."""
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
                 if self._stopped.is_set() or all(t in self.finished for t in self.tasks):
                     raise CheckpointError(CheckpointFailureReason.FINISHED, "the job is not running")
                 if not self.pending:
-                    cid = self._trigger(self._options(True))
+                    cid = self._trigger(opts)
                     p = self.pending[cid]
                     break
             if time.monotonic() > deadline:
                 raise CheckpointError(CheckpointFailureReason.EXPIRED, "no slot for a savepoint")
             time.sleep(0.01)
-        p.done.wait(max(0.0, deadline - time.monotonic()))
+        if not p.done.wait(max(0.0, deadline - time.monotonic())) and opts.terminate:
+            with self.lock:  # a stop that was given up must not end the job later
+                self._abort(cid, CheckpointFailureReason.EXPIRED, f"not completed within {timeout}s")
         if p.error is not None:
             raise p.error
         if not p.done.is_set():
             raise CheckpointError(CheckpointFailureReason.EXPIRED, checkpoint_id=cid)
-        return self.storage.checkpoint_dir(cid, savepoint=True)
+        return self.storage.checkpoint_dir(cid, savepoint=opts.kind is CheckpointKind.SAVEPOINT)
 
     def _trigger(self, opts: CheckpointOptions) -> int:
         cid = self.next_id
@@ -326,17 +354,13 @@ class CheckpointCoordinator:
             if not h.get("finished"):
                 self.completed_handles[t] = h
         stats = self._stats(cid)
-        stats.finish(CheckpointStatus.COMPLETED)
-        stats.duration_s = duration
-        stats.path = path.rsplit("/", 1)[0]
-        stats.tasks = {str(t): dict(h.get("stats") or {}) for t, h in p.acks.items()}
-        stats.state_bytes = sum(int(h.get("size") or 0) for h in p.acks.values())
-        stats.inflight_bytes = sum(int(s.get("inflight_bytes", 0)) for s in stats.tasks.values())
-        if stats.is_unaligned:
-            stats.alignment = "unaligned"
+        directory = path.rsplit("/", 1)[0]
+        stats.completed(duration, directory, p.acks)
         self.storage.record_stats(stats.to_dict())
         self.consecutive_failures = 0
         self.last_completed_at = time.monotonic()
+        if p.barrier.options.terminate:
+            self.terminal_path = directory  # the job's last checkpoint: nothing is triggered after it
         # older pending checkpoints are subsumed
         for older in [c for c in self.pending if c < cid]:
             self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed")
@@ -350,10 +374,10 @@ class CheckpointCoordinator:
         for t, handle in self.tasks.items():
             if t not in self.finished:
                 handle.notify_checkpoint_complete(cid)
-        if any(t not in self.finished for t in self.ended):
+        if self.terminal_path is None and any(t not in self.finished for t in self.ended):
             self.request_checkpoint()  # tasks that ended input may still need a checkpoint taken after that
         if not savepoint:
-            self.completed.append((cid, stats.path))
+            self.completed.append((cid, directory))
             while len(self.completed) > self.config.num_retained:
                 old, _ = self.completed.pop(0)
                 self.storage.discard(old)
@@ -394,7 +418,8 @@ class CheckpointCoordinator:
         quiet = (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED, CheckpointFailureReason.JOB_CANCELLED)
         if reason not in quiet:
             log.warning("checkpoint %d failed: %s %s", cid, reason.message, detail)
-        if reason.counts_toward_tolerable:
+        # a failed savepoint or stop is the caller's error to handle; it never fails the job (as in Flink)
+        if reason.counts_toward_tolerable and not savepoint and not p.barrier.options.terminate:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
                 self.on_fatal(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,6 +50,17 @@ class CheckpointStats:
     @property
     def switched_to_unaligned(self) -> bool:
         return any(t.get("switched") for t in self.tasks.values())
+
+    def completed(self, duration_s: float, path: str, acks: Mapping[Any, Mapping[str, Any]]) -> None:
+        """Record a completion: where it is, how long it took, and every task's acknowledgement."""
+        self.finish(CheckpointStatus.COMPLETED)
+        self.duration_s = duration_s
+        self.path = path
+        self.tasks = {str(t): dict(h.get("stats") or {}) for t, h in acks.items()}
+        self.state_bytes = sum(int(h.get("size") or 0) for h in acks.values())
+        self.inflight_bytes = sum(int(s.get("inflight_bytes", 0)) for s in self.tasks.values())
+        if self.is_unaligned:
+            self.alignment = "unaligned"
 
     @property
     def is_unaligned(self) -> bool:

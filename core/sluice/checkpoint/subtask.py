@@ -16,6 +16,7 @@ once its channel state is complete. An upload that fails declines the checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -32,7 +33,6 @@ from sluice.events import (
     CheckpointAnnouncement,
     CheckpointBarrier,
     CheckpointKind,
-    CheckpointOptions,
 )
 from sluice.graph import SubtaskId
 from sluice.runtime.operators import OperatorSnapshot
@@ -256,5 +256,5 @@ class SubtaskCheckpointing:
 
 def _aligned(barrier: CheckpointBarrier) -> CheckpointBarrier:
     """The in-order version of ``barrier`` for exchanges that are never unaligned (forward, broadcast)."""
-    opts = CheckpointOptions(barrier.options.kind, AlignmentMode.ALIGNED, barrier.options.alignment_timeout)
+    opts = dataclasses.replace(barrier.options, alignment=AlignmentMode.ALIGNED)
     return CheckpointBarrier(barrier.checkpoint_id, barrier.timestamp, opts)

@@ -45,14 +45,8 @@ class JobConfig:
     allow_non_restored_state: bool = False
 
     def alignment(self) -> AlignmentMode:
-        c = self.checkpoint
-        if c.mode == "at_least_once":
-            return AlignmentMode.AT_LEAST_ONCE
-        if c.aligned_checkpoint_timeout is not None:
-            return AlignmentMode.ADAPTIVE
-        if c.unaligned:
-            return AlignmentMode.UNALIGNED
-        return AlignmentMode.ALIGNED
+        """How the job's tasks align their (non-savepoint) checkpoints."""
+        return self.checkpoint.options().alignment
 
 
 @dataclass
@@ -66,6 +60,7 @@ class JobResult:
         checkpoints: statistics of every checkpoint of every attempt.
         metrics: task metrics summed over subtasks and attempts.
         failures: one line per failed attempt.
+        stopped_at: the path of the job's last checkpoint or savepoint if it was stopped (``stopped``).
     """
 
     job_id: str
@@ -75,6 +70,7 @@ class JobResult:
     checkpoints: list[CheckpointStats]
     metrics: dict[str, int]
     failures: list[str]
+    stopped_at: str | None = None
 
 
 def resolve_restore(cfg: JobConfig, storage: CheckpointStorage, attempt: int) -> RestoredCheckpoint | None:
@@ -172,7 +168,9 @@ def run_job(
             raise JobFailedError(
                 f"job {cfg.job_id!r} failed after {attempts.count} attempt(s); root cause: {cause}"
             ) from cause
-    if not status.advance(JobStatus.FINISHED):
+    if status.status is JobStatus.STOPPING:
+        status.transition(JobStatus.STOPPED)
+    elif not status.advance(JobStatus.FINISHED):
         status.transition(JobStatus.CANCELLED)
     return attempts.result(cfg.job_id, status.status)
 
@@ -185,6 +183,7 @@ class _AttemptLog:
         self.failures: list[str] = []
         self.checkpoints: list[CheckpointStats] = []
         self.last_checkpoint: int | None = None
+        self.stopped_at: str | None = None
         self.metrics: dict[str, int] = {}
 
     def begin(self) -> int:
@@ -198,6 +197,7 @@ class _AttemptLog:
             self.checkpoints.extend(a.coordinator.history)
             if a.coordinator.completed:
                 self.last_checkpoint = a.coordinator.completed[-1][0]
+            self.stopped_at = a.coordinator.terminal_path or self.stopped_at
         for t in a.tasks.values():
             for ctx in getattr(t, "contexts", []):
                 for k, v in ctx.metrics.items():
@@ -205,5 +205,12 @@ class _AttemptLog:
 
     def result(self, job_id: str, status: JobStatus) -> JobResult:
         return JobResult(
-            job_id, status, self.count, self.last_checkpoint, self.checkpoints, self.metrics, self.failures
+            job_id,
+            status,
+            self.count,
+            self.last_checkpoint,
+            self.checkpoints,
+            self.metrics,
+            self.failures,
+            self.stopped_at,
         )

@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 MIN_WATERMARK = -(2**63)
+#: the end of event time: sent when a stopping job drains (every event-time timer fires)
+MAX_WATERMARK = 2**63 - 1
 
 
 class Collector(Protocol):

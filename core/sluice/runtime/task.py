@@ -35,6 +35,7 @@ from sluice.events import AlignmentMode, CheckpointBarrier, EndOfPartition
 from sluice.graph import SubtaskId
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.input_gate import InputGate
+from sluice.runtime.operators import MAX_WATERMARK
 from sluice.runtime.output import SourceOutput, split_rows
 from sluice.runtime.task_spec import TaskSpec
 from sluice.runtime.watermarks import StatusWatermarkValve
@@ -92,6 +93,7 @@ class Task:
         self._mailbox_lock = threading.Lock()
         self._cancelled = False
         self._final_after: int | None = None  # first checkpoint snapshotted after end of input
+        self._terminate_at: int | None = None  # the stop-with-savepoint checkpoint this task took
         self._thread: threading.Thread | None = None
         self._timer_check = 0.0
         self._head = spec.operators[0]
@@ -218,7 +220,10 @@ class Task:
             self._fire_timers()
             progressed = False
             if self.status is TaskStatus.RUNNING and self._outputs_available():
-                progressed = self._poll_source() if self.reader is not None else self.gate.poll()
+                if self.reader is None:
+                    progressed = self.gate.poll()
+                elif self._terminate_at is None:  # a stopping source reads nothing after its last barrier
+                    progressed = self._poll_source()
             elif self.status is TaskStatus.RUNNING and self.reader is None and self.handler.in_progress:
                 # backpressured, but barriers and events must still be seen
                 progressed = self.gate.poll(events_only=True)
@@ -294,6 +299,10 @@ class Task:
         if self.reader is None and self.status is TaskStatus.RUNNING:
             return  # barriers reach this task through its inputs
         self.handler.last_done = cid
+        if barrier.options.drain and self.reader is not None and self.status is TaskStatus.RUNNING:
+            # stop-with-savepoint --drain: event time to its end (timers fire), then end of input
+            self._source_output.emit_watermark(MAX_WATERMARK)
+            self._end_input()
         # a source (or a task whose inputs all ended) has no input to record: unaligned only means its
         # barrier overtakes its own output queue
         self.perform_checkpoint(barrier, barrier.options.is_unaligned, upload_now=True)
@@ -301,7 +310,12 @@ class Task:
 
     def _on_complete(self, checkpoint_id: int) -> None:
         self.checkpointing.notify_complete(checkpoint_id)
-        if self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is not None:
+        if self.status is TaskStatus.FINISHED:
+            return
+        if self._terminate_at is not None and checkpoint_id >= self._terminate_at:
+            self.status = TaskStatus.FINISHED  # the job stopped with this checkpoint, sinks committed it
+            self.gateway.finished(self.id)
+        elif self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is not None:
             if checkpoint_id >= self._final_after:
                 self._fault("final_checkpoint")
                 self.status = TaskStatus.FINISHED
@@ -311,6 +325,8 @@ class Task:
         self.handler.on_aborted(checkpoint_id)
         if self._final_after == checkpoint_id:
             self._final_after = None
+        if self._terminate_at == checkpoint_id:
+            self._terminate_at = None  # the stop failed: the job goes on
         self.checkpointing.notify_aborted(checkpoint_id)
 
     def _close(self, quiet: bool = False) -> None:
@@ -342,6 +358,8 @@ class Task:
     ) -> None:
         running = self.status is TaskStatus.RUNNING
         self.checkpointing.perform_checkpoint(barrier, unaligned, running, upload_now)
+        if barrier.options.terminate:
+            self._terminate_at = barrier.checkpoint_id
         if self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is None:
             self._final_after = barrier.checkpoint_id
 
