@@ -19,9 +19,9 @@ from typing import Any
 from sluice.errors import SluiceError
 from sluice.events import CheckpointBarrier
 from sluice.graph import SubtaskId
-from sluice.runtime import rpc
 from sluice.runtime.attempt import JobAttempt
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
+from sluice.runtime.spark import rpc
 from sluice.source import SourceSplit
 
 __all__ = ["ControlServer", "RemoteTaskHandle", "SlotLostError"]

@@ -1,8 +1,8 @@
 """The Spark runtime (``runtime="spark"``, the default): one barrier-mode stage of S slots per attempt.
 
 The driver keeps the control plane (:class:`~sluice.runtime.job.JobAttempt`: coordinator, enumerators) and
-a :class:`~sluice.runtime.spark_control.ControlServer`; it submits ``rdd.barrier().mapPartitions`` with S =
-the job's largest parallelism, and every Spark task runs a slot (:mod:`sluice.runtime.spark_slot`). When all
+a :class:`~sluice.runtime.spark.control.ControlServer`; it submits ``rdd.barrier().mapPartitions`` with S =
+the job's largest parallelism, and every Spark task runs a slot (:mod:`sluice.runtime.spark.slot`). When all
 slots registered their subtasks the driver starts the control plane and tells them to start. A failed slot
 fails the attempt (its control connection breaks, or the stage fails); the driver cancels the stage's job
 group and ``run_job`` restarts from the latest completed checkpoint, which every slot loads from storage.
@@ -30,9 +30,9 @@ from sluice.graph import ExecutionGraph
 from sluice.runtime.attempt import AttemptCancelled, JobAttempt
 from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.job import JobConfig
-from sluice.runtime.rpc import TlsConfig
-from sluice.runtime.spark_control import ControlServer
-from sluice.runtime.spark_slot import SlotSpec, slot_function
+from sluice.runtime.spark.control import ControlServer
+from sluice.runtime.spark.rpc import TlsConfig
+from sluice.runtime.spark.slot import SlotSpec, slot_function
 
 __all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"]
 

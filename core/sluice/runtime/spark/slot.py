@@ -1,7 +1,7 @@
 """What runs inside one Spark barrier task: a *slot* hosting subtask i of every vertex with parallelism > i.
 
 A slot connects to the driver's control server, finds its peers with one ``allGather``, links to every
-other slot (:class:`~sluice.runtime.transport.DataPlane`), loads the checkpoint to restore from storage
+other slot (:class:`~sluice.runtime.spark.transport.DataPlane`), loads the checkpoint to restore from storage
 itself, builds its subtasks (LocalChannel between subtasks in the slot, remote channels across slots),
 registers them, and starts them when the driver says so. It stops when the driver says stop (success) or
 cancel, or when it loses the driver or a peer; a failure makes the Spark task fail, which fails the stage.
@@ -25,14 +25,14 @@ from typing import Any
 from sluice.checkpoint.storage import checkpoint_storage
 from sluice.errors import SluiceError
 from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
-from sluice.runtime import rpc
 from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobConfig
 from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.spark import rpc
+from sluice.runtime.spark.transport import DataPlane
 from sluice.runtime.task import Task
-from sluice.runtime.transport import DataPlane
 
 __all__ = ["SlotError", "SlotSpec", "run_slot", "slot_function"]
 
