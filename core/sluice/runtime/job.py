@@ -134,10 +134,10 @@ def run_job(
                     for k, v in ctx.metrics.items():
                         state["metrics"][k] = state["metrics"].get(k, 0) + v
         if a.failure is not None and not isinstance(a.failure, AttemptCancelled):
-            state["failures"].append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
+            state["failures"].append(f"attempt {n}: {a.failure_text()}")
             if isinstance(a.failure, (RestoreError, ConfigError)):
                 raise a.failure  # a restart cannot fix these
-            raise AttemptFailedError(str(a.failure)) from a.failure
+            raise AttemptFailedError(a.failure_text()) from a.failure
 
     try:
         for attempt in cfg.restart.retrying(AttemptFailedError):
@@ -146,7 +146,7 @@ def run_job(
     except AttemptFailedError as exc:
         cause = exc.__cause__ or exc
         raise JobFailedError(
-            f"job {cfg.job_id!r} failed after {state['attempt']} attempt(s); root cause: {cause}"
+            f"job {cfg.job_id!r} failed after {state['attempt']} attempt(s); root cause: {exc}"
         ) from cause
     return JobResult(
         cfg.job_id,

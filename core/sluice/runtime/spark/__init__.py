@@ -4,6 +4,7 @@
   drives it; :func:`spark_context` and :func:`check_cluster` choose and vet the cluster.
 * :mod:`~sluice.runtime.spark.control`: the driver's control server, which slots report to.
 * :mod:`~sluice.runtime.spark.slot`: what runs in each Spark task (a slot hosting one subtask per vertex).
+* :mod:`~sluice.runtime.spark.messages`: the control protocol between driver and slots.
 * :mod:`~sluice.runtime.spark.transport`: the slot-to-slot data plane (Arrow IPC frames with credits).
 * :mod:`~sluice.runtime.spark.rpc`: authenticated (HMAC, optional TLS) framed connections.
 
