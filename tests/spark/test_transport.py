@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointOptions, EndOfPartition, Watermark
-from sluice.runtime import rpc
 from sluice.runtime.channels import Signal
-from sluice.runtime.transport import DataPlane
+from sluice.runtime.spark import rpc
+from sluice.runtime.spark.transport import DataPlane
 
 from tests.spark.certs import self_signed
 

@@ -3,10 +3,17 @@
 :class:`JobAttempt` implements :class:`~sluice.runtime.task.TaskGateway`: tasks (in-process) or the Spark
 driver's control server (for slots) call it to acknowledge or decline checkpoints, report end of input,
 finish, fail, or ask their enumerator for splits.
+
+Root cause first: the first failure of an attempt is its root cause (``failure``); failures after it are
+attached (``secondary_failures``), never substituted. A runtime that learns of failures over several
+connections cannot rely on arrival order alone, so each failure comes with a :class:`FailureKind`: an
+error a part of the job reported outranks a part that vanished without a report, which outranks a failure
+known to be a consequence of another. The root cause is the first failure of the best rank.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import threading
@@ -27,7 +34,7 @@ from sluice.source import Source, SourceSplit
 if TYPE_CHECKING:
     from sluice.runtime.job import JobConfig
 
-__all__ = ["AttemptCancelled", "AttemptFailedError", "JobAttempt"]
+__all__ = ["AttemptCancelled", "AttemptFailedError", "FailureKind", "JobAttempt"]
 
 log = logging.getLogger("sluice.job")
 
@@ -39,6 +46,17 @@ class AttemptCancelled(Exception):
 
 class AttemptFailedError(SluiceError):
     """An attempt failed; ``__cause__`` is the root cause. The restart strategy decides what follows."""
+
+
+class FailureKind(enum.IntEnum):
+    """How a failure reached the attempt, best root-cause evidence first (see the module docstring)."""
+
+    #: the part that failed reported the error itself (a task raised, the coordinator gave up)
+    REPORTED = 0
+    #: a part of the job vanished without a report (its process died, its connection broke)
+    LOST = 1
+    #: caused by another failure (a slot that lost a peer, a Spark stage that failed after a slot did)
+    CONSEQUENCE = 2
 
 
 class _EnumeratorCtx:
@@ -83,8 +101,13 @@ class JobAttempt:
         self.restored = restored
         self.tasks: dict[SubtaskId, Any] = {}
         self.lock = threading.RLock()
+        #: the root cause: the first failure of the best :class:`FailureKind`
         self.failure: BaseException | None = None
         self.failed_task: SubtaskId | None = None
+        #: every other failure of the attempt, in the order they arrived
+        self.secondary_failures: list[BaseException] = []
+        self._root_kind: FailureKind | None = None
+        self._failures: list[tuple[BaseException, SubtaskId | None, FailureKind]] = []
         self.finished_tasks: set[SubtaskId] = set()
         self.done = threading.Event()
         self.enumerators: dict[str, Any] = {}
@@ -232,13 +255,43 @@ class JobAttempt:
             if len(self.finished_tasks) == len(self.tasks):
                 self.done.set()
 
-    def failed(self, task: SubtaskId | None, error: BaseException) -> None:
+    def failed(
+        self, task: SubtaskId | None, error: BaseException, kind: FailureKind = FailureKind.REPORTED
+    ) -> None:
+        """Record a failure and end the attempt.
+
+        Args:
+            task: the subtask that failed, or None (the job, a slot, the runtime).
+            error: the failure.
+            kind: how it reached the attempt. It becomes the root cause if it is the first failure, or
+                if it outranks the root cause so far; otherwise it is attached to it.
+        """
+        with self.lock:
+            if self.failure is not None and self._root_kind is None:
+                self.secondary_failures.append(error)  # the runtime set the failure (e.g. cancelled)
+            else:
+                self._rank(task, error, kind)
+        self.done.set()
+
+    def _rank(self, task: SubtaskId | None, error: BaseException, kind: FailureKind) -> None:
+        self._failures.append((error, task, kind))
+        best = min(range(len(self._failures)), key=lambda i: (self._failures[i][2], i))
+        root, root_task, self._root_kind = self._failures[best]
+        self.secondary_failures = [f[0] for i, f in enumerate(self._failures) if i != best]
+        if root is not self.failure:
+            self.failure, self.failed_task = root, root_task
+            log.warning("attempt %d: %s failed: %s", self.attempt, task or "job", error)
+        else:
+            log.info("attempt %d: after its root cause, %s failed: %s", self.attempt, task or "job", error)
+
+    def failure_text(self) -> str:
+        """The root cause, then the failures attached to it: ``Type: message; also failed: Type: ...``."""
         with self.lock:
             if self.failure is None:
-                self.failure = error
-                self.failed_task = task
-                log.warning("attempt %d: %s failed: %s", self.attempt, task or "job", error)
-        self.done.set()
+                return ""
+            text = f"{type(self.failure).__name__}: {self.failure}"
+            others = [f"{type(e).__name__}: {_first_line(e)}" for e in self.secondary_failures]
+        return text + ("; also failed: " + "; ".join(others) if others else "")
 
     def request_split(self, task: SubtaskId) -> None:
         with self.lock:
@@ -274,6 +327,12 @@ class JobAttempt:
                 e.close()
             except Exception:
                 log.exception("closing enumerator")
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 class _GlobalCommitterCtx:

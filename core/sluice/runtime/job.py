@@ -144,12 +144,12 @@ def run_job(
         if a.cancelled:
             status.cancel()  # the runtime was cancelled directly: the job ends cancelled all the same
         elif a.failure is not None:
-            attempts.failures.append(f"attempt {n}: {type(a.failure).__name__}: {a.failure}")
+            attempts.failures.append(f"attempt {n}: {a.failure_text()}")
         if a.failure is None or status.status is JobStatus.CANCELLING:
             return  # finished, or cancelled: no restart either way
         if isinstance(a.failure, (RestoreError, ConfigError)):
             raise a.failure  # a restart cannot fix these
-        raise AttemptFailedError(str(a.failure)) from a.failure
+        raise AttemptFailedError(a.failure_text()) from a.failure
 
     try:
         storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options)
@@ -166,7 +166,7 @@ def run_job(
                 raise
             cause = exc.__cause__ or exc
             raise JobFailedError(
-                f"job {cfg.job_id!r} failed after {attempts.count} attempt(s); root cause: {cause}"
+                f"job {cfg.job_id!r} failed after {attempts.count} attempt(s); root cause: {exc}"
             ) from cause
     if status.status is JobStatus.STOPPING:
         status.transition(JobStatus.STOPPED)

@@ -1,13 +1,15 @@
 """What runs inside one Spark barrier task: a *slot* hosting subtask i of every vertex with parallelism > i.
 
 A slot connects to the driver's control server, finds its peers with one ``allGather``, links to every
-other slot (:class:`~sluice.runtime.transport.DataPlane`), loads the checkpoint to restore from storage
+other slot (:class:`~sluice.runtime.spark.transport.DataPlane`), loads the checkpoint to restore from storage
 itself, builds its subtasks (LocalChannel between subtasks in the slot, remote channels across slots),
 registers them, and starts them when the driver says so. It stops when the driver says stop (success) or
 cancel, or when it loses the driver or a peer; a failure makes the Spark task fail, which fails the stage.
 
-Control messages are tuples ``(op, ...)``; slot -> driver messages all carry the attempt number second so
-the driver drops those of stale attempts.
+Root cause first: before it stops, a slot tells the driver why (:mod:`~sluice.runtime.spark.messages`):
+a subtask's error (TaskFailed), or its own failure (SlotFailed), marked as a consequence when another
+failure caused it (a lost peer). Its last message is a Goodbye; the driver takes a connection that ends
+without one for a lost slot.
 """
 
 from __future__ import annotations
@@ -20,19 +22,20 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from sluice.checkpoint.storage import checkpoint_storage
 from sluice.errors import SluiceError
 from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
-from sluice.runtime import rpc
 from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobConfig
 from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.spark import messages as m
+from sluice.runtime.spark import rpc
+from sluice.runtime.spark.transport import DataPlane
 from sluice.runtime.task import Task
-from sluice.runtime.transport import DataPlane
 
 __all__ = ["SlotError", "SlotSpec", "run_slot", "slot_function"]
 
@@ -83,39 +86,41 @@ class _Gateway:
 
     def __init__(self, slot: Slot) -> None:
         self._slot = slot
-
-    def _send(self, op: str, *args: Any) -> None:
-        self._slot.send(op, *args)
+        self._attempt = slot.spec.attempt
 
     def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None:
-        self._send("ack", task, checkpoint_id, handle)
+        self._slot.send(m.Acknowledge(self._attempt, task, checkpoint_id, handle))
 
     def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
-        self._send("decline", task, checkpoint_id, reason)
+        self._slot.send(m.Decline(self._attempt, task, checkpoint_id, reason))
 
     def end_of_input(self, task: SubtaskId) -> None:
-        self._send("end_of_input", task)
+        self._slot.send(m.EndOfInput(self._attempt, task))
 
     def finished(self, task: SubtaskId) -> None:
-        self._send("finished", task, self._slot.metrics_of(task))
+        self._slot.send(m.Finished(self._attempt, task, self._slot.metrics_of(task)))
         self._slot.task_finished(task)
 
     def failed(self, task: SubtaskId, error: BaseException) -> None:
-        self._send("failed", task, _portable(error))
+        # the report goes out before the slot stops (and so before its Goodbye): the driver sees the
+        # subtask's error as the root cause, not the losses the slot's stop causes
+        self._slot.send(m.TaskFailed(self._attempt, task, _portable(error, self._slot.index)))
         self._slot.fail(SlotError(f"subtask {task} failed: {type(error).__name__}: {error}"))
 
     def request_split(self, task: SubtaskId) -> None:
-        self._send("request_split", task)
+        self._slot.send(m.RequestSplit(self._attempt, task))
 
 
-def _portable(error: BaseException) -> BaseException:
-    """The exception itself if it survives pickling, else a SlotError carrying its text and traceback."""
+def _portable(error: BaseException, slot: int) -> BaseException:
+    """A copy of ``error`` that survives pickling (else a SlotError with its type and text), with its
+    traceback in the slot attached as a note (a pickled exception loses its traceback)."""
+    note = f"traceback in slot {slot}:\n" + "".join(traceback.format_exception(error)).rstrip()
     try:
-        pickle.loads(pickle.dumps(error))
-        return error
+        copy: BaseException = pickle.loads(pickle.dumps(error))
     except Exception:
-        tb = "".join(traceback.format_exception(error))
-        return SlotError(f"{type(error).__name__}: {error}\n{tb}")
+        copy = SlotError(f"{type(error).__name__}: {error}")
+    copy.add_note(note)
+    return copy
 
 
 class SlotLogHandler(logging.Handler):
@@ -132,10 +137,10 @@ class SlotLogHandler(logging.Handler):
             return
         self._busy.on = True
         try:
-            subtask = self._slot.subtask_of_thread(record.threadName or "")
-            self._slot.send(
-                "log", self._slot.index, record.name, record.levelno, subtask, self.format(record)
-            )
+            slot = self._slot
+            subtask = slot.subtask_of_thread(record.threadName or "")
+            text = self.format(record)
+            slot.send(m.Log(slot.spec.attempt, slot.index, record.name, record.levelno, subtask, text))
         except Exception:
             self.handleError(record)
         finally:
@@ -159,14 +164,25 @@ class Slot:
         self._levels: dict[str, int] = {}
 
     # -- messaging -----------------------------------------------------------------------------------
-    def send(self, op: str, *args: Any) -> None:
+    def send(self, msg: m.SlotMessage) -> None:
         if self._ctl is not None:
-            self._ctl.send((op, self.spec.attempt, *args))
+            self._ctl.send(msg)
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, *, report: bool = False, consequence: bool = True) -> None:
+        """Stop the slot with ``error`` (what its Spark task raises) unless it already failed or stopped.
+
+        Args:
+            error: why the slot stops.
+            report: tell the driver (SlotFailed); False when a report was sent already (TaskFailed), the
+                driver caused the stop (Cancel), or the driver is unreachable.
+            consequence: the failure was caused by another one (e.g. a peer that stopped).
+        """
         with self._lock:
-            if self._failure is None and not self._stop_ok:
+            first = self._failure is None and not self._stop_ok
+            if first:
                 self._failure = error
+        if first and report:
+            self.send(m.SlotFailed(self.spec.attempt, self.index, _portable(error, self.index), consequence))
         self._end.set()
         self._started.set()
 
@@ -192,31 +208,34 @@ class Slot:
                         return t.name
         return None
 
-    def _on_control(self, msg: Any) -> None:
-        op = msg[0]
-        if op == "start":
-            self._levels = msg[1]
-            self._started.set()
-        elif op == "stop":
-            self._stop_ok = True
-            self._end.set()
-            self._started.set()
-        elif op == "cancel":
-            self.fail(SlotError("cancelled by the driver"))
-        elif op in ("trigger", "complete", "aborted", "assign", "no_more_splits"):
-            task = self.tasks.get(msg[1])
-            if task is None:
-                return
-            if op == "trigger":
-                task.trigger_checkpoint(msg[2])
-            elif op == "complete":
-                task.notify_checkpoint_complete(msg[2])
-            elif op == "aborted":
-                task.notify_checkpoint_aborted(msg[2])
-            elif op == "assign":
-                task.assign_splits(msg[2])
-            else:
-                task.no_more_splits()
+    def _on_control(self, msg: m.Message) -> None:
+        match msg:
+            case m.Start(log_levels=levels):
+                self._levels = levels
+                self._started.set()
+            case m.Stop():
+                self._stop_ok = True
+                self._end.set()
+                self._started.set()
+            case m.Cancel():
+                self.fail(SlotError(f"slot {self.index} was cancelled by the driver"))
+            case m.TriggerCheckpoint(task=task, barrier=barrier):
+                self._task(task, lambda t: t.trigger_checkpoint(barrier))
+            case m.CheckpointComplete(task=task, checkpoint_id=cid):
+                self._task(task, lambda t: t.notify_checkpoint_complete(cid))
+            case m.CheckpointAborted(task=task, checkpoint_id=cid):
+                self._task(task, lambda t: t.notify_checkpoint_aborted(cid))
+            case m.AssignSplits(task=task, splits=splits):
+                self._task(task, lambda t: t.assign_splits(splits))
+            case m.NoMoreSplits(task=task):
+                self._task(task, lambda t: t.no_more_splits())
+            case _:
+                raise m.ProtocolError(f"a slot does not handle {type(msg).__name__}")
+
+    def _task(self, task: SubtaskId, call: Callable[[Task], None]) -> None:
+        t = self.tasks.get(task)
+        if t is not None:
+            call(t)
 
     def _on_driver_closed(self, error: BaseException | None) -> None:
         if not self._stop_ok:
@@ -226,7 +245,8 @@ class Slot:
         with self._lock:
             all_done = len(self._finished) == len(self.tasks) > 0
         if not all_done:
-            self.fail(SlotError(f"slot {self.index} lost its link to slot {peer}: {error}"))
+            lost = SlotError(f"slot {self.index} lost its link to slot {peer}: {error}")
+            self.fail(lost, report=True, consequence=True)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def run(self, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:
@@ -237,20 +257,19 @@ class Slot:
             sock, self._on_control, self._on_driver_closed, f"slot-{self.index}"
         )
         self._ctl.start()
-        self.send("hello", self.index, os.getpid())
+        self.send(m.Hello(spec.attempt, self.index, os.getpid()))
         handler = SlotLogHandler(self)
         root = logging.getLogger()
         saved = (root.level, logging.getLogger("sluice").level)
         root.addHandler(handler)
         plane = DataPlane(self.index, spec.slots, spec.secret, spec.tls, spec.bind_host, self._on_peer_lost)
         try:
-            peers = [tuple(json.loads(a)) for a in all_gather(json.dumps([host, plane.port]))]
-            plane.connect([(str(h), int(p)) for h, p in peers], spec.connect_timeout)
-            self._build(plane)
-            self.send("registered", self.index, [(sid, t.name) for sid, t in self.tasks.items()])
+            self._set_up(plane, all_gather, host)
+            subtasks = tuple((sid, t.name) for sid, t in self.tasks.items())
+            self.send(m.Registered(spec.attempt, self.index, subtasks))
             self._started.wait()
             if self._end.is_set():
-                raise self._failure or SlotError("stopped before start")
+                raise self._failure or SlotError(f"slot {self.index} stopped before it started")
             root.setLevel(self._levels.get("", root.level))
             logging.getLogger("sluice").setLevel(self._levels.get("sluice", logging.NOTSET))
             log.info(
@@ -271,12 +290,32 @@ class Slot:
                 t.join(5 if ok else 2)
             for sid in self.tasks:
                 if sid not in self._finished:
-                    self.send("metrics", sid, self.metrics_of(sid))
+                    self.send(m.Metrics(spec.attempt, sid, self.metrics_of(sid)))
             root.removeHandler(handler)
             root.setLevel(saved[0])
             logging.getLogger("sluice").setLevel(saved[1])
             plane.close(orderly=ok)
+            self.send(m.Goodbye(spec.attempt, self.index))
             self._ctl.close(flush_timeout=2.0)
+
+    def _set_up(self, plane: DataPlane, all_gather: Callable[[str], list[str]], host: str) -> None:
+        """Reach the peers, then build the subtasks; a failure is reported to the driver before it is raised."""
+        try:
+            peers = [tuple(json.loads(a)) for a in all_gather(json.dumps([host, plane.port]))]
+            plane.connect([(str(h), int(p)) for h, p in peers], self.spec.connect_timeout)
+        except Exception as exc:
+            # a peer that failed first makes allGather or its link fail here
+            self._raise(SlotError(f"slot {self.index} could not reach its peers: {exc}"), exc, True)
+        try:
+            self._build(plane)
+        except BaseException as exc:
+            self._raise(exc, None, False)
+
+    def _raise(self, error: BaseException, cause: BaseException | None, consequence: bool) -> NoReturn:
+        self.fail(error, report=True, consequence=consequence)
+        if cause is not None:
+            raise error from cause
+        raise error
 
     def _build(self, plane: DataPlane) -> None:
         spec = self.spec
@@ -335,7 +374,7 @@ class Slot:
 
     def _report_crash(self, desc: str) -> None:
         if self._ctl is not None:
-            self._ctl.send_sync(("fired", self.spec.attempt, self.index, desc), timeout=1.0)
+            self._ctl.send_sync(m.FaultFired(self.spec.attempt, self.index, desc), timeout=1.0)
 
 
 def run_slot(spec: SlotSpec, index: int, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:

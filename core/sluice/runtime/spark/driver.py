@@ -1,11 +1,13 @@
 """The Spark runtime (``runtime="spark"``, the default): one barrier-mode stage of S slots per attempt.
 
-The driver keeps the control plane (:class:`~sluice.runtime.job.JobAttempt`: coordinator, enumerators) and
-a :class:`~sluice.runtime.spark_control.ControlServer`; it submits ``rdd.barrier().mapPartitions`` with S =
-the job's largest parallelism, and every Spark task runs a slot (:mod:`sluice.runtime.spark_slot`). When all
-slots registered their subtasks the driver starts the control plane and tells them to start. A failed slot
-fails the attempt (its control connection breaks, or the stage fails); the driver cancels the stage's job
-group and ``run_job`` restarts from the latest completed checkpoint, which every slot loads from storage.
+The driver keeps the control plane (:class:`~sluice.runtime.attempt.JobAttempt`: coordinator, enumerators)
+and a :class:`~sluice.runtime.spark.control.ControlServer`; it submits ``rdd.barrier().mapPartitions`` with
+S = the job's largest parallelism, and every Spark task runs a slot (:mod:`sluice.runtime.spark.slot`). When
+all slots registered their subtasks the driver starts the control plane and tells them to start. A failed
+slot fails the attempt (it reports why, its control connection breaks, or the stage fails); the driver
+tells the slots to cancel, waits for their last reports (so the attempt's root cause is final), cancels
+the stage's job group, and ``run_job`` restarts from the latest completed checkpoint, which every slot
+loads from storage.
 
 Which Spark: an active SparkContext, else the one ``spark-submit`` prepared, else ``master`` (or
 ``SLUICE_SPARK_MASTER``), else an embedded ``local[S,1]``. The context is created once per process and
@@ -27,12 +29,13 @@ from typing import Any
 
 from sluice.errors import ConfigError, SluiceError
 from sluice.graph import ExecutionGraph
-from sluice.runtime.attempt import AttemptCancelled, JobAttempt
+from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt
 from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.job import JobConfig
-from sluice.runtime.rpc import TlsConfig
-from sluice.runtime.spark_control import ControlServer
-from sluice.runtime.spark_slot import SlotSpec, slot_function
+from sluice.runtime.spark import messages
+from sluice.runtime.spark.control import ControlServer
+from sluice.runtime.spark.rpc import TlsConfig
+from sluice.runtime.spark.slot import SlotSpec, slot_function
 
 __all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"]
 
@@ -83,12 +86,15 @@ class SparkOptions:
             ``spark.sluice.driver.host``; default ``spark.driver.host``).
         startup_timeout: seconds to wait for all slots to register (Spark scheduling included).
         stop_timeout: seconds to wait for the stage to end after stop or cancel.
+        cancel_grace: seconds a failed attempt's slots get to stop and report (so the driver learns the
+            root cause from them) before the driver cancels the Spark stage.
     """
 
     tls: TlsConfig | None = None
     driver_host: str | None = None
     startup_timeout: float = 300.0
     stop_timeout: float = 30.0
+    cancel_grace: float = 10.0
 
     def resolved(self, conf: Any) -> SparkOptions:
         """Fill unset options from the environment, then from the Spark configuration ``conf``."""
@@ -203,11 +209,14 @@ class SparkRuntime:
         self._secret = secrets.token_bytes(32)  # per job: every attempt's connections prove it
         self._sc: Any = None
         self._group: str | None = None
+        self._server: ControlServer | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
         if self.current is not None:
             self.current.done.set()
+        if self._server is not None:
+            self._server.killing()  # the slots it kills are not failures
         if self._sc is not None and self._group is not None:
             self._sc.cancelJobGroup(self._group)
 
@@ -222,6 +231,7 @@ class SparkRuntime:
         opts = self.options.resolved(sc.getConf())
         local = _is_local(sc.master)
         server = ControlServer(a, slots, self._secret, opts.tls, "127.0.0.1" if local else "0.0.0.0", faults)
+        self._server = server
         for sid in ExecutionGraph(a.job).subtasks():
             a.register(sid, server.handle(sid))
         driver_host = "127.0.0.1" if local else opts.driver_host or sc.getConf().get("spark.driver.host")
@@ -255,20 +265,31 @@ class SparkRuntime:
         try:
             self._drive(a, server, opts)
         finally:
-            server.stopping = True
-            ok = a.failure is None and len(a.finished_tasks) == len(a.tasks)
-            if ok:
-                server.broadcast(("stop",))
-            else:
-                server.broadcast(("cancel",))
-                sc.cancelJobGroup(group)
-            stage.join(opts.stop_timeout)
-            if stage.is_alive():
-                sc.cancelJobGroup(group)
-                log.warning(
-                    "attempt %d: the Spark stage did not end within %.0fs", a.attempt, opts.stop_timeout
-                )
-            server.close()
+            self._end_stage(a, server, stage, sc, group, opts)
+
+    def _end_stage(
+        self,
+        a: JobAttempt,
+        server: ControlServer,
+        stage: threading.Thread,
+        sc: Any,
+        group: str,
+        opts: SparkOptions,
+    ) -> None:
+        ok = a.failure is None and len(a.finished_tasks) == len(a.tasks)
+        server.end(messages.Stop() if ok else messages.Cancel())
+        # a slot's reports precede the end of its connection: once every connection ended, every failure
+        # the slots reported is in and the attempt's root cause is final. Only then kill what is left.
+        server.wait_closed(opts.stop_timeout if ok else opts.cancel_grace)
+        if not ok:
+            server.killing()
+            sc.cancelJobGroup(group)
+        stage.join(opts.stop_timeout)
+        if stage.is_alive():
+            server.killing()
+            sc.cancelJobGroup(group)
+            log.warning("attempt %d: the Spark stage did not end within %.0fs", a.attempt, opts.stop_timeout)
+        server.close()
 
     def _drive(self, a: JobAttempt, server: ControlServer, opts: SparkOptions) -> None:
         deadline = time.monotonic() + opts.startup_timeout
@@ -276,13 +297,15 @@ class SparkRuntime:
             if a.done.is_set():
                 break
             if time.monotonic() > deadline:
-                a.failed(None, SparkStageError(f"slots did not register within {opts.startup_timeout:.0f}s"))
+                a.failed(
+                    None, SparkStageError(f"slots did not register within {opts.startup_timeout:.0f}s")
+                )
                 break
         if not a.done.is_set():
             levels = {"": logging.getLogger().getEffectiveLevel()}
             levels["sluice"] = logging.getLogger("sluice").getEffectiveLevel()
             a.start_control()
-            server.broadcast(("start", levels))
+            server.broadcast(messages.Start(levels))
         a.done.wait()
         if self.cancelled.is_set() and a.failure is None:
             a.failure = AttemptCancelled("cancelled")
@@ -298,13 +321,11 @@ class SparkRuntime:
             rdd = sc.parallelize(range(spec.slots), spec.slots)
             rdd.barrier().mapPartitions(slot_function(spec)).collect()
         except Exception as exc:
-            if not server.stopping:
-                a.failed(
-                    None,
-                    SparkStageError(f"the Spark stage of attempt {spec.attempt} failed: {_summary(exc)}"),
-                )
+            if not server.ending:  # a slot failed (it reported why, or its connection tells) or Spark did
+                error = SparkStageError(f"the Spark stage of attempt {spec.attempt} failed: {_summary(exc)}")
+                a.failed(None, error, FailureKind.CONSEQUENCE)
         else:
-            if not server.stopping and not a.done.is_set():
+            if not server.ending and not a.done.is_set():
                 a.failed(None, SparkStageError(f"the slots of attempt {spec.attempt} ended early"))
 
 

@@ -6,8 +6,9 @@ its own nonce, the server answers ``HMAC(secret, "server" + client nonce)``. A p
 dropped before it can read or inject a single frame. With :class:`TlsConfig` the socket is wrapped in TLS
 (both sides present the certificate and verify the other against the CA) before the handshake.
 
-:class:`MessageConnection` carries pickled control messages (length-prefixed). Pickle is only ever read
-from a peer that proved it holds the job secret.
+:class:`MessageConnection` carries control messages (:mod:`sluice.runtime.spark.messages`, which encodes and
+decodes them) in length-prefixed frames. A frame is only ever decoded from a peer that proved it holds the
+job secret.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import hashlib
 import hmac
 import logging
 import os
-import pickle
 import queue
 import socket
 import ssl
@@ -25,7 +25,8 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from sluice.runtime.spark import messages
 
 __all__ = [
     "AuthenticationError",
@@ -181,7 +182,7 @@ def shutdown(sock: socket.socket) -> None:
 
 
 class MessageConnection:
-    """Pickled messages over an authenticated socket: a writer thread and a reader thread.
+    """Control messages over an authenticated socket: a writer thread and a reader thread.
 
     ``send`` never blocks (the writer thread owns the socket's send side), so a slow or dead peer cannot
     stall the caller (e.g. the checkpoint coordinator). ``on_message`` runs on the reader thread;
@@ -191,7 +192,7 @@ class MessageConnection:
     def __init__(
         self,
         sock: socket.socket,
-        on_message: Callable[[Any], None],
+        on_message: Callable[[messages.Message], None],
         on_close: Callable[[BaseException | None], None],
         name: str = "sluice-rpc",
     ) -> None:
@@ -212,17 +213,17 @@ class MessageConnection:
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    def send(self, msg: Any) -> None:
+    def send(self, msg: messages.Message) -> None:
         """Queue ``msg``; dropped silently once the connection is closed."""
         if not self._closed.is_set():
-            self._out.put((pickle.dumps(msg, protocol=5), None))
+            self._out.put((messages.encode(msg), None))
 
-    def send_sync(self, msg: Any, timeout: float = 2.0) -> bool:
+    def send_sync(self, msg: messages.Message, timeout: float = 2.0) -> bool:
         """Send ``msg`` and wait until it was written to the socket (e.g. right before a crash)."""
         if self._closed.is_set():
             return False
         done = threading.Event()
-        self._out.put((pickle.dumps(msg, protocol=5), done))
+        self._out.put((messages.encode(msg), done))
         return done.wait(timeout)
 
     def close(self, flush_timeout: float = 0.0) -> None:
@@ -260,7 +261,7 @@ class MessageConnection:
         try:
             while True:
                 (n,) = _LEN.unpack(recv_exact(self.sock, _LEN.size))
-                self._on_message(pickle.loads(recv_exact(self.sock, n)))
+                self._on_message(messages.decode(recv_exact(self.sock, n)))
         except (OSError, ValueError, EOFError) as exc:
             self._finish(exc if not self._closed.is_set() else None)
         except BaseException as exc:  # a handler bug must not leave a silent half-open connection

@@ -33,8 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.runtime import rpc
 from sluice.runtime.channels import InputQueue, Signal
+from sluice.runtime.spark import rpc
 
 __all__ = ["DataPlane", "FrameKind", "Link", "RemoteInputChannel", "RemoteOutputChannel"]
 
