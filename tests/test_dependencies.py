@@ -93,3 +93,16 @@ def test_the_rules_catch_a_violation(tmp_path: Path, monkeypatch) -> None:  # ty
     monkeypatch.setitem(ROOTS, "core", tmp_path / "core")
     assert violations("core") == ["sluice.bad imports sluice.sinks.files", "sluice.bad imports sluice.sinks.files.FileSink"]
     assert violations("pyspark") and violations("testing")
+
+
+def test_sluice_runs_locally_without_loading_pyspark() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sluice, sluice.api, sluice.cli, sluice.runtime.local, sluice.runtime.spark, "
+        "sluice.connectors.generator, sluice.connectors.kafka, sluice.sinks.files, sluice.sinks.testing\n"
+        "assert 'pyspark' not in sys.modules, sorted(m for m in sys.modules if m.startswith('pyspark'))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

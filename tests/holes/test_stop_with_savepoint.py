@@ -170,3 +170,14 @@ def test_sigterm_stops_sluice_run_with_a_savepoint(tmp_path: Path) -> None:
     assert rest.returncode == 0 and "finished" in rest.stdout, rest.stdout + rest.stderr
     ids = sorted(read_committed(str(tmp_path / "out")).column("id").to_pylist())  # type: ignore[union-attr]
     assert ids == list(range(4000))
+
+
+@pytest.mark.spark
+def test_stop_with_savepoint_on_spark(spark: Any, tmp_path: Path, reference: list) -> None:  # type: ignore[type-arg]
+    client = build(tmp_path).start(runtime="spark", restore="none")
+    wait_for_checkpoints(client, 2)
+    result = client.stop()
+    assert result.status == "stopped" and result.stopped_at and "savepoint-" in result.stopped_at
+    assert 0 < len(committed(tmp_path)) < len(reference)
+    build(tmp_path, rate=None).run(runtime="spark", restore=result.stopped_at)
+    assert committed(tmp_path) == reference
