@@ -44,7 +44,7 @@ from sluice.runtime.operators import (
     PassThroughOperator,
     ReduceFunction,
 )
-from sluice.runtime.sink_operator import SinkOperator
+from sluice.runtime.sink_operator import SinkOperator, SinkWriterOperator
 from sluice.sink import Sink
 from sluice.source import Source
 
@@ -169,16 +169,28 @@ class Stream:
         parallelism: int | None = None,
         uid: str | None = None,
     ) -> None:
-        """Write this stream to ``sink`` with two-phase commit (``uid``: see :meth:`uid`)."""
+        """Write this stream to ``sink`` with two-phase commit (``uid``: see :meth:`uid`).
+
+        A sink that ``compacts`` becomes two operators: ``<name>.writer`` and ``<name>`` (the compactor and
+        committer), joined by an exchange keyed by the compactor's key and never unaligned.
+        """
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
         sink.validate()
+        edge = self._edge()
+        if sink.compacts:
+            writer = self._then(
+                "sink-writer", f"{name or sink.name}.writer", lambda n: SinkWriterOperator(n, sink), parallelism
+            )
+            if uid is not None:
+                writer.uid(f"{uid}.writer")
+            edge = LogicalEdge(writer.node.id, Partitioning.HASH, KeySelector("key"), aligned=True)
         node = self.pipeline._add(
             "sink",
             name or sink.name,
-            lambda n: SinkOperator(n, sink),
+            lambda n: SinkOperator(n, sink, collect=sink.compacts),
             parallelism,
-            [self._edge()],
+            [edge],
             kind=NodeKind.SINK,
             spec=sink,
         )

@@ -51,6 +51,9 @@ class LogicalEdge:
     partitioning: Partitioning = Partitioning.AUTO
     key: KeySelector | None = None
     tag: str | None = None
+    #: never unaligned: what travels here must have arrived when the checkpoint completes (a sink's writer
+    #: stage -> its compactor/committer stage)
+    aligned: bool = False
 
 
 @dataclass
@@ -166,6 +169,13 @@ class JobEdge:
     producer: tuple[int, str | None]
     #: index of this edge among the downstream vertex's inputs
     input_index: int = 0
+    #: never unaligned (see LogicalEdge.aligned)
+    aligned: bool = False
+
+    @property
+    def unaligned_ok(self) -> bool:
+        """Barriers may overtake data here: not forward or broadcast (ARCHITECTURE.md 4), not aligned-only."""
+        return not self.aligned and self.partitioning not in (Partitioning.FORWARD, Partitioning.BROADCAST)
 
 
 @dataclass
@@ -271,6 +281,7 @@ def build_job_graph(graph: LogicalGraph) -> JobGraph:
                 key=e.key,
                 producer=(e.upstream, e.tag),
                 input_index=len(v.inputs),
+                aligned=e.aligned,
             )
             v.inputs.append(je)
             vertices[je.upstream].outputs.append(je)

@@ -8,7 +8,10 @@ Lifecycle of the data a writer receives::
                         idempotent; Sink.recover() aborts everything that belonged to later attempts.
 
 A committable must be picklable. :class:`GlobalCommitter` runs once per checkpoint on the coordinator, for
-table formats that need one atomic commit recording the checkpoint id in the table.
+table formats that need one atomic commit recording the checkpoint id in the table. A sink that
+``compacts`` runs as two stages: writers hand their committables downstream at the barrier, keyed by
+:meth:`Compactor.key`; one compactor subtask per key merges them in the asynchronous part of the same
+checkpoint and commits (or hands to the global committer) what replaces them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pyarrow as pa
 __all__ = [
     "CommittableWithLineage",
     "Committer",
+    "Compactor",
     "GlobalCommitter",
     "GlobalCommitterContext",
     "Sink",
@@ -94,18 +98,37 @@ class SinkWriter(ABC, Generic[C]):
         """Writer state to resume from (e.g. open files), or None."""
         return None
 
-    def compact(self, checkpoint_id: int, committables: list[C]) -> list[C]:
-        """Optional: runs in the *asynchronous* part of checkpoint ``checkpoint_id`` (another thread, while
-        ``write`` goes on), before the acknowledgement. May merge the staged data of ``committables`` (e.g.
-        small files into target-size ones) and return the committables that replace them. It must touch only
-        what ``committables`` name, and leave the originals until the replacement is durable."""
-        return committables
-
     def end_input(self) -> None:
         """No more data: the next prepare_commit is the final one."""
 
     def close(self) -> None:
         """Release resources; uncommitted staged data is left for Sink.recover to clean up."""
+
+
+class Compactor(ABC, Generic[C]):
+    """Merges small staged data of all writer subtasks before it is committed (Flink's compacting sinks).
+
+    The engine routes every committable to the compactor subtask of its :meth:`key` (a partition or bucket),
+    so the files that all writers staged for one key at checkpoint n meet in one place. :meth:`compact` runs
+    in the asynchronous part of checkpoint n, before its acknowledgement: readers see the merged data when
+    n completes, no later than without compaction.
+    """
+
+    @abstractmethod
+    def key(self, committable: C) -> str:
+        """The partition or bucket of ``committable``: committables with equal keys are merged together."""
+
+    @abstractmethod
+    def compact(self, checkpoint_id: int, committables: list[C]) -> list[C]:
+        """Merge the staged data of ``committables`` (all of one key); return the committables replacing them.
+
+        Runs on the upload thread of checkpoint ``checkpoint_id``. It must touch only what ``committables``
+        name and leave the originals until the replacement is durable: a crash anywhere leaves a checkpoint
+        that never completes, and :meth:`Sink.recover` deletes what the restored checkpoint does not name.
+        """
+
+    def close(self) -> None:
+        """Release resources."""
 
 
 class Committer(ABC, Generic[C]):
@@ -134,10 +157,13 @@ class Sink(ABC, Generic[C]):
         name: the default operator name.
         global_commit: True if committables go to one :class:`GlobalCommitter` per job (table formats:
             one atomic commit per checkpoint) instead of a per-subtask :class:`Committer`.
+        compacts: True if :meth:`create_compactor` returns a compactor: the job then runs the sink as a
+            writer stage and a compactor/committer stage keyed by :meth:`Compactor.key`.
     """
 
     name: str = "sink"
     global_commit: bool = False
+    compacts: bool = False
 
     @abstractmethod
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[C]:
@@ -145,6 +171,10 @@ class Sink(ABC, Generic[C]):
 
     def create_committer(self, ctx: SinkContext) -> Committer[C] | None:
         """The per-subtask committer, or None if only a global committer is used."""
+        return None
+
+    def create_compactor(self, ctx: SinkContext) -> Compactor[C] | None:
+        """The compactor of one compactor subtask (called when ``compacts``)."""
         return None
 
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[C] | None:

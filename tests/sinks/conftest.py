@@ -105,3 +105,13 @@ class Ctx:
                 self._fault_at = None
                 raise RuntimeError(f"crash at {point}")
             self._after -= 1
+
+
+def compact(sink: Any, checkpoint_id: int, committables: list[Any], ctx: Ctx | None = None) -> list[Any]:
+    """What the compactor stage does with one checkpoint's committables: merge them key by key."""
+    k = sink.create_compactor(ctx or Ctx())
+    assert k is not None
+    by_key: dict[str, list[Any]] = {}
+    for c in committables:
+        by_key.setdefault(k.key(c), []).append(c)
+    return [c for group in by_key.values() for c in k.compact(checkpoint_id, group)]

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
 
-from tests.sinks.conftest import Ctx, local_files, read_visible, same_rows
+from tests.sinks.conftest import Ctx, compact, local_files, read_visible, same_rows
 from tests.sinks.test_lifecycle import expected, rows
 
 
@@ -36,7 +36,7 @@ def test_a_checkpoints_small_files_become_one_file_per_bucket(tmp_path, fmt) -> 
     write(w, 0, 400)
     staged = w.prepare_commit(1)
     assert len(staged) > 4
-    merged = w.compact(1, staged)
+    merged = compact(sink, 1, staged)
     assert sorted(x.bucket for x in merged) == ["b=0", "b=1"]
     assert all("-c0" in x.final for x in merged)
     assert sum(x.rows for x in merged) == 400
@@ -54,7 +54,7 @@ def test_target_size_bounds_merged_files(tmp_path) -> None:
     sink = make(tmp_path, target_size=3000)
     w = sink.create_writer(Ctx(), [])
     write(w, 0, 400)
-    merged = w.compact(1, w.prepare_commit(1))
+    merged = compact(sink, 1, w.prepare_commit(1))
     assert len(merged) > 2
     assert all(x.size < 2 * 3000 for x in merged)
 
@@ -65,14 +65,13 @@ def test_crash_at_each_compaction_step_then_recover_keeps_exactly_once(tmp_path,
     ctx = Ctx()
     w, c = sink.create_writer(ctx, []), sink.create_committer(ctx)
     write(w, 0, 200)
-    done = w.compact(1, w.prepare_commit(1))  # checkpoint 1 completes
+    done = compact(sink, 1, w.prepare_commit(1))  # checkpoint 1 completes
     c.commit(done)
     write(w, 200, 400)
     staged = w.prepare_commit(2)
     ctx2 = Ctx(fault_at="compaction", fault_after=crash_at)
-    w.compactor.hook = ctx2.fault_hook
     with pytest.raises(RuntimeError, match="crash at compaction"):
-        w.compact(2, staged)
+        compact(sink, 2, staged, ctx2)
     w.close()
     # restart: restore checkpoint 1 (already committed); checkpoint 2 never completed
     sink.recover("job", done)
@@ -80,7 +79,7 @@ def test_crash_at_each_compaction_step_then_recover_keeps_exactly_once(tmp_path,
     c.commit(done)
     w2 = sink.create_writer(Ctx(attempt=1), [])
     write(w2, 200, 400)  # the source replays what followed checkpoint 1
-    c.commit(w2.compact(2, w2.prepare_commit(2)))
+    c.commit(compact(sink, 2, w2.prepare_commit(2)))
     same_rows(read_visible(sink.path), expected(0, 400))
 
 
@@ -89,22 +88,22 @@ def test_small_files_held_across_checkpoints_survive_a_restore(tmp_path) -> None
     ctx = Ctx()
     w, c = sink.create_writer(ctx, []), sink.create_committer(ctx)
     write(w, 0, 100)
-    cp1 = w.compact(1, w.prepare_commit(1))
+    cp1 = compact(sink, 1, w.prepare_commit(1))
     assert cp1 and all(x.held for x in cp1)
     state1 = w.snapshot_state(1)
     c.commit(cp1)  # checkpoint 1 completes: nothing becomes visible yet
     assert read_visible(sink.path).num_rows == 0
     write(w, 100, 200)
-    w.compact(2, w.prepare_commit(2))  # checkpoint 2 never completes; the job restarts from 1
+    compact(sink, 2, w.prepare_commit(2))  # checkpoint 2 never completes; the job restarts from 1
     w.close()
     sink.recover("job", cp1)
     c.commit(cp1)
     w2 = sink.create_writer(Ctx(attempt=1), [state1])
     write(w2, 100, 200)
-    cp2 = w2.compact(2, w2.prepare_commit(2))
+    cp2 = compact(sink, 2, w2.prepare_commit(2))
     assert all(x.held for x in cp2)
     write(w2, 200, 300)
-    cp3 = w2.compact(3, w2.prepare_commit(3))  # third checkpoint: released and merged
+    cp3 = compact(sink, 3, w2.prepare_commit(3))  # third checkpoint: released and merged
     assert not any(x.held for x in cp3)
     assert sorted(x.bucket for x in cp3) == ["b=0", "b=1"]
     assert all(x.replaces for x in cp3)  # originals of checkpoints 1 and 2 go only once this is visible

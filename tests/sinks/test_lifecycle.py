@@ -11,7 +11,7 @@ import pytest
 from sluice.connectors.generator import default_rows
 from sluice.sinks.files import FileSink, RollingPolicy, SchemaMismatchError
 
-from tests.sinks.conftest import Ctx, local_files, read_visible, same_rows
+from tests.sinks.conftest import Ctx, compact, local_files, read_visible, same_rows
 
 
 def rows(start: int, end: int) -> pa.RecordBatch:
@@ -122,10 +122,10 @@ def test_end_input_flushes_everything(tmp_path) -> None:
     ctx = Ctx()
     w, c = sink.create_writer(ctx, []), sink.create_committer(ctx)
     w.write(rows(0, 30))
-    c.commit(w.compact(1, w.prepare_commit(1)))
+    c.commit(compact(sink, 1, w.prepare_commit(1)))
     assert read_visible(sink.path).num_rows == 0  # held back to grow
     w.write(rows(30, 60))
     w.end_input()
-    c.commit(w.compact(2, w.prepare_commit(2)))
+    c.commit(compact(sink, 2, w.prepare_commit(2)))
     same_rows(read_visible(sink.path), expected(0, 60))
     assert all(not os.path.basename(f).startswith(".") for f in local_files(sink.path))

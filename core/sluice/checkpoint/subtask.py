@@ -130,13 +130,13 @@ class SubtaskCheckpointing:
         announce = barrier.options.alignment is AlignmentMode.ADAPTIVE and not unaligned
         writers = self._spec.all_writers if outputs_open else []
         for idx, w in enumerate(writers):
-            if unaligned and w.partitioner.supports_unaligned:
+            if unaligned and w.supports_unaligned:
                 state.output.extend((idx, b) for b in w.broadcast_priority(barrier))
             else:
-                if announce and w.partitioner.supports_unaligned:
+                if announce and w.supports_unaligned:
                     w.broadcast_priority(CheckpointAnnouncement(barrier))
                 w.broadcast(
-                    barrier if w.partitioner.supports_unaligned or not unaligned else _aligned(barrier)
+                    barrier if w.supports_unaligned or not unaligned else _aligned(barrier)
                 )
         sync_s = time.perf_counter() - t0
         p = PendingSnapshot(barrier, snaps, splits, t0, sync_s, unaligned, channel_state=state)

@@ -70,7 +70,7 @@ def build_task(
     ]
     writers: dict[tuple[int, str | None], list[RecordWriter]] = {}
     for e_idx, e in enumerate(vertex.outputs):
-        w = RecordWriter(make_partitioner(e, job.max_parallelism, index), outputs[e_idx])
+        w = RecordWriter(make_partitioner(e, job.max_parallelism, index), outputs[e_idx], e.unaligned_ok)
         writers.setdefault(e.producer, []).append(w)
     for pos, (node, op, ctx) in enumerate(zip(vertex.chain, ops, ctxs, strict=True)):
         nxt = ops[pos + 1] if pos + 1 < len(ops) else None
@@ -84,10 +84,10 @@ def build_task(
             _ReaderCtx(SubtaskId(vertex.id, index), vertex.parallelism, cfg.job_id, ctxs[0], gateway)
         )
     alignment = cfg.alignment()
-    if alignment in (AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE) and any(
-        e.partitioning in (Partitioning.FORWARD, Partitioning.BROADCAST) for e in vertex.inputs
+    if alignment in (AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE) and not all(
+        e.unaligned_ok for e in vertex.inputs
     ):
-        alignment = AlignmentMode.ALIGNED  # a forward/broadcast input aligns (ARCHITECTURE.md 4)
+        alignment = AlignmentMode.ALIGNED  # a forward/broadcast/sink-internal input aligns (ARCHITECTURE.md 4)
     spec = TaskSpec(
         SubtaskId(vertex.id, index),
         vertex.name,

@@ -110,6 +110,10 @@ class Operator:
     #: how operator states of the old subtasks are spread on restore: "round_robin" (old subtask j goes to
     #: new subtask j % parallelism) or "union" (every new subtask gets all, e.g. timers filtered by key group)
     operator_state_distribution = "round_robin"
+    #: emits records in ``prepare_snapshot_pre_barrier`` even after its input ended (a sink's writer stage
+    #: hands its last committables over at the final checkpoint): its task keeps its outputs open until the
+    #: first checkpoint after end of input, and sends end of partition behind that checkpoint's barrier
+    emits_at_checkpoint = False
 
     def __init__(self, name: str) -> None:
         self.name = name

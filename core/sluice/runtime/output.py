@@ -40,11 +40,14 @@ class RecordWriter:
     Args:
         partitioner: Decides which channel receives which rows of a batch.
         channels: The exchange's output channels, one per receiving subtask, in subtask order.
+        unaligned_ok: Barriers may overtake data on this exchange (see ``JobEdge.unaligned_ok``).
     """
 
-    def __init__(self, partitioner: Partitioner, channels: list[OutputChannel]) -> None:
+    def __init__(self, partitioner: Partitioner, channels: list[OutputChannel], unaligned_ok: bool = True) -> None:
         self.partitioner = partitioner
         self.channels = channels
+        #: priority barriers and announcements may go ahead of queued data on this exchange
+        self.supports_unaligned = unaligned_ok and partitioner.supports_unaligned
 
     def emit(self, batch: pa.RecordBatch) -> None:
         """Send the rows of ``batch`` to the channels the partitioner picks."""

@@ -1,18 +1,28 @@
-"""The operator that runs a two-phase-commit sink: writer and per-subtask committer, chained in one task."""
+"""The operators that run a two-phase-commit sink: its writer and its committer (chained in one task), or
+for a sink that compacts, a writer stage and a compactor/committer stage keyed by the compactor's key."""
 
 from __future__ import annotations
 
 import logging
+import pickle
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import tenacity
 
-from sluice.errors import CommitError
+from sluice.errors import CommitError, ConfigError
 from sluice.runtime.operators import Operator, OperatorSnapshot
-from sluice.sink import CommittableWithLineage, Committer, Sink, SinkWriter
+from sluice.sink import CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
 
-__all__ = ["SinkOperator", "commit_with_retry"]
+__all__ = [
+    "COMMITTABLES",
+    "SinkOperator",
+    "SinkWriterOperator",
+    "commit_with_retry",
+    "decode_committables",
+    "encode_committables",
+]
 
 log = logging.getLogger("sluice.sink")
 
@@ -39,7 +49,12 @@ def commit_with_retry(name: str, commit: Any, *args: Any, attempts: int = 5) -> 
 
 
 class SinkOperator(Operator):
-    """Writes batches with the sink's writer; commits committables of checkpoint n once n completes.
+    """The committing side of a sink: commits committables of checkpoint n once n completes.
+
+    Without compaction it also runs the sink's writer (writer and committer chained in one task). With
+    compaction (``collect=True``) it is the compactor/committer stage: :class:`SinkWriterOperator` subtasks
+    send it their committables keyed by :meth:`Compactor.key`; at the barrier it takes what arrived, and in
+    the asynchronous part of the checkpoint merges each key's committables with the sink's compactor.
 
     State: the writer's state plus the committables not yet committed, by checkpoint id. After a restore
     they are committed again (the committer is idempotent). Committables of a checkpoint that fails stay
@@ -49,13 +64,16 @@ class SinkOperator(Operator):
 
     operator_state_distribution = "round_robin"
 
-    def __init__(self, name: str, sink: Sink[Any]) -> None:
+    def __init__(self, name: str, sink: Sink[Any], collect: bool = False) -> None:
         super().__init__(name)
         self.sink = sink
-        self.writer: SinkWriter[Any]
+        self.collect = collect
+        self.writer: SinkWriter[Any] | None = None
         self.committer: Committer[Any] | None = None
+        self.compactor: Compactor[Any] | None = None
         self.global_commit = sink.global_commit
         self._pending: dict[int, list[Any]] = {}
+        self._incoming: list[Any] = []
         self._restored: list[Any] = []
 
     def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
@@ -69,27 +87,35 @@ class SinkOperator(Operator):
         self._restored = [w for w in writer_states if w is not None]
 
     def open(self) -> None:
-        self.writer = self.sink.create_writer(_Ctx(self), self._restored)
+        if self.collect:
+            self.compactor = self.sink.create_compactor(_Ctx(self))
+        else:
+            self.writer = self.sink.create_writer(_Ctx(self), self._restored)
         self.committer = self.sink.create_committer(_Ctx(self))
         if self._pending:
             self._commit_upto(max(self._pending))
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
-        self.writer.write(batch)
+        if self.writer is not None:
+            self.writer.write(batch)
+        else:
+            self._incoming.extend(decode_committables(batch))
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
-        comms = self.writer.prepare_commit(checkpoint_id)
+        if self.writer is not None:
+            comms = self.writer.prepare_commit(checkpoint_id)
+        else:
+            comms, self._incoming = self._incoming, []
         if comms:
             self._pending[checkpoint_id] = list(comms)
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        state: dict[str, Any] = {"writer": self.writer.snapshot_state(checkpoint_id), "pending": {}}
-        snap = OperatorSnapshot(operator=state)
+        writer_state = self.writer.snapshot_state(checkpoint_id) if self.writer is not None else None
+        snap = OperatorSnapshot(operator={"writer": writer_state, "pending": {}})
         if self.global_commit:
             snap.committables = self._lineage(checkpoint_id)
-        own = self._pending.get(checkpoint_id)
-        compact = bool(own) and type(self.writer).compact is not SinkWriter.compact
-        snap.async_part = lambda s: self._finish_async(checkpoint_id, list(own or []) if compact else None, s)
+        own = self._pending.get(checkpoint_id) if self.compactor is not None else None
+        snap.async_part = lambda s: self._finish_async(checkpoint_id, list(own) if own else None, s)
         return snap
 
     def _lineage(self, checkpoint_id: int) -> list[CommittableWithLineage[Any]]:
@@ -100,14 +126,17 @@ class SinkOperator(Operator):
         ]
 
     def _finish_async(self, checkpoint_id: int, to_compact: list[Any] | None, snap: OperatorSnapshot) -> None:
-        """Upload thread: compact this checkpoint's staged files, then record the pending committables.
+        """Upload thread: compact this checkpoint's committables per key, then record the pending ones.
 
         The pending map is read here, not in the synchronous part: the single upload thread has finished the
         compaction of every earlier checkpoint by now, so their replaced committables are not recorded.
         """
-        if to_compact is not None:
+        if to_compact is not None and self.compactor is not None:
             self.ctx.fault_hook("compaction")
-            compacted = list(self.writer.compact(checkpoint_id, to_compact))
+            by_key: dict[str, list[Any]] = {}
+            for c in to_compact:
+                by_key.setdefault(self.compactor.key(c), []).append(c)
+            compacted = [c for group in by_key.values() for c in self.compactor.compact(checkpoint_id, group)]
             self._pending[checkpoint_id] = compacted  # one assignment: atomic for the task thread
             if self.global_commit:
                 snap.committables = self._lineage(checkpoint_id)
@@ -134,19 +163,87 @@ class SinkOperator(Operator):
         self.ctx.metric("committed_checkpoints", len(ready))
 
     def end_input(self) -> None:
+        if self.writer is not None:
+            self.writer.end_input()
+
+    def close(self) -> None:
+        for part in (self.writer, self.compactor, self.committer):
+            if part is not None:
+                part.close()
+
+
+class SinkWriterOperator(Operator):
+    """The writer stage of a sink that ``compacts``: writes, and hands its committables downstream.
+
+    At every barrier (and once more at the checkpoint after end of input: ``emits_at_checkpoint``) it
+    pre-commits and sends the committables ahead of the barrier, as rows keyed by the compactor's key, to the
+    compactor/committer stage (:class:`SinkOperator` with ``collect=True``) over an aligned-only exchange.
+    State: the writer's state.
+    """
+
+    operator_state_distribution = "round_robin"
+    emits_at_checkpoint = True
+
+    def __init__(self, name: str, sink: Sink[Any]) -> None:
+        super().__init__(name)
+        self.sink = sink
+        self.writer: SinkWriter[Any]
+        self._key: Callable[[Any], str]
+        self._restored: list[Any] = []
+
+    def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
+        self._restored = [st["writer"] for st in operator_states if st and st.get("writer") is not None]
+
+    def open(self) -> None:
+        self.writer = self.sink.create_writer(_Ctx(self), self._restored)
+        compactor = self.sink.create_compactor(_Ctx(self))
+        if compactor is None:
+            raise ConfigError(f"sink {self.name!r}: compacts=True but create_compactor() returned None")
+        self._key = compactor.key
+
+    def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
+        self.writer.write(batch)
+
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
+        comms = self.writer.prepare_commit(checkpoint_id)
+        if comms:
+            self.output.emit(encode_committables(comms, self._key))
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot(operator={"writer": self.writer.snapshot_state(checkpoint_id)})
+
+    def end_input(self) -> None:
         self.writer.end_input()
 
     def close(self) -> None:
         if hasattr(self, "writer"):
             self.writer.close()
-        if self.committer is not None:
-            self.committer.close()
+
+
+#: the schema of committables travelling from a sink's writer stage to its compactor stage
+COMMITTABLES = pa.schema([("key", pa.string()), ("committable", pa.binary())])
+
+
+def encode_committables(committables: list[Any], key: Callable[[Any], str]) -> pa.RecordBatch:
+    """Committables as rows: the compactor key (for the hash exchange) and the pickled committable."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([key(c) for c in committables], pa.string()),
+            pa.array([pickle.dumps(c) for c in committables], pa.binary()),
+        ],
+        schema=COMMITTABLES,
+    )
+
+
+def decode_committables(batch: pa.RecordBatch) -> list[Any]:
+    """Inverse of :func:`encode_committables`."""
+    return [pickle.loads(b) for b in batch.column("committable").to_pylist()]
 
 
 class _Ctx:
     """SinkContext view of the operator context."""
 
-    def __init__(self, op: SinkOperator) -> None:
+    def __init__(self, op: SinkOperator | SinkWriterOperator) -> None:
         self._c = op.ctx
 
     @property

@@ -94,6 +94,8 @@ class Task:
         self._cancelled = False
         self._final_after: int | None = None  # first checkpoint snapshotted after end of input
         self._terminate_at: int | None = None  # the stop-with-savepoint checkpoint this task took
+        #: end of partition not sent yet although input ended: outputs stay open for the final checkpoint
+        self._outputs_open_after_end = any(op.emits_at_checkpoint for op in spec.operators)
         self._thread: threading.Thread | None = None
         self._timer_check = 0.0
         self._head = spec.operators[0]
@@ -286,10 +288,15 @@ class Task:
             return
         for op in self.operators:
             op.end_input()
-        for w in self.all_writers:
-            w.broadcast(EndOfPartition())
+        if not self._outputs_open_after_end:
+            self._send_end_of_partition()
         self.status = TaskStatus.WAITING_FOR_FINAL
         self.gateway.end_of_input(self.id)
+
+    def _send_end_of_partition(self) -> None:
+        self._outputs_open_after_end = False
+        for w in self.all_writers:
+            w.broadcast(EndOfPartition())
 
     # -- mailbox actions -----------------------------------------------------------------------------
     def _on_trigger(self, barrier: CheckpointBarrier) -> None:
@@ -356,8 +363,10 @@ class Task:
     def perform_checkpoint(
         self, barrier: CheckpointBarrier, unaligned: bool, upload_now: bool = False
     ) -> None:
-        running = self.status is TaskStatus.RUNNING
-        self.checkpointing.perform_checkpoint(barrier, unaligned, running, upload_now)
+        outputs_open = self.status is TaskStatus.RUNNING or self._outputs_open_after_end
+        self.checkpointing.perform_checkpoint(barrier, unaligned, outputs_open, upload_now)
+        if self._outputs_open_after_end and self.status is TaskStatus.WAITING_FOR_FINAL:
+            self._send_end_of_partition()  # behind the barrier of the first checkpoint after end of input
         if barrier.options.terminate:
             self._terminate_at = barrier.checkpoint_id
         if self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is None:

@@ -1,10 +1,12 @@
-"""Small-file compaction: a bucket's small staged files are merged into target-size files before they are
-published.
+"""Small-file compaction: a bucket's small staged files, from all writer subtasks, are merged into
+target-size files before they are published.
 
-It runs in :meth:`SinkWriter.compact`, i.e. in the asynchronous part of the checkpoint that staged the
-files, before that checkpoint is acknowledged; so only the merged committables go into the checkpoint and
-visibility is not delayed beyond the usual one checkpoint (unless ``max_checkpoints`` > 1 holds small files
-back to merge them with later ones).
+With a compaction policy the FileSink runs a compactor stage keyed by bucket (:class:`FileCompactor`, the
+sink's :class:`~sluice.sink.Compactor`): every writer hands its staged files over at the barrier, and the
+one compactor subtask of each bucket merges them in the asynchronous part of the same checkpoint, before it
+is acknowledged; so only the merged committables go into the checkpoint and visibility is not delayed
+beyond the usual one checkpoint (unless ``max_checkpoints`` > 1 lets writers hold small files back to merge
+them with later ones).
 
 Crash safety, step by step (each step is a ``compaction`` fault point):
 
@@ -25,11 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.errors import ConfigError
+from sluice.sink import Compactor, SinkContext
 from sluice.sinks.files.committable import FileCommittable, final_name, staging_name
 from sluice.sinks.files.filesystem import FileSystem
 from sluice.sinks.files.formats import FormatOptions, extension, merge
 
-__all__ = ["CompactionPolicy", "Compactor"]
+__all__ = ["CompactionPolicy", "FileCompactor"]
 
 
 @dataclass(frozen=True)
@@ -74,28 +77,35 @@ class _Cancelled(Exception):
     pass
 
 
-class Compactor:
-    """Merges the small staged files of one subtask's checkpoint."""
+class FileCompactor(Compactor[FileCommittable]):
+    """Merges a bucket's small staged files of one checkpoint, whichever writer staged them.
 
-    def __init__(
-        self,
-        policy: CompactionPolicy,
-        fs: FileSystem,
-        opts: FormatOptions,
-        job_id: str,
-        subtask: int,
-        attempt: int,
-        fault_hook: Callable[[str], None],
-        cancelled: Callable[[], bool],
-    ) -> None:
+    Args:
+        policy: which files merge.
+        fs: the sink's file system (closed with the compactor).
+        opts: the format of merged files.
+        ctx: the compactor subtask's context (job id, subtask, attempt, fault hook ``compaction``).
+    """
+
+    def __init__(self, policy: CompactionPolicy, fs: FileSystem, opts: FormatOptions, ctx: SinkContext) -> None:
         self.policy = policy
         self.fs = fs
         self.opts = opts
-        self.job_id = job_id
-        self.subtask = subtask
-        self.attempt = attempt
-        self.hook = fault_hook
-        self.cancelled = cancelled
+        self.job_id = ctx.job_id
+        self.subtask = ctx.subtask
+        self.attempt = ctx.attempt
+        self.hook: Callable[[str], None] = ctx.fault_hook
+        self._closed = False
+
+    def key(self, committable: FileCommittable) -> str:
+        return committable.bucket
+
+    def cancelled(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self.fs.close()
 
     def plan(self, committables: list[FileCommittable]) -> list[list[FileCommittable]]:
         """Groups to merge: per (bucket, schema), consecutive small files up to the target size; >= 2 each."""

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.errors import ConfigError
-from sluice.sink import Committer, Sink, SinkContext, SinkWriter
+from sluice.sink import Committer, Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.files.buckets import BucketAssigner
 from sluice.sinks.files.committable import FileCommittable
 from sluice.sinks.files.committer import FileCommitter
-from sluice.sinks.files.compaction import CompactionPolicy
+from sluice.sinks.files.compaction import CompactionPolicy, FileCompactor
 from sluice.sinks.files.filesystem import FileSystem, filesystem_for
 from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions
 from sluice.sinks.files.rolling import RollingPolicy
@@ -182,6 +182,16 @@ class FileSink(Sink[FileCommittable]):
 
     def create_committer(self, ctx: SinkContext) -> Committer[FileCommittable] | None:
         return FileCommitter(self, ctx)
+
+    @property
+    def compacts(self) -> bool:  # type: ignore[override]
+        """With a compaction policy, a compactor stage keyed by bucket merges the files of all writers."""
+        return self.compaction is not None
+
+    def create_compactor(self, ctx: SinkContext) -> Compactor[FileCommittable] | None:
+        if self.compaction is None:
+            return None
+        return FileCompactor(self.compaction, self.filesystem(), self.format_options(), ctx)
 
     def recover(self, job_id: str, committables: Sequence[FileCommittable]) -> None:
         """Delete staged files and abort multipart uploads of ``job_id`` that the restored checkpoint does not

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from sluice.sink import SinkContext, SinkWriter
 from sluice.sinks.files.committable import FileCommittable, final_name, inprogress_name, staging_name
-from sluice.sinks.files.compaction import Compactor
 from sluice.sinks.files.errors import SchemaMismatchError
 from sluice.sinks.files.formats import FormatWriter, extension, open_writer, schema_fingerprint
 
@@ -61,21 +59,6 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
         self._final = False
         self._closed = False
         self._last_idle_check = time.monotonic()
-        hook: Callable[[str], None] = getattr(ctx, "fault_hook", lambda p: None)
-        self.compactor = (
-            None
-            if sink.compaction is None
-            else Compactor(
-                sink.compaction,
-                self.fs,
-                self.opts,
-                ctx.job_id,
-                ctx.subtask,
-                ctx.attempt,
-                hook,
-                lambda: self._closed,
-            )
-        )
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(self, batch: pa.RecordBatch) -> None:
@@ -189,11 +172,6 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
     def snapshot_state(self, checkpoint_id: int) -> Any:
         held = [c for files in self.held.values() for c in files]
         return {"held": held, "held_age": dict(self.held_age)} if held else None
-
-    def compact(self, checkpoint_id: int, committables: list[FileCommittable]) -> list[FileCommittable]:
-        if self.compactor is None:
-            return committables
-        return self.compactor.compact(checkpoint_id, committables)
 
     def end_input(self) -> None:
         """Close every file and release held ones, so the final checkpoint publishes all data."""
