@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.cli import main
+from sluice.cli.scaffold import available_templates
 from sluice.connectors.generator import GeneratorSource
-from sluice.scaffold import available_templates
 from sluice.sinks.testing import TwoPhaseCommitTestSink
 
 

@@ -16,6 +16,7 @@ checkpoint and commits (or hands to the global committer) what replaces them.
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import pyarrow as pa
 
 __all__ = [
+    "CommitOutcome",
     "CommittableWithLineage",
     "Committer",
     "Compactor",
@@ -131,12 +133,33 @@ class Compactor(ABC, Generic[C]):
         """Release resources."""
 
 
+class CommitOutcome(enum.Enum):
+    """What a commit did (Flink's ``CommitRequest`` signals, as a return value).
+
+    The engine retries ``RETRY_LATER`` exactly as it retries a raised exception (exponential backoff, a
+    bounded number of attempts, then the job fails over and the restored checkpoint is committed again),
+    but counts it apart: a known, transient refusal (a table's commit conflict, a throttled store) is not an
+    error. ``ALREADY_COMMITTED`` is counted too: after a restore it is the expected answer.
+    """
+
+    #: the committables are now visible (some or all were published by this call)
+    COMMITTED = "committed"
+    #: every committable was visible already (a retry, or the re-commit after a restore)
+    ALREADY_COMMITTED = "already_committed"
+    #: nothing was published, for a transient reason: call again later with the same committables
+    RETRY_LATER = "retry_later"
+
+
 class Committer(ABC, Generic[C]):
     """Publishes committables. Must be idempotent: the same committable may be committed again."""
 
     @abstractmethod
-    def commit(self, committables: Sequence[C]) -> None:
-        """Publish every committable, oldest first. Raise to have the commit retried."""
+    def commit(self, committables: Sequence[C]) -> CommitOutcome:
+        """Publish every committable, oldest first, and say what happened.
+
+        Raise (or return ``RETRY_LATER``) to have the commit retried; a partial commit must be safe to
+        repeat, since the retry passes the same committables again.
+        """
 
     def close(self) -> None:
         """Release resources."""
@@ -146,8 +169,9 @@ class GlobalCommitter(ABC, Generic[C]):
     """One atomic commit per checkpoint, on the coordinator (table formats)."""
 
     @abstractmethod
-    def commit(self, checkpoint_id: int, committables: Sequence[C]) -> None:
-        """Publish all committables of ``checkpoint_id`` atomically; skip if the table already has it."""
+    def commit(self, checkpoint_id: int, committables: Sequence[C]) -> CommitOutcome:
+        """Publish all committables of ``checkpoint_id`` atomically; ``ALREADY_COMMITTED`` if the table
+        already has it (the committer must check: the engine commits the restored checkpoint again)."""
 
 
 class Sink(ABC, Generic[C]):

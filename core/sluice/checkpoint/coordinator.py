@@ -78,7 +78,7 @@ class CheckpointCoordinator:
         next_checkpoint_id: int,
         enumerators: dict[str, Any] | None = None,
         enumerator_lock: threading.RLock | None = None,
-        global_committers: dict[str, Callable[[int, list[Any]], None]] | None = None,
+        global_committers: dict[str, Callable[[int, list[Any]], object]] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         completed: list[tuple[int, str]] | None = None,
         committed_upto: int = 0,

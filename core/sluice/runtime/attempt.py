@@ -134,7 +134,12 @@ class JobAttempt:
             self.global_committers[node.uid] = gc
             if r is not None:
                 restored_global = r.global_committables().get(node.uid, [])
-                commit_with_retry(node.uid, gc.commit, r.checkpoint_id, restored_global)
+                commit_with_retry(node.uid, gc.commit, r.checkpoint_id, restored_global, metric=self.metric)
+
+    def metric(self, name: str, increment: int = 1) -> None:
+        """Count ``name`` in the attempt's metrics (the driver side: global commits, enumerators)."""
+        with self.lock:
+            self.metrics[name] = self.metrics.get(name, 0) + increment
 
     def remote(self, task: SubtaskId) -> Any:
         return self.tasks[task]
@@ -156,8 +161,8 @@ class JobAttempt:
             enum = src.create_enumerator(ctx, r.enumerator_state(node.uid) if r else None)
             self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
-        globals_: dict[str, Callable[[int, list[Any]], None]] = {
-            name: functools.partial(commit_with_retry, name, gc.commit)
+        globals_: dict[str, Callable[[int, list[Any]], object]] = {
+            name: functools.partial(commit_with_retry, name, gc.commit, metric=self.metric)
             for name, gc in self.global_committers.items()
         }
         job_info = {
@@ -355,7 +360,7 @@ class _GlobalCommitterCtx:
         return self._a.attempt
 
     def metric(self, name: str, increment: int = 1) -> None:
-        self._a.metrics[name] = self._a.metrics.get(name, 0) + increment
+        self._a.metric(name, increment)
 
     def fault_hook(self, point: str) -> None:
         self._a.faults.hit(point, f"global committer of {self._uid}")

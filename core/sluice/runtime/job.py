@@ -58,7 +58,7 @@ class JobResult:
         attempts: attempts run (restarts + 1).
         last_checkpoint: id of the last completed checkpoint, if any.
         checkpoints: statistics of every checkpoint of every attempt.
-        metrics: task metrics summed over subtasks and attempts.
+        metrics: task and global-committer metrics summed over subtasks and attempts.
         failures: one line per failed attempt.
         stopped_at: the path of the job's last checkpoint or savepoint if it was stopped (``stopped``).
     """
@@ -198,10 +198,11 @@ class _AttemptLog:
             if a.coordinator.completed:
                 self.last_checkpoint = a.coordinator.completed[-1][0]
             self.stopped_at = a.coordinator.terminal_path or self.stopped_at
-        for t in a.tasks.values():
-            for ctx in getattr(t, "contexts", []):
-                for k, v in ctx.metrics.items():
-                    self.metrics[k] = self.metrics.get(k, 0) + v
+        counted = [dict(a.metrics)]  # the driver side: global commits
+        counted += [ctx.metrics for t in a.tasks.values() for ctx in getattr(t, "contexts", [])]
+        for metrics in counted:
+            for k, v in metrics.items():
+                self.metrics[k] = self.metrics.get(k, 0) + v
 
     def result(self, job_id: str, status: JobStatus) -> JobResult:
         return JobResult(

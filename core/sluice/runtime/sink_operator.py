@@ -13,7 +13,7 @@ import tenacity
 
 from sluice.errors import CommitError, ConfigError
 from sluice.runtime.operators import Operator, OperatorSnapshot
-from sluice.sink import CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
+from sluice.sink import CommitOutcome, CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
 
 __all__ = [
     "COMMITTABLES",
@@ -27,25 +27,48 @@ __all__ = [
 log = logging.getLogger("sluice.sink")
 
 
-def commit_with_retry(name: str, commit: Any, *args: Any, attempts: int = 5) -> None:
-    """Call ``commit(*args)``, retrying transient failures with exponential backoff (tenacity)."""
+class _RetryLater(Exception):
+    """A committer returned ``CommitOutcome.RETRY_LATER``: retried like an error, counted apart."""
+
+
+def commit_with_retry(
+    name: str,
+    commit: Callable[..., CommitOutcome | None],
+    *args: Any,
+    attempts: int = 5,
+    metric: Callable[[str, int], None] | None = None,
+) -> CommitOutcome:
+    """Call ``commit(*args)``, retrying failures and ``RETRY_LATER`` with exponential backoff (tenacity).
+
+    Returns the outcome (a committer written before outcomes existed returns None: counted as committed).
+    Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry.
+    """
+    count = metric or (lambda _name, _n: None)
+
+    def once() -> CommitOutcome:
+        outcome = commit(*args) or CommitOutcome.COMMITTED
+        if outcome is CommitOutcome.RETRY_LATER:
+            raise _RetryLater("the committer asked to retry later")
+        return outcome
+
+    def before_sleep(rs: tenacity.RetryCallState) -> None:
+        count("commit_retries", 1)
+        exc = rs.outcome.exception() if rs.outcome is not None else None
+        level = logging.INFO if isinstance(exc, _RetryLater) else logging.WARNING
+        log.log(level, "%s: commit not done (attempt %d), retrying: %s", name, rs.attempt_number, exc)
+
     try:
-        for attempt in tenacity.Retrying(
+        outcome: CommitOutcome = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(attempts),
             wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
             retry=tenacity.retry_if_exception_type(Exception),
             reraise=True,
-            before_sleep=lambda rs: log.warning(
-                "%s: commit failed (attempt %d), retrying: %s",
-                name,
-                rs.attempt_number,
-                rs.outcome.exception() if rs.outcome is not None else None,
-            ),
-        ):
-            with attempt:
-                commit(*args)
+            before_sleep=before_sleep,
+        )(once)
     except Exception as exc:
         raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
+    count("commits" if outcome is CommitOutcome.COMMITTED else "commits_already_committed", 1)
+    return outcome
 
 
 class SinkOperator(Operator):
@@ -157,7 +180,7 @@ class SinkOperator(Operator):
                 del self._pending[k]
             return
         comms = [c for k in ready for c in self._pending[k]]
-        commit_with_retry(self.name, self.committer.commit, comms)
+        commit_with_retry(self.name, self.committer.commit, comms, metric=self.ctx.metric)
         for k in ready:
             del self._pending[k]
         self.ctx.metric("committed_checkpoints", len(ready))

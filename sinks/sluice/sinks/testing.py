@@ -14,7 +14,15 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import CommitError
-from sluice.sink import Committer, GlobalCommitter, GlobalCommitterContext, Sink, SinkContext, SinkWriter
+from sluice.sink import (
+    CommitOutcome,
+    Committer,
+    GlobalCommitter,
+    GlobalCommitterContext,
+    Sink,
+    SinkContext,
+    SinkWriter,
+)
 
 __all__ = ["TwoPhaseCommitTestSink", "read_committed"]
 
@@ -47,8 +55,9 @@ class _Committer(Committer[str], GlobalCommitter[str]):
         self.sink = sink
         self.ctx = ctx
 
-    def commit(self, *args: Any) -> None:
+    def commit(self, *args: Any) -> CommitOutcome:
         committables: Sequence[str] = args[-1]
+        published = 0
         for i, name in enumerate(committables):
             src = os.path.join(self.sink.directory, "pending", name)
             dst = os.path.join(self.sink.directory, "committed", name)
@@ -56,8 +65,10 @@ class _Committer(Committer[str], GlobalCommitter[str]):
                 if not os.path.exists(src):
                     raise CommitError(f"committable {name} is neither pending nor committed: its data is lost")
                 os.replace(src, dst)
+                published += 1
             if i == 0:
                 self.ctx.fault_hook("commit")  # in the middle of a commit: the first committable is published
+        return CommitOutcome.COMMITTED if published or not committables else CommitOutcome.ALREADY_COMMITTED
 
 
 class TwoPhaseCommitTestSink(Sink[str]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sluice.sink import Committer
+from sluice.sink import CommitOutcome, Committer
 from sluice.sinks.files.committable import FileCommittable
 
 if TYPE_CHECKING:
@@ -27,15 +27,16 @@ class FileCommitter(Committer[FileCommittable]):
         self.ctx = ctx
         self._hook: Callable[[str], None] | None = getattr(ctx, "fault_hook", None)
 
-    def commit(self, committables: Sequence[FileCommittable]) -> None:
+    def commit(self, committables: Sequence[FileCommittable]) -> CommitOutcome:
+        published = 0
         for i, c in enumerate(committables):
             if i == 1 and self._hook is not None:
                 self._hook("commit")
-            if c.held:
-                continue
-            self.fs.publish(c)
-        if committables and hasattr(self.ctx, "metric"):
-            self.ctx.metric("files_committed", sum(1 for c in committables if not c.held))
+            if not c.held and self.fs.publish(c):
+                published += 1
+        if published and hasattr(self.ctx, "metric"):
+            self.ctx.metric("files_committed", published)
+        return CommitOutcome.COMMITTED if published else CommitOutcome.ALREADY_COMMITTED
 
     def close(self) -> None:
         self.fs.close()

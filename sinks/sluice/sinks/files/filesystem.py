@@ -48,8 +48,9 @@ class FileSystem(ABC):
         """Read a staged (not multipart) file."""
 
     @abstractmethod
-    def publish(self, c: FileCommittable) -> None:
-        """Make ``c`` visible under ``c.final``; a no-op if it already is. Then delete ``c.replaces``."""
+    def publish(self, c: FileCommittable) -> bool:
+        """Make ``c`` visible under ``c.final`` (True), or do nothing if it already is (False). Then delete
+        ``c.replaces``."""
 
     @abstractmethod
     def delete_staged(self, rel: str) -> None:
@@ -98,12 +99,14 @@ class LocalFileSystem(FileSystem):
     def open_staged(self, c: FileCommittable) -> pa.NativeFile:
         return pa.memory_map(self._abs(c.staged))
 
-    def publish(self, c: FileCommittable) -> None:
+    def publish(self, c: FileCommittable) -> bool:
         src, dst = self._abs(c.staged), self._abs(c.final)
+        published = False
         if os.path.exists(dst):
             pass  # already visible: commit is idempotent
         elif os.path.exists(src):
             os.replace(src, dst)
+            published = True
         else:
             raise CommitError(
                 f"file sink: {c.final} is neither pending ({c.staged}) nor committed under {self.root}:"
@@ -111,6 +114,7 @@ class LocalFileSystem(FileSystem):
             )
         for r in c.replaces:
             self.delete_staged(r)
+        return published
 
     def delete_staged(self, rel: str) -> None:
         try:

@@ -117,18 +117,20 @@ class S3FileSystem(FileSystem):
                 return None
             raise
 
-    def publish(self, c: FileCommittable) -> None:
+    def publish(self, c: FileCommittable) -> bool:
         final = self._key(c.final)
         if c.upload_id is not None:
-            self._complete(c, final)
+            published = self._complete(c, final)
         else:
-            self._copy(c, final)
+            published = self._copy(c, final)
             self.delete_staged(c.staged)
         for r in c.replaces:
             self.delete_staged(r)
+        return published
 
-    def _copy(self, c: FileCommittable, final: str) -> None:
-        """Copy pending -> final; copying again is harmless, a missing pending file means done (or lost)."""
+    def _copy(self, c: FileCommittable, final: str) -> bool:
+        """Copy pending -> final (True); copying again is harmless, a missing pending file means done
+        (False) or lost (CommitError)."""
         try:
             self._call(
                 "CopyObject",
@@ -136,6 +138,7 @@ class S3FileSystem(FileSystem):
                 Key=final,
                 CopySource={"Bucket": self.bucket, "Key": self._key(c.staged)},
             )
+            return True
         except StorageError as exc:
             if exc.code not in ("NoSuchKey", "404"):
                 raise
@@ -144,8 +147,9 @@ class S3FileSystem(FileSystem):
                     f"file sink: s3://{self.bucket}/{final} is neither pending nor committed: "
                     "its data is lost"
                 ) from exc
+            return False
 
-    def _complete(self, c: FileCommittable, final: str) -> None:
+    def _complete(self, c: FileCommittable, final: str) -> bool:
         parts = [{"PartNumber": n, "ETag": e} for n, e in c.parts]
         try:
             self._call(
@@ -155,7 +159,7 @@ class S3FileSystem(FileSystem):
                 UploadId=c.upload_id,
                 MultipartUpload={"Parts": parts},
             )
-            return
+            return True
         except StorageError as exc:
             if exc.code != "NoSuchUpload":
                 raise
@@ -170,6 +174,7 @@ class S3FileSystem(FileSystem):
                 f"file sink: s3://{self.bucket}/{final} exists but is not the object of upload "
                 f"{c.upload_id} (ETag {head.get('ETag')} != {_multipart_etag(c.parts)})"
             )
+        return False
 
     def delete_staged(self, rel: str) -> None:
         self._call("DeleteObject", self.client.delete_object, Key=self._key(rel))

@@ -1,4 +1,4 @@
-"""``sluice new``: job files from Jinja templates shipped in ``sluice.templates``."""
+"""Rendering of `sluice new`: job files from Jinja templates shipped in ``sluice.templates``."""
 
 from __future__ import annotations
 

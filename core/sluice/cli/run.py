@@ -1,0 +1,131 @@
+"""``sluice run``: run a job file until it ends; SIGTERM stops it with a savepoint."""
+
+from __future__ import annotations
+
+import runpy
+import signal
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from sluice.api import Pipeline
+from sluice.cli.main import main
+from sluice.client import JobClient
+from sluice.errors import SluiceError
+from sluice.runtime.job import JobResult
+
+__all__ = ["load_pipeline", "run"]
+
+
+def load_pipeline(path: str) -> Pipeline:
+    """Load a job file: it defines ``pipeline`` (a Pipeline) or ``build_pipeline() -> Pipeline``."""
+    if not Path(path).is_file():
+        raise click.BadParameter(f"no such job file: {path}", param_hint="JOB")
+    ns = runpy.run_path(path, run_name="__sluice_job__")
+    if isinstance(ns.get("pipeline"), Pipeline):
+        return ns["pipeline"]  # type: ignore[no-any-return]
+    if callable(ns.get("build_pipeline")):
+        p = ns["build_pipeline"]()
+        if isinstance(p, Pipeline):
+            return p
+    raise click.ClickException(
+        f"{path} defines neither `pipeline = Pipeline(...)` nor `build_pipeline() -> Pipeline`"
+    )
+
+
+@main.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option(
+    "--runtime",
+    type=click.Choice(["spark", "local"]),
+    default="spark",
+    show_default=True,
+    help="spark: embedded local[P] unless --master is given; local: threads in this process (no JVM).",
+)
+@click.option(
+    "--master", default=None, help="Spark master URL (default: spark-submit's, else embedded local[P])."
+)
+@click.option(
+    "--restore",
+    default="latest",
+    show_default=True,
+    help="'latest' (resume the job's latest completed checkpoint), 'none', or a checkpoint/savepoint path.",
+)
+@click.option(
+    "--recover-without-channel-state",
+    type=int,
+    default=None,
+    help="Drop the unaligned channel state of this checkpoint id on restore (LOSES its in-flight data).",
+)
+@click.option(
+    "--allow-non-restored-state",
+    is_flag=True,
+    help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
+    "is dropped. Without it such a restore fails, naming the uids.",
+)
+def run(
+    job: str,
+    runtime: str,
+    master: str | None,
+    restore: str,
+    recover_without_channel_state: int | None,
+    allow_non_restored_state: bool,
+) -> None:
+    """Run the pipeline defined in JOB (a Python file).
+
+    SIGTERM (or Ctrl-C) stops the job with a savepoint (sources stop, the savepoint is its last checkpoint,
+    sinks commit it) and prints the savepoint's path: resume with --restore PATH. A second signal while
+    stopping cancels the job.
+    """
+    pipeline = load_pipeline(job)
+    try:
+        client = pipeline.start(
+            runtime=runtime,  # type: ignore[arg-type]
+            restore=restore,
+            spark_master=master,
+            recover_without_channel_state=recover_without_channel_state,
+            allow_non_restored_state=allow_non_restored_state,
+        )
+        result = _wait_or_stop(client)
+    except SluiceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
+        f"last checkpoint {result.last_checkpoint}"
+    )
+    if result.stopped_at:
+        click.echo(f"stopped at {result.stopped_at}; resume with: sluice run {job} --restore {result.stopped_at}")
+
+
+def _wait_or_stop(client: JobClient) -> JobResult:
+    """Wait for the job; on SIGTERM/SIGINT stop it with a savepoint, on a second one cancel it."""
+    signals: list[int] = []
+    handler = lambda signum, frame: signals.append(signum)  # noqa: E731 - the main thread acts on it
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while client.running:
+            if signals:
+                click.echo("stopping the job with a savepoint (signal again to cancel)", err=True)
+                stopper = threading.Thread(target=_stop_quietly, args=(client,), daemon=True)
+                stopper.start()
+                while stopper.is_alive() and len(signals) < 2:
+                    stopper.join(0.1)
+                if len(signals) >= 2:
+                    click.echo("cancelling the job", err=True)
+                    return client.cancel()
+                signals.clear()  # stopped, or the stop failed and the job goes on
+                continue
+            time.sleep(0.1)
+        return client.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _stop_quietly(client: JobClient) -> None:
+    try:
+        client.stop(savepoint=True)
+    except SluiceError as exc:
+        click.echo(f"stop with a savepoint failed, the job goes on: {exc}", err=True)
