@@ -46,7 +46,9 @@ PUBLIC = {
         "CompactionPolicy", "FileCommittable", "FileSink", "RollingPolicy", "SchemaMismatchError", "StorageError",
     ],
     "sluice.testing": ["POINTS", "FaultInjector", "InjectedFault", "SlotCrash", "SparkFaultInjector"],
-    "sluice.runtime.spark": ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"],
+    "sluice.runtime.spark": [
+        "SlotWaitTimeoutError", "SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context",
+    ],
     "sluice.cli": ["main"],
 }
 
