@@ -174,7 +174,7 @@ def wait_for_slots(
         if stop.wait(poll):
             return False
         have = offered()
-        if have != last_have or time.monotonic() - last_log >= 30:
+        if have < slots and (have != last_have or time.monotonic() - last_log >= 30):
             log.warning("%s: the cluster offers %d of %d task slot(s), waiting", what, have, slots)
             last_log, last_have = time.monotonic(), have
     log.warning("%s: %d task slot(s) available after %.1fs", what, have, time.monotonic() - start)
@@ -201,7 +201,9 @@ def bind_address(advertised: str) -> str:
         try:
             return str(ipaddress.ip_address(advertised))
         except ValueError:
-            return str(socket.getaddrinfo(advertised, None, proto=socket.IPPROTO_TCP)[0][4][0])
+            infos = socket.getaddrinfo(advertised, None, proto=socket.IPPROTO_TCP)
+            v4 = [i for i in infos if i[0] == socket.AF_INET]  # "localhost": 127.0.0.1 before ::1
+            return str((v4 or infos)[0][4][0])
     try:
         return "::" if ipaddress.ip_address(advertised).version == 6 else "0.0.0.0"
     except ValueError:
