@@ -1,7 +1,7 @@
 """A Spark standalone cluster on loopback for tests: a master and workers from the installed pyspark.
 
 Every process (master, workers, spark-submit drivers) starts in its own session (process group), with
-``SPARK_LOCAL_IP=127.0.0.1``, free ports (web UIs too), work and log dirs under the test's tmp dir, and an
+``SPARK_LOCAL_IP=127.0.0.1``, ports the OS picks (port 0, web UIs too; the master's log tells its own), work and log dirs under the test's tmp dir, and an
 environment tag (``SLUICE_TEST_CLUSTER``) that their children inherit (executor JVMs, pyspark daemons and
 workers), so :meth:`StandaloneCluster.tagged` finds every process the cluster ever started, orphans
 included. :meth:`StandaloneCluster.stop` kills the process groups it started and then checks that no
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Proc", "StandaloneCluster", "free_port", "spark_home"]
+__all__ = ["Proc", "StandaloneCluster", "spark_home"]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -37,12 +37,6 @@ def spark_home() -> Path:
         check=True,
     )
     return Path(out.stdout.strip())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -143,10 +137,22 @@ class StandaloneCluster:
         return [str(self.home / "bin" / "spark-class"), cls, *args]
 
     # -- the cluster -----------------------------------------------------------------------------------
-    def start(self, workers: int = 2) -> StandaloneCluster:
-        self.port, self.ui_port = free_port(), free_port()
-        args = ["--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port)]
-        self.master = self._spawn("master", self._class("org.apache.spark.deploy.master.Master", *args), self.env())
+    def start(self, workers: int = 2, limit_s: float = 180) -> StandaloneCluster:
+        # port 0 everywhere: the OS picks free ports (no race with other processes picking the same), and
+        # the master's log says which
+        args = ["--host", "127.0.0.1", "--port", "0", "--webui-port", "0"]
+        env = self.env(SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
+        self.master = self._spawn("master", self._class("org.apache.spark.deploy.master.Master", *args), env)
+        deadline = time.monotonic() + limit_s
+        while not (self.port and self.ui_port):
+            text = self.master.log.read_text(errors="replace")
+            if m := re.search(r"Starting Spark master at spark://127\.0\.0\.1:(\d+)", text):
+                self.port = int(m.group(1))
+            if m := re.search(r"'MasterUI' on port (\d+)", text):
+                self.ui_port = int(m.group(1))
+            if not self.master.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"the master did not start:\n{self.master.log_tail()}")
+            time.sleep(0.2)
         for _ in range(workers):
             self.start_worker()
         self.wait_workers(workers)
@@ -157,7 +163,7 @@ class StandaloneCluster:
         self._started += 1
         work = self.base / f"worker-{i}"
         work.mkdir(exist_ok=True)
-        args = ["--host", "127.0.0.1", "--webui-port", str(free_port()), "--cores", "1", "--memory", "1g"]
+        args = ["--host", "127.0.0.1", "--port", "0", "--webui-port", "0", "--cores", "1", "--memory", "1g"]
         args += ["--work-dir", str(work), self.url]
         w = self._spawn(f"worker-{i}", self._class("org.apache.spark.deploy.worker.Worker", *args), self.env())
         self.workers.append(w)
