@@ -130,8 +130,8 @@ def local_restart(bootstrap: str, ends: dict[int, int], n: int, work: Path) -> f
     from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
     out = work / "spark_local2_restart"
-    per_slot = n // 2 // BATCH
-    faults = SparkFaultInjector([SlotCrash("process", after=per_slot // 3, slot=1, how="kill")])
+    per_slot = n // 2 // BATCH  # batches each slot's source emits
+    faults = SparkFaultInjector([SlotCrash("source", after=max(1, per_slot // 3), slot=1, how="kill")])
     run(build(out, 2, bootstrap, TOPIC, ends, restarts=2), "spark", out, n, faults=faults)
     if len(faults.fired) != 1:
         raise RuntimeError(f"the slot crash did not fire: {faults.fired}")
