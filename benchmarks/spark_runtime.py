@@ -9,7 +9,9 @@ partitions (the data of ``kafka_ceiling.py``) and runs the same exactly-once job
    records over the span from the first to the last batch, so stage submission, slot start-up and the
    final commit are left out (they are figures 2 and 3). Targets: Spark 2 slots >= 0.9x in-process,
    2 slots >= 1.7x 1 slot.
-2. **start**: from ``run()`` to the first record through the probe, on 2 slots (context already up).
+2. **start**: from ``run()`` to the first record through the probe (the context is up already), read
+   against the floor Spark itself sets: an empty barrier stage of 2 tasks, from submission to a function
+   that imports what a slot imports running in every task.
 3. **restart on local**: 2 slots, slot 1's Python worker SIGKILLed (a lost executor's Python) a third of
    the way in; restart-to-first-record = the first batch of the new attempt minus the last batch of the
    killed slot: failure detection, cancel, stage resubmission, slot start, restore from the checkpoint,
@@ -140,7 +142,30 @@ def local_restart(bootstrap: str, ends: dict[int, int], n: int, work: Path) -> f
     return gap
 
 
-def standalone_restart(bootstrap: str, work: Path) -> dict[str, float]:
+def empty_stage_start(slots: int) -> float:
+    """How long Spark takes from submitting a barrier stage to running an (empty) function in every task
+    that imports what a slot imports: the floor under a slot's start, measured here so that figure 2 and 3
+    can be read against it (a loaded machine stretches both)."""
+    from sluice.runtime.spark import spark_context
+
+    sc = spark_context(slots)
+
+    def started(_: Any) -> Any:
+        import sluice.connectors.kafka
+        import sluice.runtime.spark.slot
+        import sluice.sinks.files  # noqa: F401
+
+        yield time.time()
+
+    spans = []
+    for _ in range(3):
+        t0 = time.time()
+        spans.append(max(sc.parallelize(range(slots), slots).barrier().mapPartitions(started).collect()) - t0)
+    print(f"  empty barrier stage of {slots}, to the function in every task: {[round(s, 2) for s in spans]}s")
+    return min(spans)
+
+
+def standalone_restart(broker: TansuBroker, work: Path) -> dict[str, float]:
     """Submit this file as a job to a standalone cluster, SIGKILL an executor JVM once records flow, and
     time the first record of the restarted attempt. The job cannot end before the test produces the rest
     of its input, so the kill always hits a running job."""
@@ -148,6 +173,7 @@ def standalone_restart(bootstrap: str, work: Path) -> dict[str, float]:
 
     topic, per_partition = "bench-standalone", 200_000
     cluster = StandaloneCluster(work / "standalone")
+    bootstrap = broker.bootstrap
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 0})
 
     def produce_half(half: int) -> None:
@@ -165,9 +191,7 @@ def standalone_restart(bootstrap: str, work: Path) -> dict[str, float]:
         t0 = time.time()
         cluster.start(workers=2)
         print(f"  standalone cluster up in {time.time() - t0:.1f}s", flush=True)
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, 2)])[topic].result(30)
+        broker.create_topic(topic, 2)
         produce_half(0)
         out = work / "standalone-job"
         (out / "probe").mkdir(parents=True)
@@ -239,8 +263,9 @@ def main() -> None:
             name = f"spark_local2_{slots}slot"
             figures[name] = run(build(work / name, slots, bs, TOPIC, ends), "spark", work / name, n)
         restart = local_restart(bs, ends, n, work)
+        floor = empty_stage_start(2)
         if not args.no_standalone:
-            standalone = standalone_restart(bs, work)
+            standalone = standalone_restart(broker, work)
     shutil.rmtree(work, ignore_errors=True)
     steady = {k: v["steady"] for k, v in figures.items()}
     base = steady["in_process_p2"]
@@ -258,6 +283,7 @@ def main() -> None:
                 "spark_2slots_vs_1slot": round(two / one, 3),
                 "start_to_first_record_s": {k: round(v["start"], 2) for k, v in figures.items()},
                 "local_restart_to_first_record_s": round(restart, 2),
+                "empty_barrier_stage_start_s": round(floor, 2),
                 "standalone": standalone,
             }
         )
