@@ -41,6 +41,7 @@ def commit_with_retry(
     """Call ``commit(*args)``, retrying failures and ``RETRY_LATER`` with exponential backoff (tenacity).
 
     Returns the outcome (a committer written before outcomes existed returns None: counted as committed).
+    A ``ConfigError`` is raised at once, unretried: a restart cannot cure it.
     Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry.
     """
     count = metric or (lambda _name, _n: None)
@@ -61,10 +62,12 @@ def commit_with_retry(
         outcome: CommitOutcome = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(attempts),
             wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
-            retry=tenacity.retry_if_exception_type(Exception),
+            retry=tenacity.retry_if_exception_type(Exception) & tenacity.retry_if_not_exception_type(ConfigError),
             reraise=True,
             before_sleep=before_sleep,
         )(once)
+    except ConfigError:
+        raise  # a restart cannot cure it: fails the job at once
     except Exception as exc:
         raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
     count("commits" if outcome is CommitOutcome.COMMITTED else "commits_already_committed", 1)
