@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pyarrow as pa
+from sluice.errors import CommitError, ConfigError
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.tables.errors import TableLineageError
 from sluice.sinks.tables.files import TableFile
@@ -52,6 +53,14 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             )
 
     def commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
+        try:
+            return self._commit(checkpoint_id, committables)
+        except (CommitError, ConfigError):
+            raise
+        except Exception as exc:
+            raise CommitError(f"DeltaSink {self.sink.path}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
+
+    def _commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
         from deltalake.transaction import (
             AddAction,
             CommitProperties,
@@ -82,6 +91,7 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             self._tried.add(checkpoint_id)
             from deltalake.schema import Schema
 
+            self.ctx.fault_hook("table_commit")
             first = committables[0]
             full = pa.schema([*first.schema, *first.partition_schema])
             create_table_with_add_actions(
@@ -112,6 +122,7 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             if new:
                 table.alter.add_columns([_delta_field(f) for f in new])
                 table.update_incremental()
+        self.ctx.fault_hook("table_commit")  # a seam for tests: another writer may commit here
         table.create_write_transaction(
             adds,
             "append",

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sluice.errors import CommitError, ConfigError
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.iceberg.layout import JOB_ID, MAX_COMMITTED, SINK_UID, data_file, max_committed_checkpoint
 from sluice.sinks.tables.errors import TableLineageError
@@ -48,12 +49,21 @@ class IcebergCommitter(GlobalCommitter[TableFile]):
             )
 
     def commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
-        from sluice.sinks.iceberg.catalog import check_schema, load_catalog
+        try:
+            return self._commit(checkpoint_id, committables)
+        except (CommitError, ConfigError):
+            raise
+        except Exception as exc:
+            raise CommitError(f"IcebergSink {self.sink.table}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
+
+    def _commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
+        from sluice.sinks.iceberg.catalog import load_catalog
 
         if not committables:
             return CommitOutcome.COMMITTED
         with self.lock:
             table = load_catalog(self.sink).load_table(self.sink.table)
+            self.ctx.fault_hook("table_commit")  # a seam for tests: another writer may commit here
             done = max_committed_checkpoint(table, self.ctx.job_id, self.ctx.sink_uid)
             if done >= checkpoint_id:
                 if checkpoint_id in self._tried or checkpoint_id == self.ctx.restored_checkpoint_id:
@@ -65,10 +75,6 @@ class IcebergCommitter(GlobalCommitter[TableFile]):
                     "the job's latest checkpoint, or give the sink a new uid"
                 )
             self._tried.add(checkpoint_id)
-            for schema in {c.schema_fp: c.schema for c in committables}.values():
-                if check_schema(self.sink, table, schema):
-                    with table.update_schema() as update:
-                        update.union_by_name(schema)
             props = {JOB_ID: self.ctx.job_id, SINK_UID: self.ctx.sink_uid, MAX_COMMITTED: str(checkpoint_id)}
             with (
                 table.transaction() as tx,

@@ -27,13 +27,12 @@ class IcebergLayout:
 
     partition_schema = pa.schema([])
 
-    def __init__(self, table: Table, extra: list[pa.Field] | None = None) -> None:
+    def __init__(self, table: Table) -> None:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         self.schema = table.schema()
         self.spec = table.spec()
         self.file_schema = schema_to_pyarrow(self.schema)
-        self.extra = extra or []
         self._sources = [
             (f, self.schema.find_column_name(f.source_id), self.schema.find_type(f.source_id))
             for f in self.spec.fields
@@ -51,12 +50,11 @@ class IcebergLayout:
         return out
 
     def _as_stored(self, rows: pa.Table) -> pa.Table:
-        fields = [*self.file_schema, *self.extra]
         cols = []
-        for f in fields:
+        for f in self.file_schema:
             col = rows.column(f.name) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
             cols.append(col.cast(f.type) if col.type != f.type else col)
-        return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+        return pa.Table.from_arrays(cols, schema=self.file_schema)
 
 
 def file_stats(table: Table, meta: pq.FileMetaData) -> dict[str, Any]:

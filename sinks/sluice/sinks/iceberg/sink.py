@@ -45,7 +45,8 @@ class IcebergSink(Sink[TableFile]):
             ``hour(col)``.
         schema: the table's Arrow schema: creates (or checks) the table before the job starts. Without it the
             first batch's schema creates it.
-        schema_mode: ``"strict"`` or ``"merge"`` (new columns are added to the table's schema).
+        schema_mode: ``"strict"`` or ``"merge"`` (new columns are added to the table's schema by the first
+            writer that sees them, before it writes a file with them).
         storage_options: FileIO options: sluice's spelling (``endpoint_url``, ``region_name``,
             ``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``) or pyiceberg ``s3.*`` keys.
         compaction: merge the files all subtasks write for one partition at one checkpoint into one file before
@@ -143,8 +144,16 @@ class IcebergSink(Sink[TableFile]):
         from sluice.sinks.iceberg.layout import IcebergLayout
 
         table = self.loaded(schema, refresh=True)
-        new = check_schema(self, table, schema)
-        return IcebergLayout(table, new)
+        for _ in range(10):
+            if not check_schema(self, table, schema):
+                break
+            try:  # merge: new columns join the table's schema (with field ids) before any file has them
+                with table.update_schema() as update:
+                    update.union_by_name(schema)
+            except Exception as exc:  # another writer evolved it at the same moment: look again
+                log.info("%s: schema update lost a race, retrying: %s", self.name, exc)
+            table = self.loaded(refresh=True)
+        return IcebergLayout(table)
 
     def file_stats(self, meta: pq.FileMetaData, table: pa.Table) -> Any:
         from sluice.sinks.iceberg.layout import file_stats
