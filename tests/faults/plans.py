@@ -6,8 +6,8 @@ so counts are not exact); points whose count depends on timing (alignment, check
 ``after``. Second faults follow rules that keep them reachable after the first crash's restore:
 
 * every restarted run ends with a final checkpoint: ``snapshot_to_ack`` and ``final_checkpoint`` fire;
-* ``restore`` follows only a crash after a completed checkpoint (``complete_to_commit``, ``commit``,
-  ``final_checkpoint``), so there is something to restore;
+* ``restore`` follows only a crash after a completed checkpoint (``global_commit``, ``complete_to_commit``,
+  ``commit``, ``final_checkpoint``), so there is something to restore;
 * ``process`` / ``source`` follow only a crash while processing / reading: the crashed batch is replayed
   (after any other crash, everything may have been read and checkpointed already).
 """
@@ -20,21 +20,26 @@ from sluice.testing.faults import PlannedFault
 
 #: crash points per alignment mode (compaction belongs to the file sink's own suite)
 MODE_POINTS = {
-    "aligned": ("process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
-    "unaligned": (
-        "process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "channel_state",
+    "aligned": (
+        "process", "source", "align", "snapshot_to_ack", "global_commit", "complete_to_commit", "commit",
         "final_checkpoint",
+    ),
+    "unaligned": (
+        "process", "source", "align", "snapshot_to_ack", "global_commit", "complete_to_commit", "commit",
+        "channel_state", "final_checkpoint",
     ),
     # whether an adaptive checkpoint switches (records channel state, pulls barriers forward instead of
     # aligning on them) depends on timing
-    "adaptive": ("process", "source", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
+    "adaptive": (
+        "process", "source", "snapshot_to_ack", "global_commit", "complete_to_commit", "commit", "final_checkpoint"
+    ),
     "at_least_once": ("process", "source", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
 }
 #: points hit once per batch: counts barely depend on timing
 _PER_BATCH = ("process", "source")
 #: points hit only while a checkpoint meets live input channels: a run may see none where another saw a few
 _SPARSE = ("align", "channel_state")
-_AFTER_COMPLETION = ("complete_to_commit", "commit", "final_checkpoint")
+_AFTER_COMPLETION = ("global_commit", "complete_to_commit", "commit", "final_checkpoint")
 
 
 def _first(rng: random.Random, point: str, count: int) -> PlannedFault:

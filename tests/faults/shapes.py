@@ -29,6 +29,7 @@ from sluice import (
 )
 from sluice.connectors.generator import GeneratorSource
 from sluice.runtime.fault_hook import FaultHook
+from sluice.sink import Sink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
@@ -121,19 +122,37 @@ class Build:
         scale: int | None = None,
         global_commit: bool = False,
         rate: float | None = None,
+        sink: str = "test",
     ) -> None:
         self.rng = rng
         self.out = out
         self.scale = scale
         self.global_commit = global_commit
         self.rate = rate  # rows per second per source reader (None: as fast as possible)
+        self.sink_kind = sink  # "test" (TwoPhaseCommitTestSink), "delta" or "iceberg"
 
     def par(self) -> int:
         drawn = self.rng.randint(1, 4)
         return self.scale or drawn
 
-    def sink(self) -> TwoPhaseCommitTestSink:
+    def sink(self) -> Sink[Any]:
+        if self.sink_kind != "test":
+            return table_target(self.sink_kind, self.out).sink()
         return TwoPhaseCommitTestSink(self.out, global_commit=self.global_commit)
+
+
+def table_target(kind: str, out: str) -> Any:
+    """The Delta or Iceberg table a shape's sink writes under ``out`` (tests/tables/helpers.py)."""
+    from tests.tables.helpers import Target
+
+    return Target(kind, out, {}, out)
+
+
+def committed_rows(sink: str, out: str) -> list[tuple[Any, ...]]:
+    """What a reader sees: the test sink's committed files, or the table's current version."""
+    if sink == "test":
+        return rows_of(read_committed(out))
+    return rows_of(table_target(sink, out).read())
 
 
 def chain(p: Pipeline, b: Build) -> None:
@@ -207,16 +226,18 @@ def run_shape(
     scale: int | None = None,
     directory: str | None = None,
     restore: str = "none",
+    sink: str = "test",
 ) -> Run:
     """Build ``shape`` with ``seed`` and run it to the end; return the committed output.
 
     ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
-    overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the sink's commit path.
+    overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the test sink's commit path,
+    ``sink`` the sink: the test sink, or a Delta or Iceberg table (one global commit per checkpoint).
     """
     if directory is None:
         with tempfile.TemporaryDirectory(prefix=f"sluice-{shape.name}-{seed}-") as d:
-            return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, d, restore)
-    return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, directory, restore)
+            return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, d, restore, sink)
+    return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, directory, restore, sink)
 
 
 def _run(
@@ -232,15 +253,16 @@ def _run(
     scale: int | None,
     d: str,
     restore: str,
+    sink: str = "test",
 ) -> Run:
-    p = pipeline_of(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale)
+    p = pipeline_of(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale, sink=sink)
     result: JobResult | None = None
     error: BaseException | None = None
     try:
         result = p.run(runtime=runtime, faults=faults, restore=restore)
     except JobFailedError as exc:
         error = exc
-    return Run(rows_of(read_committed(f"{d}/out")), result, f"{d}/chk", error)
+    return Run(committed_rows(sink, f"{d}/out"), result, f"{d}/chk", error)
 
 
 def pipeline_of(
@@ -254,6 +276,7 @@ def pipeline_of(
     global_commit: bool | None = None,
     scale: int | None = None,
     rate: float | None = None,
+    sink: str = "test",
 ) -> Pipeline:
     """The pipeline of ``shape`` with ``seed``, its sink and checkpoints in ``d`` (see :func:`run_shape`)."""
     rng = random.Random(seed)
@@ -272,7 +295,7 @@ def pipeline_of(
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
         buffers_per_channel=rng.choice([1, 2, 4]),
     )
-    shape.build(p, Build(rng, f"{d}/out", scale, gc, rate))
+    shape.build(p, Build(rng, f"{d}/out", scale, gc, rate, sink))
     return p
 
 

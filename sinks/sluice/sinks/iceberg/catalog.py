@@ -79,6 +79,8 @@ def catalog_properties(sink: IcebergSink) -> dict[str, str]:
         props["warehouse"] = f"file://{root}"
     if "type" not in props and props.get("uri", "").startswith(("sqlite:", "postgresql:", "mysql:")):
         props["type"] = "sql"
+    if props.get("uri", "").startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(props["uri"].removeprefix("sqlite:///")) or ".", exist_ok=True)
     props.update(iceberg_io_options(sink.storage_options))
     return props
 
