@@ -29,12 +29,10 @@ from typing import Any
 
 import pytest
 from sluice.sinks.testing import read_committed
-from sluice.testing.faults import FaultInjector, HitCounter
+from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan
-from sluice.testing.faults import PlannedFault
-
 from tests.faults.shapes import SHAPE, SHAPES, pipeline_of, record, rows_of, run_shape, table_target
 
 FAST = 200

@@ -39,8 +39,13 @@ class Target:
     def exists(self) -> bool:
         if self.kind == "delta":
             from deltalake import DeltaTable
+            from deltalake.exceptions import TableNotFoundError
 
-            return bool(DeltaTable.is_deltatable(f"{self.root}/table", storage_options=self._delta_options()))
+            try:
+                DeltaTable(f"{self.root}/table", storage_options=self._delta_options())
+                return True
+            except TableNotFoundError:
+                return False
         from pyiceberg.exceptions import NoSuchTableError
 
         try:

@@ -85,10 +85,11 @@ def test_recover_deletes_only_files_no_completed_checkpoint_names(local_target: 
     def present(files: list[Any]) -> bool:
         return all(fs.get_file_info(f"{root}/{f.path}").type.name == "File" for f in files)
 
-    sink.recover("job", restored)
+    sink.recover("job", restored)  # what the engine does before an attempt that restores checkpoint 2
+    committer = sink.create_global_committer(GCtx(restored=2))
     assert present(committed) and present(restored) and present(other_job)
     assert not any(fs.get_file_info(f"{root}/{f.path}").type.name == "File" for f in orphans)
-    assert sink.create_global_committer(GCtx(restored=2)).commit(2, restored) is CommitOutcome.COMMITTED
+    assert committer.commit(2, restored) is CommitOutcome.COMMITTED
     assert ids(local_target.read()) == list(range(20))
 
 

@@ -46,7 +46,7 @@ def test_rows_land_exactly_once_one_file_per_partition_and_checkpoint(local_targ
 
 
 def test_without_compaction_every_subtask_writes_its_own_files(local_target: Target, tmp_path: Path) -> None:
-    src, result = run_job(local_target, tmp_path, compaction=False)
+    src, _result = run_job(local_target, tmp_path, compaction=False)
     assert ids(local_target.read()) == ids(src.expected())
     commits = local_target.versions()
     # two writer subtasks, four partitions: most checkpoints leave two files per partition

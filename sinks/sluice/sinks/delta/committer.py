@@ -36,13 +36,20 @@ def app_id(job_id: str, sink_uid: str) -> str:
 
 
 class DeltaCommitter(GlobalCommitter[TableFile]):
-    """Commits each checkpoint's data files in one Delta transaction (on the coordinator)."""
+    """Commits each checkpoint's data files in one Delta transaction (on the coordinator).
+
+    Created once per attempt, before the tasks start: it first deletes the data files of checkpoints that
+    never completed (:func:`~sluice.sinks.delta.sink.remove_orphans`).
+    """
 
     def __init__(self, sink: DeltaSink, ctx: GlobalCommitterContext) -> None:
         self.sink = sink
         self.ctx = ctx
         self.app_id = app_id(ctx.job_id, ctx.sink_uid)
         self._tried: set[int] = set()
+        from sluice.sinks.delta.sink import remove_orphans
+
+        remove_orphans(sink, ctx.job_id, self.app_id, ctx.restored_checkpoint_id)  # once per attempt
         self.rewriter: BackgroundRewriter | None = None
         if sink.rewrite is not None:
             from sluice.sinks.delta.rewrite import rewrite_small_files

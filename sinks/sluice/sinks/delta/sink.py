@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -173,50 +174,41 @@ class DeltaSink(Sink[TableFile]):
         return DeltaCommitter(self, ctx)
 
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
-        """Create the table if ``schema`` was given; delete data files of ``job_id`` that no completed
-        checkpoint names: files of checkpoints after the last one this job committed (and after the restored
-        one), that neither the restored checkpoint nor the table's current version references."""
+        """Create the table if ``schema`` was given, or check its schema. (Files of checkpoints that never
+        completed are deleted by the global committer, which knows the sink's app id: :func:`remove_orphans`.)"""
         from sluice.sinks.delta.table import check_schema, create_table, open_table
 
         table = open_table(self)
         if table is None and self.schema is not None:
-            table = create_table(self, self.schema)
+            create_table(self, self.schema)
         elif table is not None and self.schema is not None:
             check_schema(self, table, self.schema)
-        if table is None:
-            return
-        keep = {c.path for c in committables}
-        keep |= set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
-        upto = max([last_committed_checkpoint(table, job_id), *(c.checkpoint_id for c in committables)])
-        fs, root = self.filesystem()
-        removed = 0
-        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-            rel = info.path[len(root) :].lstrip("/")
-            parsed = parse_data_file_name(rel)
-            if info.type != pafs.FileType.File or parsed is None or rel.startswith("_delta_log"):
-                continue
-            job, ckpt = parsed
-            if job == job_id and ckpt > upto and rel not in keep and _quoted(rel) not in keep:
-                fs.delete_file(info.path)
-                removed += 1
-        if removed:
-            log.info(
-                "%s: recover deleted %d data file(s) of checkpoints of job %s that never completed",
-                self.name,
-                removed,
-                job_id,
-            )
 
 
-def _quoted(rel: str) -> str:
-    from urllib.parse import quote
+def remove_orphans(sink: DeltaSink, job_id: str, app_id: str, restored_checkpoint_id: int | None) -> int:
+    """Delete data files of ``job_id`` written for checkpoints that never completed; returns how many.
 
-    return quote(rel, safe="/=")
+    Those are the job's files of checkpoints after both the restored one and the last one the table has
+    (``transaction_version(app_id)``) that the table's current version does not reference. Files of the
+    restored checkpoint and earlier are committed, or about to be by the restored checkpoint's re-commit.
+    """
+    from sluice.sinks.delta.table import open_table
 
-
-def last_committed_checkpoint(table: Any, job_id: str) -> int:
-    """The highest checkpoint the job committed to ``table``: the newest commit carrying its job id."""
-    for commit in table.history():
-        if commit.get("sluice.job-id") == job_id and "sluice.checkpoint-id" in commit:
-            return int(commit["sluice.checkpoint-id"])
-    return 0
+    table = open_table(sink)
+    if table is None:
+        return 0
+    active = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+    upto = max(table.transaction_version(app_id) or 0, restored_checkpoint_id or 0)
+    fs, root = sink.filesystem()
+    removed = 0
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        rel = info.path[len(root) :].lstrip("/")
+        parsed = parse_data_file_name(rel)
+        if info.type != pafs.FileType.File or parsed is None or rel.startswith("_delta_log"):
+            continue
+        if parsed[0] == job_id and parsed[1] > upto and rel not in active and quote(rel, safe="/=") not in active:
+            fs.delete_file(info.path)
+            removed += 1
+    if removed:
+        log.info("%s: deleted %d data file(s) of checkpoints of job %s that never completed", sink.name, removed, job_id)
+    return removed

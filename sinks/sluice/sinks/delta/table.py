@@ -67,13 +67,16 @@ def _show(types: dict[str, str]) -> str:
 
 
 def open_table(sink: DeltaSink) -> DeltaTable | None:
-    """The table, or None if there is none at the sink's path yet."""
+    """The table, or None if there is none at the sink's path yet.
+
+    Not ``DeltaTable.is_deltatable``: it keeps the GIL during its I/O, which stalls every other thread of the
+    process meanwhile (and deadlocks with an S3 endpoint served by a thread of the same process)."""
     dl = import_deltalake()
-    opts = sink.delta_storage_options()
-    if dl.DeltaTable.is_deltatable(sink.path, storage_options=opts):
-        table: DeltaTable = dl.DeltaTable(sink.path, storage_options=opts)
-        return table
-    return None
+    try:
+        table: DeltaTable = dl.DeltaTable(sink.path, storage_options=sink.delta_storage_options())
+    except dl.exceptions.TableNotFoundError:
+        return None
+    return table
 
 
 def check_partitioning(sink: DeltaSink, schema: pa.Schema) -> None:
