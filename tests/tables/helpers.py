@@ -105,7 +105,17 @@ class Target:
             return pa.concat_tables(tables, promote_options="default")
         import polars as pl
 
-        return pl.scan_iceberg(self.iceberg_table()).collect().to_arrow()
+        opts = None
+        if self.root.startswith("s3://"):  # Polars reads with its own object store client
+            o = self.storage_options
+            opts = {
+                "aws_endpoint_url": o["endpoint_url"],
+                "aws_access_key_id": o["aws_access_key_id"],
+                "aws_secret_access_key": o["aws_secret_access_key"],
+                "aws_region": o.get("region_name", "us-east-1"),
+                "aws_allow_http": "true",
+            }
+        return pl.scan_iceberg(self.iceberg_table(), storage_options=opts).collect().to_arrow()
 
     def versions(self) -> int:
         """Table versions written: Delta log entries, Iceberg snapshots."""
