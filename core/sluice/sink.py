@@ -176,7 +176,7 @@ class GlobalCommitter(ABC, Generic[C]):
         """Publish all committables of ``checkpoint_id`` atomically; ``ALREADY_COMMITTED`` if the table
         already has it (the committer must check: the engine commits the restored checkpoint again).
 
-        A ``ConfigError`` is not retried: it fails the job at once (a restart cannot cure it)."""
+        An error a restart cannot cure (a ``ConfigError``) is not retried: it fails the job at once."""
 
     def close(self) -> None:
         """The attempt ended: release resources (called on the coordinator, after the last commit)."""
@@ -218,3 +218,7 @@ class Sink(ABC, Generic[C]):
 
     def validate(self) -> None:
         """Check options at job build time; raise ConfigError naming the option."""
+
+    def validate_schema(self, schema: pa.Schema) -> None:
+        """Check, at job build time, that this sink can write ``schema`` (the stream's, when the job knows
+        it); raise ConfigError naming the sink and the column. The writer checks again at run time."""

@@ -31,6 +31,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.runtime.fault_hook import FaultHook
 from sluice.sink import Sink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
 SCENARIO_LOG: list[dict[str, Any]] = []
@@ -88,6 +89,12 @@ class Shape:
     build: Callable[[Pipeline, Build], None]
 
 
+#: completed checkpoints a source reader waits for, in every attempt, before it ends its input: the
+#: checkpoint-driven fault points (alignment, channel state, snapshots, completions) are reached at least
+#: this often however fast or slow the machine runs the job (tests/faults/plans.py arms them within it)
+LINGER_CHECKPOINTS = 3
+
+
 def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
     rng = b.rng
     splits = rng.randint(1, 5)
@@ -99,7 +106,7 @@ def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
         b = default_rows(split, start, end, per_split, 50, 10)
         return b.set_column(0, "id", pc.add(b.column("id"), offset))
 
-    return GeneratorSource(
+    return _Lingering(
         num_splits=splits,
         records_per_split=per_split,
         batch_size=rng.choice([10, 25, 60]),
@@ -107,6 +114,44 @@ def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
         name=name,
         rows_per_second=b.rate,
     )
+
+
+class _Lingering(GeneratorSource):
+    """A generator whose readers end their input only after ``LINGER_CHECKPOINTS`` completed checkpoints."""
+
+    def create_reader(self, ctx: ReaderContext) -> SourceReader:
+        return _LingeringReader(super().create_reader(ctx))
+
+
+class _LingeringReader(SourceReader):
+    def __init__(self, inner: SourceReader) -> None:
+        self.inner = inner
+        self.completed = 0
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def add_splits(self, splits: list[SourceSplit]) -> None:
+        self.inner.add_splits(splits)
+
+    def notify_no_more_splits(self) -> None:
+        self.inner.notify_no_more_splits()
+
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        status = self.inner.poll_next(output)
+        if status is InputStatus.END_OF_INPUT and self.completed < LINGER_CHECKPOINTS:
+            return InputStatus.NOTHING_AVAILABLE
+        return status
+
+    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
+        return self.inner.snapshot_state(checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed += 1
+        self.inner.notify_checkpoint_complete(checkpoint_id)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class Build:
