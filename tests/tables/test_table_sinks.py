@@ -90,6 +90,18 @@ def test_the_sinks_are_registered_entry_points() -> None:
         (lambda: IcebergSink("db.t", warehouse="/tmp/w", partition_by=["bucket(4, id)"]), "must be a column or one of"),
         (lambda: IcebergSink("db.t", warehouse="s3://bucket/w"), "give catalog_properties a 'uri'"),
         (lambda: IcebergSink("db.t", warehouse="/tmp/w", schema_mode="x"), "schema_mode must be one of"),
+        (
+            lambda: DeltaSink("/tmp/x", partition_by=["b"]).validate_schema(pa.schema([("a", pa.int64())])),
+            "partition_by names column",
+        ),
+        (
+            lambda: DeltaSink("/tmp/x", partition_by=["a"]).validate_schema(pa.schema([("a", pa.float64())])),
+            "partition column 'a' has type double",
+        ),
+        (
+            lambda: IcebergSink("db.t", warehouse="/tmp/w", partition_by=["day(t)"]).validate_schema(pa.schema([("a", pa.int64())])),
+            "partition_by names column",
+        ),
     ],
 )
 def test_wrong_options_name_the_option_and_the_allowed_values(build: Any, message: str) -> None:

@@ -130,6 +130,12 @@ class DeltaSink(Sink[TableFile]):
                 f"DeltaSink: commit_retries must be an integer >= 0 (got {self.commit_retries!r})"
             )
 
+    def validate_schema(self, schema: pa.Schema) -> None:
+        """At build time: the partition columns are in the stream, with types Delta can partition by."""
+        from sluice.sinks.delta.table import check_partitioning
+
+        check_partitioning(self, schema)
+
     # -- what the shared writer and compactor need ----------------------------------------------------
     def delta_storage_options(self) -> dict[str, str]:
         """Storage options in delta-rs's spelling."""

@@ -123,6 +123,14 @@ class IcebergSink(Sink[TableFile]):
             raise ConfigError(f"IcebergSink: compaction must be True or False (got {self.compaction!r})")
         catalog_properties(self)
 
+    def validate_schema(self, schema: pa.Schema) -> None:
+        """At build time: every partition field's column is in the stream."""
+        from sluice.sinks.iceberg.catalog import parse_partition
+
+        missing = [c for c in (parse_partition(e)[1] for e in self.partition_by) if c not in schema.names]
+        if missing:
+            raise ConfigError(f"IcebergSink: partition_by names column(s) {missing} the stream does not have ({schema.names})")
+
     # -- what the shared writer and compactor need ----------------------------------------------------
     def loaded(self, schema: pa.Schema | None = None, refresh: bool = False) -> Any:
         """The table (created from ``schema`` if missing), cached in this process."""
