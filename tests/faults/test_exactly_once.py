@@ -92,7 +92,7 @@ def crash_scenario(i: int, runtime: str) -> None:
         # global commit runs on the driver, where slot crashes cannot reach: crash before the commit instead
         faults = SparkFaultInjector(
             SlotCrash(
-                "complete_to_commit" if f.point == "commit" else f.point,
+                "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
                 min(f.after, 2),
                 attempt=n,
                 slot=0,
