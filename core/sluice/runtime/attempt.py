@@ -162,8 +162,7 @@ class JobAttempt:
             self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
         globals_: dict[str, Callable[[int, list[Any]], object]] = {
-            name: functools.partial(commit_with_retry, name, gc.commit, metric=self.metric)
-            for name, gc in self.global_committers.items()
+            name: functools.partial(self._global_commit, name, gc) for name, gc in self.global_committers.items()
         }
         job_info = {
             "job_id": self.cfg.job_id,
@@ -212,6 +211,10 @@ class JobAttempt:
         self.coordinator.start()
         self._poll_thread = threading.Thread(target=self._poll_enumerators, name="enumerators", daemon=True)
         self._poll_thread.start()
+
+    def _global_commit(self, uid: str, gc: GlobalCommitter[Any], checkpoint_id: int, committables: list[Any]) -> None:
+        self.faults.hit("global_commit", f"global committer of {uid}")
+        commit_with_retry(uid, gc.commit, checkpoint_id, committables, metric=self.metric)
 
     def _latest_id(self) -> int:
         ids = [cid for cid, _, _ in self.storage.completed()]
@@ -332,6 +335,11 @@ class JobAttempt:
                 e.close()
             except Exception:
                 log.exception("closing enumerator")
+        for uid, gc in self.global_committers.items():
+            try:
+                gc.close()
+            except Exception:
+                log.exception("closing the global committer of %s", uid)
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:
@@ -358,6 +366,10 @@ class _GlobalCommitterCtx:
     @property
     def attempt(self) -> int:
         return self._a.attempt
+
+    @property
+    def restored_checkpoint_id(self) -> int | None:
+        return self._a.restored.checkpoint_id if self._a.restored is not None else None
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._a.metric(name, increment)
