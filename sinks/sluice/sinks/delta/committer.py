@@ -115,7 +115,7 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             return self._committed()
         done = table.transaction_version(self.app_id)
         if done is not None and done >= checkpoint_id:
-            if checkpoint_id in self._tried or checkpoint_id == self.ctx.restored_checkpoint_id:
+            if checkpoint_id in self._tried or checkpoint_id <= (self.ctx.restored_checkpoint_id or 0):
                 return CommitOutcome.ALREADY_COMMITTED
             raise TableLineageError(
                 f"DeltaSink {self.sink.path}: the table already holds checkpoint {done} of app id "

@@ -66,7 +66,7 @@ class IcebergCommitter(GlobalCommitter[TableFile]):
             self.ctx.fault_hook("table_commit")  # a seam for tests: another writer may commit here
             done = max_committed_checkpoint(table, self.ctx.job_id, self.ctx.sink_uid)
             if done >= checkpoint_id:
-                if checkpoint_id in self._tried or checkpoint_id == self.ctx.restored_checkpoint_id:
+                if checkpoint_id in self._tried or checkpoint_id <= (self.ctx.restored_checkpoint_id or 0):
                     return CommitOutcome.ALREADY_COMMITTED
                 raise TableLineageError(
                     f"IcebergSink {self.sink.table}: the table already holds checkpoint {done} of job "
