@@ -151,7 +151,12 @@ def spark_context(slots: int, master: str | None = None) -> Any:
             log.warning("a SparkContext on %s is active: using it, not master=%s", active.master, master)
         return active
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit / pyspark: its master and conf
-        return SparkContext.getOrCreate(SparkConf())
+        submitted = SparkConf()
+        if not submitted.contains("spark.task.maxFailures"):
+            # a failed slot fails the attempt and sluice's restart strategy restarts the job from its latest
+            # checkpoint; Spark retrying the barrier stage by itself first only delays that
+            submitted.set("spark.task.maxFailures", "1")
+        return SparkContext.getOrCreate(submitted)
     master = master or os.environ.get("SLUICE_SPARK_MASTER") or f"local[{slots},1]"
     conf = SparkConf().setMaster(master).setAppName("sluice")
     if is_local_master(master):
