@@ -24,16 +24,11 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def small_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def small_venv(tmp_path_factory: pytest.TempPathFactory, sluice_wheel: Path) -> Path:
     """A virtualenv (no pip) with the sluice wheel built from this checkout, without its dependencies."""
     d = tmp_path_factory.mktemp("small-venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d / "env")], check=True, timeout=300)
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(d / "dist"), str(ROOT)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = (d / "dist").glob("sluice-*.whl")
+    wheel = sluice_wheel
     (site,) = (d / "env").glob("lib/python3*/site-packages")
     # --target, not --prefix: pip would first uninstall the sluice of the environment it runs in
     r = subprocess.run(

@@ -32,9 +32,10 @@ def _sh(*cmd: str, cwd: Path) -> str:
     return r.stdout
 
 
-def test_job_runs_on_the_packed_environment(cluster: StandaloneCluster, broker: TansuBroker, tmp_path: Path) -> None:
-    _sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(ROOT), cwd=tmp_path)
-    (wheel,) = (tmp_path / "dist").glob("sluice-*.whl")
+def test_job_runs_on_the_packed_environment(
+    cluster: StandaloneCluster, broker: TansuBroker, tmp_path: Path, sluice_wheel: Path
+) -> None:
+    wheel = sluice_wheel
     job_env = tmp_path / "job-env"
     _sh(sys.executable, "-m", "venv", str(job_env), cwd=tmp_path)
     _sh(str(job_env / "bin" / "pip"), "install", "-q", str(wheel), cwd=tmp_path)
