@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,8 @@ def commit_with_retry(
     """Call ``commit(*args)``, retrying failures and ``RETRY_LATER`` with exponential backoff (tenacity).
 
     Returns the outcome (a committer written before outcomes existed returns None: counted as committed).
-    Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry.
+    Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry,
+    ``commit_time_us`` the time the call took (retries included).
     """
     count = metric or (lambda _name, _n: None)
 
@@ -57,6 +59,7 @@ def commit_with_retry(
         level = logging.INFO if isinstance(exc, _RetryLater) else logging.WARNING
         log.log(level, "%s: commit not done (attempt %d), retrying: %s", name, rs.attempt_number, exc)
 
+    started = time.perf_counter()
     try:
         outcome: CommitOutcome = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(attempts),
@@ -68,6 +71,7 @@ def commit_with_retry(
     except Exception as exc:
         raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
     count("commits" if outcome is CommitOutcome.COMMITTED else "commits_already_committed", 1)
+    count("commit_time_us", int((time.perf_counter() - started) * 1e6))
     return outcome
 
 
@@ -287,6 +291,9 @@ class _Ctx:
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._c.metric(name, increment)
+
+    def gauge(self, name: str, value: float) -> None:
+        self._c.gauge(name, value)
 
     def fault_hook(self, point: str) -> None:
         self._c.fault_hook(point)
