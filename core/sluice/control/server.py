@@ -194,7 +194,7 @@ class ControlEndpoint:
             if not self._valid(request.query["token"]):
                 return self._refused(request)
             rest = request.url.without_query_params("token")
-            return self._with_cookie(web.HTTPSeeOther(location=str(rest.relative())))
+            return self._with_cookie(_redirect(str(rest.relative())))
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer "):
             if not self._valid(header[len("Bearer ") :].strip()):
@@ -224,8 +224,8 @@ class ControlEndpoint:
         form = await request.post()
         given = form.get("token")
         if not isinstance(given, str) or not self._valid(given.strip()):
-            raise web.HTTPSeeOther(location="/?login=failed")
-        return self._with_cookie(web.HTTPSeeOther(location="/"))
+            return _redirect("/?login=failed")
+        return self._with_cookie(_redirect("/"))
 
     # -- pages -----------------------------------------------------------------------------------------
     async def _dashboard(self, request: web.Request) -> web.StreamResponse:
@@ -331,6 +331,10 @@ class ControlEndpoint:
 
 def _json(data: Any) -> web.Response:
     return web.json_response(data, dumps=lambda d: json.dumps(d, default=str))
+
+
+def _redirect(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -126,11 +126,10 @@ function renderGraph(graph, metrics) {
     const g = el("g", { class: "vertex", "data-vertex": v.id, transform: `translate(${p.x},${p.y})` });
     g.appendChild(el("title", {}, v.name));
     g.appendChild(el("rect", { width: W, height: H, rx: 6, class: "box" }));
-    const name = v.name.length > 30 ? v.name.slice(0, 29) + "…" : v.name;
+    const name = v.name.length > 34 ? v.name.slice(0, 33) + "…" : v.name;
     g.appendChild(el("text", { x: 10, y: 20, class: "vname" }, name));
-    g.appendChild(el("text", { x: W - 10, y: 20, class: "par", "text-anchor": "end" }, "×" + v.parallelism));
     g.appendChild(el("text", { x: 10, y: 42, class: "vstat" },
-      `in ${num(r.records_in_per_s)}/s · out ${num(r.records_out_per_s)}/s · ${num(t.records_in)} total`));
+      `×${v.parallelism} · in ${num(r.records_in_per_s)}/s · out ${num(r.records_out_per_s)}/s · ${num(t.records_in)} total`));
     const lag = (t.gauges || {}).kafka_lag_records;
     const extra = lag !== undefined ? ` · lag ${num(lag)}` : "";
     g.appendChild(el("text", { x: 10, y: 62, class: "vstat" }, `busy ${pct(r.busy)} · backpressured ${pct(r.backpressured)}${extra}`));
