@@ -77,7 +77,7 @@ def test_requests_without_the_token_are_refused(tmp_path: Path, caplog: pytest.L
         assert status == 303 and headers["Location"] == "/" and "HttpOnly" in headers["Set-Cookie"]
         cookie = headers["Set-Cookie"].split(";")[0]
         assert request(ep.url + "/api/v1/job", headers={"Cookie": cookie})[0] == 200
-        assert request(ep.url + f"/?token=wrong")[0] == 401
+        assert request(ep.url + "/?token=wrong")[0] == 401
         # with the cookie only, a POST needs the header a page of another site cannot send
         assert request(ep.url + "/api/v1/savepoint", "POST", {"Cookie": cookie}, b"{}")[0] == 403
         entry = (tmp_path / "chk" / "ctl" / "_control.json").read_text()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from typing import Any
@@ -18,6 +19,7 @@ __all__ = ["TOKEN_ENV", "ControlClient", "ControlError", "find_job"]
 
 #: an environment variable that may hold the token (instead of a token file)
 TOKEN_ENV = "SLUICE_CONTROL_TOKEN"
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]{16,256}")
 
 
 class ControlError(SluiceError):
@@ -77,11 +79,14 @@ class ControlClient:
                 raise ControlError(f"with --url, give the job's token with --token-file or ${TOKEN_ENV}")
             try:
                 token = read_token(path)
-            except OSError as exc:
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "not text"
                 raise ControlError(
-                    f"cannot read the job's token file {path}: {exc.strerror}; run as the user who started the "
+                    f"cannot read the job's token file {path}: {reason}; run as the user who started the "
                     f"job, or pass --token-file / ${TOKEN_ENV}"
                 ) from exc
+        if not _TOKEN.fullmatch(token):
+            raise ControlError(f"{path or '$' + TOKEN_ENV} does not hold a job token (one line of URL-safe characters)")
         return cls(url, token)
 
     @property
