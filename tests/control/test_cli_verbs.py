@@ -57,33 +57,25 @@ def running(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
         proc.communicate()
 
 
-def test_status_dashboard_and_cancel(running: tuple[subprocess.Popen[str], str], tmp_path: Path) -> None:
+def test_status_dashboard_errors_and_cancel(running: tuple[subprocess.Popen[str], str], tmp_path: Path) -> None:
     proc, chk = running
     status = sluice_json("status", "verbs", "--storage", chk)
     assert status["job"]["status"] == "running" and status["job"]["runtime"] == "local"
     assert [v["name"] for v in status["metrics"]["vertices"]] == ["generator", "rebalance -> enrich -> test-sink"]
     table = sluice("status", "verbs", "--storage", chk).stdout
     assert "job verbs: running on the local runtime" in table and "backpressured" in table
+    token_file = tmp_path / "chk" / "verbs" / "_control.token"
     login = sluice("dashboard", "verbs", "--storage", chk).stdout.strip()
-    token = (tmp_path / "chk" / "verbs" / "_control.token").read_text()
+    token = token_file.read_text()
     assert login == f"{status['job']['url']}/?token={token}"
     # with --url the registry is skipped, and the token must come from somewhere
     url = status["job"]["url"]
-    r = sluice("status", "--url", url, "--storage", "/nonexistent", check=False,
-               env={k: v for k, v in os.environ.items() if k != "SLUICE_CONTROL_TOKEN"})
+    no_env = {k: v for k, v in os.environ.items() if k != "SLUICE_CONTROL_TOKEN"}
+    r = sluice("status", "--url", url, "--storage", "/nonexistent", check=False, env=no_env)
     assert r.returncode != 0 and "--token-file" in r.stderr
-    assert sluice_json("status", "--url", url, "--token-file", str(tmp_path / "chk" / "verbs" / "_control.token"))
+    assert sluice_json("status", "--url", url, "--token-file", str(token_file))
     assert sluice_json("status", "--url", url, env={**os.environ, "SLUICE_CONTROL_TOKEN": token})
-    assert sluice_json("cancel", "verbs", "--storage", chk) == {"status": "cancelled", "attempts": 1}
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "cancelled" in out
-    assert "read " in err and "verbs running (attempt 0" in err  # plain progress lines on stderr (not a TTY)
-    assert token not in out + err
-    assert "no running jobs registered" in sluice("jobs", "--storage", chk).stdout
-
-
-def test_clear_errors(running: tuple[subprocess.Popen[str], str], tmp_path: Path) -> None:
-    proc, chk = running
+    # clear errors, no tracebacks
     r = sluice("status", "nosuchjob", "--storage", chk, check=False)
     assert r.returncode == 1 and "no running job 'nosuchjob'" in r.stderr and "running there: verbs" in r.stderr
     assert "Traceback" not in r.stderr
@@ -94,10 +86,15 @@ def test_clear_errors(running: tuple[subprocess.Popen[str], str], tmp_path: Path
     assert r.returncode == 1 and "unauthorized" in r.stderr and "Traceback" not in r.stderr
     r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "missing"), check=False)
     assert r.returncode == 1 and "cannot read the job's token file" in r.stderr
-    assert sluice_json("stop", "verbs", "--storage", chk)["status"] == "stopped"  # a regular checkpoint
-    assert proc.wait(120) == 0
+
+    assert sluice_json("cancel", "verbs", "--storage", chk) == {"status": "cancelled", "attempts": 1}
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "cancelled" in out
+    assert "read " in err and "verbs running (attempt 0" in err  # plain progress lines on stderr (not a TTY)
+    assert token not in out + err
+    assert "no running jobs registered" in sluice("jobs", "--storage", chk).stdout
     r = sluice("stop", "verbs", "--storage", chk, check=False)
-    assert r.returncode == 1 and "is not running: it ended stopped" in r.stderr
+    assert r.returncode == 1 and "is not running: it ended cancelled" in r.stderr
 
 
 def test_live_progress_draws_a_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,20 +46,21 @@ def _checkpoint(c: dict[str, Any] | None) -> str:
     return f"checkpoint {c['checkpoint_id']} {c['duration_s']:.2f}s {_bytes(c.get('state_bytes'))} {mode}"
 
 
-def _job_rates(monitor: JobMonitor, metrics: dict[str, Any]) -> tuple[float, float, float | None]:
-    """Records read by the sources and written by the sinks per second, and the sources' Kafka lag."""
+def _job_rates(monitor: JobMonitor, metrics: dict[str, Any]) -> tuple[float, float, dict[str, float]]:
+    """Records read by the sources and written by the sinks per second, and each source's Kafka lag."""
     read = written = 0.0
-    lag: float | None = None
+    lags: dict[str, float] = {}
     for v in metrics["vertices"]:
         vertex = monitor.job.vertices[v["id"]]
         r = v.get("rates") or {}
         if vertex.is_source:
             read += r.get("records_in_per_s", 0.0)
             g = (v.get("totals") or {}).get("gauges", {}).get("kafka_lag_records")
-            lag = g if lag is None and g is not None else (lag + g if g is not None and lag is not None else lag)
+            if g is not None:
+                lags[vertex.chain[0].name] = g
         if not vertex.outputs:
             written += r.get("records_in_per_s", 0.0)
-    return read, written, lag
+    return read, written, lags
 
 
 def summary_line(monitor: JobMonitor) -> str:
@@ -72,8 +73,8 @@ def summary_line(monitor: JobMonitor) -> str:
         f"{o['job_id']} {o['status']} (attempt {o['attempt']}, {o['restarts']} restart(s))",
         f"read {_num(read)}/s written {_num(written)}/s",
     ]
-    if lag is not None:
-        parts.append(f"kafka lag {_num(lag)}")
+    if lag:
+        parts.append("kafka lag " + ", ".join(f"{name} {_num(n)}" for name, n in lag.items()))
     bp = [
         f"{monitor.job.vertices[v['id']].chain[0].name} {v['rates']['backpressured']:.0%}"
         for v in metrics["vertices"]
@@ -140,7 +141,7 @@ class Progress:
             (f"{o['job_id']} ", "bold"),
             (o["status"], "green" if o["status"] == "running" else "yellow"),
             f"  attempt {o['attempt']} ({o['restarts']} restart(s))  read {_num(read)}/s  written {_num(written)}/s",
-            f"  kafka lag {_num(lag)}" if lag is not None else "",
+            ("  kafka lag " + ", ".join(f"{name} {_num(n)}" for name, n in lag.items())) if lag else "",
         )
         table = Table("vertex", "par", "in/s", "out/s", "busy", "backpressured", "kafka lag", box=box.SIMPLE_HEAD)
         for v in metrics["vertices"]:

@@ -78,7 +78,7 @@ class ControlEndpoint:
         self._registry = job_registry(client.monitor)
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="sluice-control")
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sluice-control", daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name="sluice-control", daemon=True)
         self._runner: web.AppRunner | None = None
         self._closing: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
@@ -143,11 +143,20 @@ class ControlEndpoint:
         site = web.SockSite(self._runner, self._sock)
         asyncio.run_coroutine_threadsafe(site.start(), self._loop).result(30)
 
+    def _run_loop(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
     def close_soon(self) -> None:
-        """Begin a graceful shutdown and return at once (requests in flight still get their answer)."""
+        """Mark the registry entry ended and delete the token file (at once: when the job's result is out,
+        nothing writes next to its checkpoints any more), then begin a graceful shutdown of the server and
+        return (requests in flight still get their answer)."""
         with self._lock:
             if self._closing is not None:
                 return
+            self._unregister()
             self._closing = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -166,7 +175,6 @@ class ControlEndpoint:
                 await self._runner.cleanup()
         finally:
             self._pool.shutdown(wait=False)
-            self._unregister()
             self._loop.call_soon(self._loop.stop)
 
     def _unregister(self) -> None:
