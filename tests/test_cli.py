@@ -33,9 +33,40 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     listing = invoke("checkpoints", "list", "./checkpoints")
     assert "completed" in listing and "gen-job" in listing
     r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
-    assert r.exit_code != 0 and "exists" in str(r.exception)
+    assert r.exit_code == 1 and "exists" in r.output
     r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
-    assert "allowed: generator-to-parquet, kafka-to-parquet" in str(r.exception)
+    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-parquet" in r.output
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("template", ["kafka-to-delta", "kafka-to-iceberg"])
+def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from confluent_kafka import Producer
+
+    t = topic(1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
+    for i in range(40):  # one record per produce batch: tansu's LATEST offset is then right (broker_quirks)
+        event = {"id": i, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i}
+        producer.produce(t, json.dumps(event).encode(), partition=0)
+        producer.flush(10)
+    monkeypatch.chdir(tmp_path)
+    for k, v in {"SLUICE_KAFKA_BOOTSTRAP": broker.bootstrap, "SLUICE_TOPIC": t, "SLUICE_STOP_AT": "latest"}.items():
+        monkeypatch.setenv(k, v)
+    invoke("new", "lake-job", "--template", template)
+    out = invoke("run", "lake_job.py", "--runtime", "local")
+    assert "finished after 1 attempt(s)" in out
+    if template == "kafka-to-delta":
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(tmp_path / "tables" / "events")).to_pyarrow_table()
+    else:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = SqlCatalog("sluice", uri=f"sqlite:///{tmp_path}/warehouse/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+        rows = catalog.load_table("analytics.events").scan().to_arrow()
+    assert sorted(rows.column("id").to_pylist()) == [i for i in range(40) if i != 7]
 
 
 def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:

@@ -45,6 +45,9 @@ PUBLIC = {
     "sluice.sinks.files": [
         "CompactionPolicy", "FileCommittable", "FileSink", "RollingPolicy", "SchemaMismatchError", "StorageError",
     ],
+    "sluice.sinks.delta": ["DeltaSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
+    "sluice.sinks.iceberg": ["IcebergSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
+    "sluice.sinks.tables": ["RewritePolicy", "TableFile", "TableLineageError", "TableSchemaError"],
     "sluice.testing": ["POINTS", "FaultInjector", "InjectedFault", "SlotCrash", "SparkFaultInjector"],
     "sluice.runtime.spark": ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"],
     "sluice.cli": ["main"],

@@ -71,6 +71,9 @@ class GlobalCommitterContext(Protocol):
         """The sink operator's stable uid: with ``job_id``, it names this sink's commits in a table."""
     @property
     def attempt(self) -> int: ...
+    @property
+    def restored_checkpoint_id(self) -> int | None:
+        """The checkpoint this attempt restored (its committables are committed again first), or None."""
     def metric(self, name: str, increment: int = 1) -> None: ...
     def fault_hook(self, point: str) -> None: ...
 
@@ -174,7 +177,12 @@ class GlobalCommitter(ABC, Generic[C]):
     @abstractmethod
     def commit(self, checkpoint_id: int, committables: Sequence[C]) -> CommitOutcome:
         """Publish all committables of ``checkpoint_id`` atomically; ``ALREADY_COMMITTED`` if the table
-        already has it (the committer must check: the engine commits the restored checkpoint again)."""
+        already has it (the committer must check: the engine commits the restored checkpoint again).
+
+        An error a restart cannot cure (a ``ConfigError``) is not retried: it fails the job at once."""
+
+    def close(self) -> None:
+        """The attempt ended: release resources (called on the coordinator, after the last commit)."""
 
 
 class Sink(ABC, Generic[C]):
@@ -213,3 +221,7 @@ class Sink(ABC, Generic[C]):
 
     def validate(self) -> None:
         """Check options at job build time; raise ConfigError naming the option."""
+
+    def validate_schema(self, schema: pa.Schema) -> None:
+        """Check, at job build time, that this sink can write ``schema`` (the stream's, when the job knows
+        it); raise ConfigError naming the sink and the column. The writer checks again at run time."""

@@ -17,6 +17,7 @@ from sluice.client import JobClient
 from sluice.control.progress import Progress
 from sluice.errors import SluiceError
 from sluice.runtime.job import JobResult
+from sluice.settings import configure, load_settings, parse_overrides
 
 __all__ = ["load_pipeline", "run"]
 
@@ -62,6 +63,21 @@ def load_pipeline(path: str) -> Pipeline:
     help="Drop the unaligned channel state of this checkpoint id on restore (LOSES its in-flight data).",
 )
 @click.option(
+    "--conf",
+    "conf",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A YAML file of settings with Flink's key names (execution.checkpointing.interval: 30 s, "
+    "state.checkpoints.dir, restart-strategy.*; see docs/configuration.md). Overrides the job's code.",
+)
+@click.option(
+    "-D",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="One setting, e.g. -D execution.checkpointing.interval='30 s'. Overrides --conf and the code.",
+)
+@click.option(
     "--control-endpoint",
     default="127.0.0.1:0",
     show_default=True,
@@ -93,6 +109,8 @@ def run(
     restore: str,
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
+    conf: str | None,
+    overrides: tuple[str, ...],
     control_endpoint: str,
     progress: bool,
     progress_interval: float,
@@ -104,31 +122,29 @@ def run(
     stopping cancels the job. While it runs, `sluice jobs`, `sluice status JOB_ID`, `sluice savepoint`,
     `sluice stop` and `sluice dashboard` reach it through its control endpoint.
     """
-    pipeline = load_pipeline(job)
-    try:
-        client = pipeline.start(
-            runtime=runtime,  # type: ignore[arg-type]
-            restore=restore,
-            spark_master=master,
-            recover_without_channel_state=recover_without_channel_state,
-            allow_non_restored_state=allow_non_restored_state,
-            control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
+    settings = {**(load_settings(conf) if conf else {}), **parse_overrides(overrides)}
+    pipeline = configure(load_pipeline(job), settings)
+    client = pipeline.start(
+        runtime=runtime,  # type: ignore[arg-type]
+        restore=restore,
+        spark_master=master,
+        recover_without_channel_state=recover_without_channel_state,
+        allow_non_restored_state=allow_non_restored_state,
+        control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
+    )
+    if client.control is not None:
+        click.echo(
+            f"job {client.config.job_id}: control endpoint and dashboard at {client.control.url} (token in "
+            f"{client.control.token_file}); from another shell: sluice status {client.config.job_id} "
+            f"--storage {client.config.checkpoint.storage}",
+            err=True,
         )
+    view = Progress(client.monitor, sys.stderr, progress_interval) if progress else None
+    try:
+        result = _wait_or_stop(client, view)
+    finally:
         if client.control is not None:
-            click.echo(
-                f"job {client.config.job_id}: control endpoint and dashboard at {client.control.url} (token in "
-                f"{client.control.token_file}); from another shell: sluice status {client.config.job_id} "
-                f"--storage {client.config.checkpoint.storage}",
-                err=True,
-            )
-        view = Progress(client.monitor, sys.stderr, progress_interval) if progress else None
-        try:
-            result = _wait_or_stop(client, view)
-        finally:
-            if client.control is not None:
-                client.control.close()  # answers in flight (a stop) go out before the process ends
-    except SluiceError as exc:
-        raise click.ClickException(str(exc)) from exc
+            client.control.close()  # answers in flight (a stop) go out before the process ends
     click.echo(
         f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
         f"last checkpoint {result.last_checkpoint}"
