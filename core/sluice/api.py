@@ -417,19 +417,16 @@ class Pipeline:
                 no longer has (renamed or removed operators); that state is dropped.
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
-            control_endpoint: ``HOST:PORT`` where the driver serves the job's control endpoint and
-                dashboard (port 0: a free port; loopback by default; ``0.0.0.0:PORT`` for every interface),
-                or None for none. Requests need the job's token, which is written to a file only the user
-                can read; ``sluice jobs`` finds the job through a registry entry next to its checkpoints
-                (docs/operations.md).
+            control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
+                port; loopback by default), or None for none. Requests need the job's token, written to a
+                file only the user can read (docs/operations.md).
         """
         if runtime not in RUNTIMES:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
         sock = None
-        if control_endpoint is not None:
-            from sluice.control.server import ControlEndpoint  # aiohttp loads only when an endpoint is served
-
+        if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
+            from sluice.control.server import ControlEndpoint
             sock = ControlEndpoint.bind(control_endpoint)
         cfg = self.job_config(
             restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
@@ -442,12 +439,7 @@ class Pipeline:
             from sluice.runtime.spark import SparkRuntime
 
             rt = SparkRuntime(master=spark_master)
-        try:
-            client = JobClient(job, cfg, rt, faults or NO_FAULTS)
-        except BaseException:
-            if sock is not None:
-                sock.close()
-            raise
+        client = JobClient(job, cfg, rt, faults or NO_FAULTS)
         if sock is not None:
             ControlEndpoint.start(client, sock)
         return client
