@@ -75,8 +75,13 @@ class RegistryEntry:
         return RegistryEntry(**{**asdict(self), "ended_at": time.time(), "status": status})
 
     def write(self, storage: CheckpointStorage) -> None:
-        """Write the entry into the job's directory of ``storage`` (atomically)."""
-        storage.write_atomic(f"{storage.job_dir()}/{ENTRY}", json.dumps(asdict(self), indent=1).encode())
+        """Write (or replace) the entry in the job's directory of ``storage``, atomically: a rename on a
+        file system, a plain put on an object store (whose atomic put of metadata refuses to replace)."""
+        path, data = f"{storage.job_dir()}/{ENTRY}", json.dumps(asdict(self), indent=1).encode()
+        if isinstance(storage, LocalCheckpointStorage):
+            storage.write_atomic(path, data)
+        else:
+            storage.write_file(path, data)
 
     @staticmethod
     def new(job_id: str, url: str, runtime: str, token_file: str) -> RegistryEntry:
@@ -87,7 +92,7 @@ def read_entries(storage_uri: str, storage_options: dict[str, Any] | None = None
     """Every job's registry entry under checkpoint storage ``storage_uri`` (running or ended), by job id."""
     root = checkpoint_storage(storage_uri, "_", **(storage_options or {}))
     out = []
-    for job_id in root.jobs():
+    for job_id in root.list_dirs(root.base):  # not jobs(): a job registers before its first checkpoint
         st = checkpoint_storage(storage_uri, job_id, **(storage_options or {}))
         path = f"{st.job_dir()}/{ENTRY}"
         if not st.exists(path):
