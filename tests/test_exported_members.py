@@ -49,7 +49,9 @@ PUBLIC = {
     "sluice.sinks.iceberg": ["IcebergSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
     "sluice.sinks.tables": ["RewritePolicy", "TableFile", "TableLineageError", "TableSchemaError"],
     "sluice.testing": ["POINTS", "FaultInjector", "InjectedFault", "SlotCrash", "SparkFaultInjector"],
-    "sluice.runtime.spark": ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"],
+    "sluice.runtime.spark": [
+        "SlotWaitTimeoutError", "SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context",
+    ],
     "sluice.cli": ["main"],
 }
 

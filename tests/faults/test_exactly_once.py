@@ -88,12 +88,13 @@ def crash_scenario(i: int, runtime: str) -> None:
     plan = crash_plan(rng, hits(shape, seed, mode), mode, crashes=1 + (i % 3 == 0))
     faults: Any
     if runtime == "spark":
-        # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job; a
-        # global commit runs on the driver, where slot crashes cannot reach: crash before the commit instead
+        # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job (a
+        # final checkpoint is hit once per task: a chain has one task in slot 0); a global commit runs on the
+        # driver, where slot crashes cannot reach: crash before the commit instead
         faults = SparkFaultInjector(
             SlotCrash(
                 "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
-                min(f.after, 2),
+                0 if f.point == "final_checkpoint" else min(f.after, 2),
                 attempt=n,
                 slot=0,
                 how=rng.choice(["kill", "raise"]),
