@@ -45,6 +45,8 @@ def test_wheel_contains_and_imports_every_module(tmp_path: Path, sluice_wheel: P
         }
     assert _source_modules() <= in_wheel, f"missing from the wheel: {sorted(_source_modules() - in_wheel)}"
     assert any(n.endswith(".j2") for n in zipfile.ZipFile(wheel).namelist()), "templates are package data"
+    for asset in ("dashboard.html", "dashboard.js", "dashboard.css", "login.html"):  # the dashboard's files
+        assert f"sluice/control/static/{asset}" in zipfile.ZipFile(wheel).namelist(), asset
     # -S: no site processing, so the editable install's import hook is not active; dependencies come from
     # this environment's site-packages, sluice only from the unpacked wheel
     site_packages = sysconfig.get_paths()["purelib"]

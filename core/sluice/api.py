@@ -51,6 +51,8 @@ from sluice.source import Source
 __all__ = ["JobClient", "KeyedStream", "Pipeline", "Stream"]
 
 RUNTIMES = ("local", "spark")
+#: where ``Pipeline.start`` serves the control endpoint unless told otherwise: loopback, a free port
+DEFAULT_CONTROL_ENDPOINT = "127.0.0.1:0"
 
 
 class Stream:
@@ -268,6 +270,8 @@ class Pipeline:
         buffers_per_channel: credits (and output queue slots) per channel: bounds memory under backpressure.
         max_batch_rows: split larger batches so one batch's processing (and a barrier's wait) is bounded;
             0 = never split.
+        metrics: count the tasks' built-in metrics (records and bytes in and out, busy and backpressured
+            time, per batch: cheap, see docs/benchmarks.md); False only to measure what they cost.
     """
 
     def __init__(
@@ -280,6 +284,7 @@ class Pipeline:
         restart: RestartStrategy | None = None,
         buffers_per_channel: int = 4,
         max_batch_rows: int = 0,
+        metrics: bool = True,
     ) -> None:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
@@ -307,6 +312,7 @@ class Pipeline:
         self.restart = restart or FixedDelayRestart(attempts=3, delay=1.0)
         self.buffers_per_channel = buffers_per_channel
         self.max_batch_rows = max_batch_rows
+        self.metrics = bool(metrics)
         self.graph = LogicalGraph(max_parallelism=max_parallelism, default_parallelism=parallelism)
         self._ids = itertools.count()
         self._names: dict[str, int] = {}
@@ -383,6 +389,7 @@ class Pipeline:
             restore=restore,
             recover_without_channel_state=recover_without_channel_state,
             allow_non_restored_state=allow_non_restored_state,
+            metrics=self.metrics,
         )
 
     # -- running ---------------------------------------------------------------------------------------
@@ -395,6 +402,7 @@ class Pipeline:
         allow_non_restored_state: bool = False,
         faults: FaultHook | None = None,
         spark_master: str | None = None,
+        control_endpoint: str | None = DEFAULT_CONTROL_ENDPOINT,
     ) -> JobClient:
         """Start the job in the background and return a client to wait for, cancel or savepoint it.
 
@@ -409,10 +417,17 @@ class Pipeline:
                 no longer has (renamed or removed operators); that state is dropped.
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
+            control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
+                port; loopback by default), or None for none. Requests need the job's token, written to a
+                file only the user can read (docs/operations.md).
         """
         if runtime not in RUNTIMES:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
+        sock = None
+        if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
+            from sluice.control.server import ControlEndpoint
+            sock = ControlEndpoint.bind(control_endpoint)
         cfg = self.job_config(
             restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
         )
@@ -424,7 +439,10 @@ class Pipeline:
             from sluice.runtime.spark import SparkRuntime
 
             rt = SparkRuntime(master=spark_master)
-        return JobClient(job, cfg, rt, faults or NO_FAULTS)
+        client = JobClient(job, cfg, rt, faults or NO_FAULTS)
+        if sock is not None:
+            ControlEndpoint.start(client, sock)
+        return client
 
     def run(self, **kwargs: Any) -> JobResult:
         """Run the job to completion (bounded sources) and return its result. See :meth:`start`."""

@@ -8,9 +8,11 @@ the transitions of :mod:`sluice.runtime.status`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sluice.checkpoint.storage import checkpoint_storage
+from sluice.control.monitor import JobMonitor
 from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.graph import JobGraph
 from sluice.runtime.fault_hook import FaultHook
@@ -31,6 +33,14 @@ class JobClient:
         self._result: JobResult | None = None
         self._error: BaseException | None = None
         self._attempt: Any = None
+        runtime_name = type(runtime).__name__.removesuffix("Runtime").lower() or "local"
+        #: what the driver knows of the job across attempts (metrics, checkpoints, failures)
+        self.monitor = JobMonitor(job, cfg, runtime_name, self._lifecycle)
+        #: the job's control endpoint (:class:`sluice.control.server.ControlEndpoint`), if it serves one
+        self.control: Any = None
+        self._ended = False
+        self._end_lock = threading.Lock()
+        self._on_end: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._main, args=(faults,), name=f"job-{cfg.job_id}", daemon=True)
         self._thread.start()
 
@@ -41,11 +51,31 @@ class JobClient:
                 self.config,
                 self.runtime.run_attempt,
                 faults,
-                on_attempt=lambda a: setattr(self, "_attempt", a),
+                on_attempt=self._attempt_started,
                 lifecycle=self._lifecycle,
             )
         except BaseException as exc:
             self._error = exc
+        finally:
+            self.monitor.job_ended()
+            with self._end_lock:
+                self._ended = True
+                callbacks, self._on_end = self._on_end, []
+            for cb in callbacks:
+                cb()
+
+    def _attempt_started(self, attempt: Any) -> None:
+        self._attempt = attempt
+        self.monitor.attempt_started(attempt)
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the job's thread, so it must not wait for the job) once the job ended; at
+        once if it has."""
+        with self._end_lock:
+            if not self._ended:
+                self._on_end.append(callback)
+                return
+        callback()
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Wait for the job to end; raises JobFailedError if it failed for good."""

@@ -42,8 +42,10 @@ C = TypeVar("C")
 class SinkContext(Protocol):
     """What a writer or committer knows of its subtask and job.
 
-    ``fault_hook(point)`` is for fault-injection tests: a sink calls it at the points it owns (``"commit"``,
-    in the middle of a commit); it does nothing unless a test armed it.
+    ``metric(name, n)`` adds to a counter and ``gauge(name, value)`` sets a value, as for a source reader
+    (:class:`sluice.source.ReaderContext`). ``fault_hook(point)`` is for fault-injection tests: a sink calls
+    it at the points it owns (``"commit"``, in the middle of a commit); it does nothing unless a test armed
+    it.
     """
 
     @property
@@ -55,6 +57,7 @@ class SinkContext(Protocol):
     @property
     def attempt(self) -> int: ...
     def metric(self, name: str, increment: int = 1) -> None: ...
+    def gauge(self, name: str, value: float) -> None: ...
     def fault_hook(self, point: str) -> None: ...
 
 

@@ -67,7 +67,13 @@ class ReaderOutput(Protocol):
 
 
 class ReaderContext(Protocol):
-    """What a reader knows of its subtask."""
+    """What a reader knows of its subtask, and where it reports its metrics.
+
+    ``metric(name, n)`` adds to a counter, ``gauge(name, value)`` sets a value (the last one counts); both
+    are cheap (a dict update, no lock), may be called from a reader's own threads, and show on the control
+    endpoint as ``sluice_<name>_total`` and ``sluice_<name>`` per vertex and subtask (see
+    docs/operations.md). Call them per batch or less often, never per record.
+    """
 
     @property
     def subtask(self) -> int: ...
@@ -77,6 +83,7 @@ class ReaderContext(Protocol):
     def job_id(self) -> str: ...
     def request_split(self) -> None: ...
     def metric(self, name: str, increment: int = 1) -> None: ...
+    def gauge(self, name: str, value: float) -> None: ...
 
 
 class EnumeratorContext(Protocol):

@@ -25,6 +25,7 @@ def test_commit_with_retry_reports_outcomes_and_counts_retries() -> None:
         counted[name] = counted.get(name, 0) + n
 
     assert commit_with_retry("s", lambda: answers.pop(0), metric=metric) is CommitOutcome.COMMITTED
+    assert counted.pop("commit_time_us") >= 0  # the call's time, retries included
     assert counted == {"commit_retries": 2, "commits": 1}
     assert commit_with_retry("s", lambda: CommitOutcome.ALREADY_COMMITTED, metric=metric) is (
         CommitOutcome.ALREADY_COMMITTED

@@ -85,12 +85,16 @@ class FakeReaderContext:
     subtask: int = 0
     parallelism: int = 1
     job_id: str = "job"
+    gauges: dict[str, float] = field(default_factory=dict)
 
     def request_split(self) -> None:
         pass
 
     def metric(self, name: str, increment: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + increment
+
+    def gauge(self, name: str, value: float) -> None:
+        self.gauges[name] = value
 
 
 @dataclass

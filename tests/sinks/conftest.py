@@ -99,6 +99,9 @@ class Ctx:
     def metric(self, name: str, increment: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + increment
 
+    def gauge(self, name: str, value: float) -> None:
+        self.metrics[name] = int(value)
+
     def fault_hook(self, point: str) -> None:
         if point == self._fault_at:
             if self._after == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import runpy
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import click
 from sluice.api import Pipeline
 from sluice.cli.main import main
 from sluice.client import JobClient
+from sluice.control.progress import Progress
 from sluice.errors import SluiceError
 from sluice.runtime.job import JobResult
 from sluice.settings import configure, load_settings, parse_overrides
@@ -76,6 +78,25 @@ def load_pipeline(path: str) -> Pipeline:
     help="One setting, e.g. -D execution.checkpointing.interval='30 s'. Overrides --conf and the code.",
 )
 @click.option(
+    "--control-endpoint",
+    default="127.0.0.1:0",
+    show_default=True,
+    help="HOST:PORT of the job's control endpoint and dashboard (port 0: a free one), or 'none'.",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Live progress on stderr (a table on a terminal, plain lines otherwise).",
+)
+@click.option(
+    "--progress-interval",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between progress lines when stderr is not a terminal.",
+)
+@click.option(
     "--allow-non-restored-state",
     is_flag=True,
     help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
@@ -90,12 +111,16 @@ def run(
     allow_non_restored_state: bool,
     conf: str | None,
     overrides: tuple[str, ...],
+    control_endpoint: str,
+    progress: bool,
+    progress_interval: float,
 ) -> None:
     """Run the pipeline defined in JOB (a Python file).
 
     SIGTERM (or Ctrl-C) stops the job with a savepoint (sources stop, the savepoint is its last checkpoint,
     sinks commit it) and prints the savepoint's path: resume with --restore PATH. A second signal while
-    stopping cancels the job.
+    stopping cancels the job. While it runs, `sluice jobs`, `sluice status JOB_ID`, `sluice savepoint`,
+    `sluice stop` and `sluice dashboard` reach it through its control endpoint.
     """
     settings = {**(load_settings(conf) if conf else {}), **parse_overrides(overrides)}
     pipeline = configure(load_pipeline(job), settings)
@@ -105,8 +130,21 @@ def run(
         spark_master=master,
         recover_without_channel_state=recover_without_channel_state,
         allow_non_restored_state=allow_non_restored_state,
+        control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
     )
-    result = _wait_or_stop(client)
+    if client.control is not None:
+        click.echo(
+            f"job {client.config.job_id}: control endpoint and dashboard at {client.control.url} (token in "
+            f"{client.control.token_file}); from another shell: sluice status {client.config.job_id} "
+            f"--storage {client.config.checkpoint.storage}",
+            err=True,
+        )
+    view = Progress(client.monitor, sys.stderr, progress_interval) if progress else None
+    try:
+        result = _wait_or_stop(client, view)
+    finally:
+        if client.control is not None:
+            client.control.close()  # answers in flight (a stop) go out before the process ends
     click.echo(
         f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
         f"last checkpoint {result.last_checkpoint}"
@@ -115,13 +153,18 @@ def run(
         click.echo(f"stopped at {result.stopped_at}; resume with: sluice run {job} --restore {result.stopped_at}")
 
 
-def _wait_or_stop(client: JobClient) -> JobResult:
-    """Wait for the job; on SIGTERM/SIGINT stop it with a savepoint, on a second one cancel it."""
+def _wait_or_stop(client: JobClient, view: Progress | None = None) -> JobResult:
+    """Wait for the job (showing its progress); on SIGTERM/SIGINT stop it with a savepoint, on a second
+    one cancel it."""
     signals: list[int] = []
     handler = lambda signum, frame: signals.append(signum)  # noqa: E731 - the main thread acts on it
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    if view is not None:
+        view.start()
     try:
         while client.running:
+            if view is not None:
+                view.tick()
             if signals:
                 click.echo("stopping the job with a savepoint (signal again to cancel)", err=True)
                 stopper = threading.Thread(target=_stop_quietly, args=(client,), daemon=True)
@@ -136,6 +179,8 @@ def _wait_or_stop(client: JobClient) -> JobResult:
             time.sleep(0.1)
         return client.wait()
     finally:
+        if view is not None:
+            view.stop()
         for s, h in previous.items():
             signal.signal(s, h)
 

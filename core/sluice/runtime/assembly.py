@@ -70,7 +70,8 @@ def build_task(
     ]
     writers: dict[tuple[int, str | None], list[RecordWriter]] = {}
     for e_idx, e in enumerate(vertex.outputs):
-        w = RecordWriter(make_partitioner(e, job.max_parallelism, index), outputs[e_idx], e.unaligned_ok)
+        partitioner = make_partitioner(e, job.max_parallelism, index)
+        w = RecordWriter(partitioner, outputs[e_idx], e.unaligned_ok, counted=cfg.metrics)
         writers.setdefault(e.producer, []).append(w)
     for pos, (node, op, ctx) in enumerate(zip(vertex.chain, ops, ctxs, strict=True)):
         nxt = ops[pos + 1] if pos + 1 < len(ops) else None
@@ -101,6 +102,7 @@ def build_task(
         reader=reader,
         restore=restored.for_subtask(job, vertex, index) if restored is not None else None,
         max_batch_rows=cfg.max_batch_rows,
+        metrics=cfg.metrics,
     )
     return Task(spec, gateway, storage, faults)
 
@@ -134,3 +136,6 @@ class _ReaderCtx:
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._op_ctx.metric(name, increment)
+
+    def gauge(self, name: str, value: float) -> None:
+        self._op_ctx.gauge(name, value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage
@@ -24,6 +25,7 @@ from sluice.runtime.attempt import AttemptFailedError, JobAttempt
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.status import JobLifecycle, JobStatus
+from sluice.runtime.task_metrics import merge_attempt, vertex_totals
 
 __all__ = ["JobConfig", "JobResult", "run_job"]
 
@@ -43,6 +45,8 @@ class JobConfig:
     recover_without_channel_state: int | None = None
     #: restore even if the checkpoint holds state of operator uids the job no longer has (that state is dropped)
     allow_non_restored_state: bool = False
+    #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
+    metrics: bool = True
 
     def alignment(self) -> AlignmentMode:
         """How the job's tasks align their (non-savepoint) checkpoints."""
@@ -61,6 +65,10 @@ class JobResult:
         metrics: task and global-committer metrics summed over subtasks and attempts.
         failures: one line per failed attempt.
         stopped_at: the path of the job's last checkpoint or savepoint if it was stopped (``stopped``).
+        vertex_metrics: per vertex (by name), its subtasks' built-in metrics summed over attempts: records,
+            bytes and batches in and out, busy / idle / backpressured seconds, side-output rows (dead
+            letters), counters and gauges (see :mod:`sluice.runtime.task_metrics`); empty if the job ran
+            without metrics.
     """
 
     job_id: str
@@ -71,6 +79,7 @@ class JobResult:
     metrics: dict[str, int]
     failures: list[str]
     stopped_at: str | None = None
+    vertex_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def resolve_restore(cfg: JobConfig, storage: CheckpointStorage, attempt: int) -> RestoredCheckpoint | None:
@@ -197,6 +206,7 @@ class _AttemptLog:
         self.last_checkpoint: int | None = None
         self.stopped_at: str | None = None
         self.metrics: dict[str, int] = {}
+        self.vertex_metrics: dict[str, dict[str, Any]] = {}
 
     def begin(self) -> int:
         """Count an attempt in; returns its number (0 first)."""
@@ -215,6 +225,7 @@ class _AttemptLog:
         for metrics in counted:
             for k, v in metrics.items():
                 self.metrics[k] = self.metrics.get(k, 0) + v
+        merge_attempt(self.vertex_metrics, vertex_totals(a.job, a.tasks))
 
     def result(self, job_id: str, status: JobStatus) -> JobResult:
         return JobResult(
@@ -226,4 +237,5 @@ class _AttemptLog:
             self.metrics,
             self.failures,
             self.stopped_at,
+            self.vertex_metrics,
         )

@@ -65,9 +65,16 @@ class OperatorContext:
     metrics: dict[str, int] = field(default_factory=dict)
     #: set by the task: the fault injector's hook, called at named points
     fault_hook: Callable[[str], None] = lambda point: None
+    #: values set with :meth:`gauge` (the last one counts)
+    gauges: dict[str, float] = field(default_factory=dict)
 
     def metric(self, name: str, increment: int = 1) -> None:
+        """Add ``increment`` to the counter ``name``."""
         self.metrics[name] = self.metrics.get(name, 0) + increment
+
+    def gauge(self, name: str, value: float) -> None:
+        """Set the gauge ``name`` to ``value`` (e.g. a reader's lag)."""
+        self.gauges[name] = value
 
 
 @dataclass

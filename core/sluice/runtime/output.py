@@ -19,6 +19,7 @@ from sluice.events import Watermark, WatermarkStatus
 from sluice.runtime.channels import OutputChannel
 from sluice.runtime.operators import MIN_WATERMARK, Operator
 from sluice.runtime.partitioners import Partitioner
+from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.watermarks import StatusWatermarkValve
 
 __all__ = ["ChainOutput", "RecordWriter", "SourceOutput", "split_rows"]
@@ -43,14 +44,30 @@ class RecordWriter:
         unaligned_ok: Barriers may overtake data on this exchange (see ``JobEdge.unaligned_ok``).
     """
 
-    def __init__(self, partitioner: Partitioner, channels: list[OutputChannel], unaligned_ok: bool = True) -> None:
+    def __init__(
+        self,
+        partitioner: Partitioner,
+        channels: list[OutputChannel],
+        unaligned_ok: bool = True,
+        counted: bool = True,
+    ) -> None:
         self.partitioner = partitioner
         self.channels = channels
         #: priority barriers and announcements may go ahead of queued data on this exchange
         self.supports_unaligned = unaligned_ok and partitioner.supports_unaligned
+        #: what :meth:`emit` sent (rows, Arrow bytes, batches), for the task's metrics
+        self.records_out = self.bytes_out = self.batches_out = 0
+        if not counted:  # the job runs without metrics: no counting at all
+            self.emit = self._send  # type: ignore[method-assign]
 
     def emit(self, batch: pa.RecordBatch) -> None:
         """Send the rows of ``batch`` to the channels the partitioner picks."""
+        self.records_out += batch.num_rows
+        self.bytes_out += batch.get_total_buffer_size()
+        self.batches_out += 1
+        self._send(batch)
+
+    def _send(self, batch: pa.RecordBatch) -> None:
         for i, part in self.partitioner.partition(batch, len(self.channels)):
             self.channels[i].send(part)
 
@@ -87,6 +104,8 @@ class ChainOutput:
         self.main = main
         self.side = side
         self.watermark = MIN_WATERMARK
+        #: rows sent to each side output tag (dead letters ...), for the task's metrics
+        self.side_records: dict[str, int] = {}
 
     def emit(self, batch: pa.RecordBatch) -> None:
         """Pass a non-empty batch on."""
@@ -107,6 +126,7 @@ class ChainOutput:
         writers = self.side.get(tag)
         if not writers:
             raise RuntimeError(f"side output {tag!r} is not connected: its records would be lost")
+        self.side_records[tag] = self.side_records.get(tag, 0) + batch.num_rows
         for w in writers:
             w.emit(batch)
 
@@ -131,6 +151,7 @@ class SourceOutput:
         valve: The task's watermark valve.
         max_batch_rows: Batches are split into slices of at most this many rows (0: never split).
         fault: The task's fault-injection hook (point ``"source"`` before each slice).
+        metrics: The task's metrics (the reader's batches are the task's input), or None.
     """
 
     def __init__(
@@ -140,15 +161,19 @@ class SourceOutput:
         valve: StatusWatermarkValve,
         max_batch_rows: int,
         fault: Callable[[str], None],
+        metrics: TaskMetrics | None = None,
     ) -> None:
         self._head = head
         self._writers = writers
         self._valve = valve
         self._max_rows = max_batch_rows
         self._fault = fault
+        self._metrics = metrics
 
     def emit(self, batch: pa.RecordBatch) -> None:
         """A batch read by the source reader."""
+        if self._metrics is not None:
+            self._metrics.count_in(batch.num_rows, batch.get_total_buffer_size())
         for part in split_rows(batch, self._max_rows):
             self._fault("source")
             self._head.process_batch(part, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,8 @@ def commit_with_retry(
 
     Returns the outcome (a committer written before outcomes existed returns None: counted as committed).
     An error a restart cannot cure (``sluice.errors.is_recoverable``, e.g. a ConfigError) is raised at once.
-    Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry.
+    Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry,
+    ``commit_time_us`` the time the call took (retries included).
     """
     count = metric or (lambda _name, _n: None)
 
@@ -58,6 +60,7 @@ def commit_with_retry(
         level = logging.INFO if isinstance(exc, _RetryLater) else logging.WARNING
         log.log(level, "%s: commit not done (attempt %d), retrying: %s", name, rs.attempt_number, exc)
 
+    started = time.perf_counter()
     try:
         outcome: CommitOutcome = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(attempts),
@@ -71,6 +74,7 @@ def commit_with_retry(
             raise  # neither a retry nor a restart can cure it: fails the job at once
         raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
     count("commits" if outcome is CommitOutcome.COMMITTED else "commits_already_committed", 1)
+    count("commit_time_us", int((time.perf_counter() - started) * 1e6))
     return outcome
 
 
@@ -290,6 +294,9 @@ class _Ctx:
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._c.metric(name, increment)
+
+    def gauge(self, name: str, value: float) -> None:
+        self._c.gauge(name, value)
 
     def fault_hook(self, point: str) -> None:
         self._c.fault_hook(point)

@@ -36,7 +36,8 @@ from sluice.graph import SubtaskId
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.input_gate import InputGate
 from sluice.runtime.operators import MAX_WATERMARK
-from sluice.runtime.output import SourceOutput, split_rows
+from sluice.runtime.output import ChainOutput, SourceOutput, split_rows
+from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.task_spec import TaskSpec
 from sluice.runtime.watermarks import StatusWatermarkValve
 from sluice.source import InputStatus, SourceSplit
@@ -98,6 +99,8 @@ class Task:
         self._outputs_open_after_end = any(op.emits_at_checkpoint for op in spec.operators)
         self._thread: threading.Thread | None = None
         self._timer_check = 0.0
+        #: built-in metrics (None if the job runs without: ``JobConfig.metrics``)
+        self.io = TaskMetrics() if spec.metrics else None
         self._head = spec.operators[0]
         self._input_index_of = spec.input_index_of
         self._max_rows = spec.max_batch_rows
@@ -109,7 +112,7 @@ class Task:
         self.checkpointing = SubtaskCheckpointing(spec, gateway, storage, self._fault)
         self._channel_state = self.checkpointing.channel_state
         self._source_output = SourceOutput(
-            self._head, self.all_writers, self.valve, spec.max_batch_rows, self._fault
+            self._head, self.all_writers, self.valve, spec.max_batch_rows, self._fault, self.io
         )
         for ctx in spec.contexts:
             ctx.fault_hook = self._fault
@@ -161,6 +164,14 @@ class Task:
             return not self._thread.is_alive()
         return True
 
+    def metrics_snapshot(self) -> dict[str, Any] | None:
+        """The task's built-in metrics and its operators' counters and gauges now (any thread), or None
+        if the job runs without metrics (see :mod:`sluice.runtime.task_metrics`)."""
+        if self.io is None:
+            return None
+        outputs = [op.output for op in self.operators if isinstance(op.output, ChainOutput)]
+        return self.io.snapshot(self.all_writers, outputs, self.contexts, self.valve.watermark)
+
     def describe(self) -> str:
         """One line of diagnostics: status, alignment, queues (for logs and hung-job reports)."""
         outq = [ch.queued_output() for w in self.all_writers for ch in w.channels]
@@ -189,6 +200,8 @@ class Task:
             if not self._cancelled:
                 self.gateway.failed(self.id, exc)
         finally:
+            if self.io is not None:
+                self.io.ended = time.monotonic()
             self.checkpointing.shutdown()
 
     def _initialize(self) -> None:
@@ -221,7 +234,8 @@ class Task:
                 return
             self._fire_timers()
             progressed = False
-            if self.status is TaskStatus.RUNNING and self._outputs_available():
+            backpressured = self.status is TaskStatus.RUNNING and not self._outputs_available()
+            if self.status is TaskStatus.RUNNING and not backpressured:
                 if self.reader is None:
                     progressed = self.gate.poll()
                 elif self._terminate_at is None:  # a stopping source reads nothing after its last barrier
@@ -230,7 +244,19 @@ class Task:
                 # backpressured, but barriers and events must still be seen
                 progressed = self.gate.poll(events_only=True)
             if not progressed:
-                self.signal.wait(self._wait_timeout())
+                self._wait(backpressured)
+
+    def _wait(self, backpressured: bool) -> None:
+        io = self.io
+        if io is None:
+            self.signal.wait(self._wait_timeout())
+            return
+        t0 = time.monotonic()
+        self.signal.wait(self._wait_timeout())
+        if backpressured:
+            io.backpressured_s += time.monotonic() - t0
+        else:
+            io.idle_s += time.monotonic() - t0
 
     def _wait_timeout(self) -> float:
         t = 0.05
@@ -267,18 +293,23 @@ class Task:
 
     def _poll_source(self) -> bool:
         assert self.reader is not None
+        t0 = time.monotonic() if self.io is not None else 0.0
         status = self.reader.poll_next(self._source_output)
         if status is InputStatus.END_OF_INPUT:
             self._end_input()
             return True
         if status is InputStatus.NOTHING_AVAILABLE:
             self.signal.wait(0.005)
+            if self.io is not None:  # the reader waited for data: idle, not busy
+                self.io.idle_s += time.monotonic() - t0
         return status is InputStatus.MORE_AVAILABLE
 
     def _process_input(self, channel: int, batch: pa.RecordBatch) -> None:
         """A data batch from input ``channel`` (the gate's output)."""
         if self._channel_state.recording:
             self._channel_state.record(channel, batch)
+        if self.io is not None:
+            self.io.count_in(batch.num_rows, batch.get_total_buffer_size())
         self._fault("process")
         for part in split_rows(batch, self._max_rows):
             self._head.process_batch(part, self._input_index_of[channel])

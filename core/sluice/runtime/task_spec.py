@@ -55,6 +55,7 @@ class TaskSpec:
         reader: The source reader if the chain's head is a source.
         restore: What the task restores, None on a fresh start.
         max_batch_rows: Input batches are processed in slices of at most this many rows (0: whole).
+        metrics: Count the task's built-in metrics (:mod:`sluice.runtime.task_metrics`).
     """
 
     task_id: SubtaskId
@@ -69,6 +70,7 @@ class TaskSpec:
     reader: SourceReader | None = None
     restore: TaskRestore | None = None
     max_batch_rows: int = 0
+    metrics: bool = True
 
     @property
     def subtask_name(self) -> str:

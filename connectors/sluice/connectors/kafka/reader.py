@@ -28,6 +28,7 @@ from sluice.connectors.kafka.columns import (
 from sluice.connectors.kafka.decoding import Decoded, make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
 from sluice.connectors.kafka.fetcher import Fetcher
+from sluice.connectors.kafka.metrics import ReaderMetrics
 from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
 from sluice.connectors.kafka.prepared import Prepared, Preparer
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
@@ -92,6 +93,7 @@ class KafkaSourceReader(SourceReader):
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
             conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
+            ReaderMetrics(self.ctx, self._live_positions).configure(conf)  # lag and fetch rates
             self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
             if self.source.fetch_thread:
@@ -131,6 +133,10 @@ class KafkaSourceReader(SourceReader):
                 self._wm.add(sp.sid)
         if assign:
             self._control(lambda: self._consumer.incremental_assign(assign))
+
+    def _live_positions(self) -> dict[TopicPartitionKey, int]:
+        """(topic, partition) -> the next offset to emit, of the splits still being read (any thread)."""
+        return {(sp.topic, sp.partition): sp.position for sp in list(self._splits.values()) if not sp.done}
 
     def notify_no_more_splits(self) -> None:
         self._no_more = True

@@ -20,6 +20,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.errors import SluiceError
 from sluice.events import CheckpointBarrier
@@ -54,6 +55,12 @@ class RemoteTaskHandle:
         self.name = str(task)
         #: operator metrics reported by the slot (``run_job`` sums ``contexts[*].metrics``)
         self.contexts: list[_Metrics] = [_Metrics()]
+        #: the built-in metrics the slot last reported (:mod:`sluice.runtime.task_metrics`)
+        self.snapshot: dict[str, Any] = {}
+
+    def metrics_snapshot(self) -> dict[str, Any] | None:
+        """What the subtask's slot last reported, or None before its first report."""
+        return self.snapshot or None
 
     def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None:
         self._server.send_to_slot(self.id.index, m.TriggerCheckpoint(self.id, barrier))
@@ -230,8 +237,10 @@ class ControlServer:
             case m.Finished(task=task, metrics=metrics):
                 self.handle(task).contexts[0].metrics = dict(metrics)
                 a.finished(task)
-            case m.Metrics(task=task, metrics=metrics):
-                self.handle(task).contexts[0].metrics = dict(metrics)
+            case m.Metrics(task=task, metrics=metrics, snapshot=snapshot):
+                h = self.handle(task)
+                h.contexts[0].metrics = dict(metrics)
+                h.snapshot = snapshot
             case m.TaskFailed(task=task, error=error):
                 a.failed(task, error, FailureKind.REPORTED)
             case m.SlotFailed(error=error, consequence=consequence):

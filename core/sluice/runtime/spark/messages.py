@@ -4,7 +4,8 @@ Slots send :class:`SlotMessage` s, which all carry the attempt number so the dri
 attempt; the driver sends :class:`DriverMessage` s. A slot's control connection carries, in order:
 
     slot -> driver   Hello, Registered, then any of Acknowledge, Decline, EndOfInput, Finished,
-                     RequestSplit, Log, FaultFired, TaskFailed, SlotFailed, Metrics; last Goodbye
+                     RequestSplit, Log, FaultFired, TaskFailed, SlotFailed, Metrics (also
+                     every second); last Goodbye
     driver -> slot   Start, then any of TriggerCheckpoint, CheckpointComplete, CheckpointAborted,
                      AssignSplits, NoMoreSplits; last Stop or Cancel
 
@@ -149,11 +150,18 @@ class Finished(SlotMessage):
 
 @dataclass(frozen=True, slots=True)
 class Metrics(SlotMessage):
-    """The operator metrics of a subtask that did not finish, sent as the slot ends; the driver keeps
-    them for the job's result."""
+    """A subtask's metrics: its operator counters (``metrics``) and its built-in metrics snapshot
+    (``snapshot``: records, bytes, busy and backpressured time, gauges; see
+    :mod:`sluice.runtime.task_metrics`; empty if the job runs without metrics).
+
+    Sent every ``SlotSpec.metrics_interval`` seconds while the slot runs, before a subtask's Finished and
+    for every unfinished subtask as the slot ends; the driver keeps the latest for the control endpoint
+    and the job's result (no metrics server runs on executors).
+    """
 
     task: SubtaskId
     metrics: dict[str, int]
+    snapshot: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

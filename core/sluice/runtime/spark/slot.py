@@ -66,6 +66,8 @@ class SlotSpec:
     #: the fault hook of this attempt (tests), bound in each slot with ``in_slot``
     faults: FaultHook | None = None
     connect_timeout: float = 120.0
+    #: seconds between the slot's metrics reports to the driver (Metrics messages); 0 = only at the end
+    metrics_interval: float = 1.0
 
 
 def channel_plan(job: JobGraph) -> list[tuple[int, SubtaskId, SubtaskId, int, int]]:
@@ -100,6 +102,7 @@ class _Gateway:
         self._slot.send(m.EndOfInput(self._attempt, task))
 
     def finished(self, task: SubtaskId) -> None:
+        self._slot.send(self._slot.metrics_message(task))  # the final figures, before Finished
         self._slot.send(m.Finished(self._attempt, task, self._slot.metrics_of(task)))
         self._slot.task_finished(task)
 
@@ -196,9 +199,22 @@ class Slot:
         t = self.tasks.get(task)
         out: dict[str, int] = {}
         for ctx in t.contexts if t is not None else []:
-            for k, v in ctx.metrics.items():
+            for k, v in dict(ctx.metrics).items():  # a copy: the task thread may add keys meanwhile
                 out[k] = out.get(k, 0) + v
         return out
+
+    def metrics_message(self, task: SubtaskId) -> m.Metrics:
+        """The counters and the built-in metrics snapshot of ``task`` now."""
+        t = self.tasks.get(task)
+        snap = t.metrics_snapshot() if t is not None else None
+        return m.Metrics(self.spec.attempt, task, self.metrics_of(task), snap or {})
+
+    def _report_metrics(self) -> None:
+        """Every ``metrics_interval`` seconds, send each subtask's metrics to the driver (until the end)."""
+        interval = self.spec.metrics_interval
+        while interval > 0 and not self._end.wait(interval):
+            for sid in list(self.tasks):
+                self.send(self.metrics_message(sid))
 
     def subtask_of_thread(self, thread_name: str) -> str | None:
         # task threads are "task-<vertex>.<index>", upload threads "upload-<vertex>.<index>_<n>"
@@ -282,6 +298,7 @@ class Slot:
             )
             for t in self.tasks.values():
                 t.start()
+            threading.Thread(target=self._report_metrics, name=f"slot-{self.index}-metrics", daemon=True).start()
             self._end.wait()
             if self._failure is not None:
                 raise self._failure
@@ -295,7 +312,7 @@ class Slot:
                 t.join(5 if ok else 2)
             for sid in self.tasks:
                 if sid not in self._finished:
-                    self.send(m.Metrics(spec.attempt, sid, self.metrics_of(sid)))
+                    self.send(self.metrics_message(sid))
             root.removeHandler(handler)
             root.setLevel(saved[0])
             logging.getLogger("sluice").setLevel(saved[1])

@@ -1,0 +1,132 @@
+"""How the CLI finds running jobs: a registry entry next to each job's checkpoints, and the job's token file.
+
+A job that serves a control endpoint writes ``<checkpoint storage>/<job id>/_control.json`` (atomically,
+on any checkpoint storage: local or S3) with its URL, its process and where its token file is; when it
+ends it rewrites the entry with its final status, so ``sluice jobs`` never lists a job that ended. The
+token lives in a file only the user can read (mode 0600): next to the entry for local storage, else in
+``~/.sluice/tokens/``. The entry never holds the token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sluice.checkpoint.storage import CheckpointStorage, LocalCheckpointStorage, checkpoint_storage
+from sluice.errors import ConfigError
+
+__all__ = ["ENTRY", "RegistryEntry", "parse_address", "read_entries", "read_token", "token_path", "write_token"]
+
+#: the registry entry's name in a job's checkpoint directory
+ENTRY = "_control.json"
+_TOKEN = "_control.token"
+
+
+def parse_address(value: str, option: str = "control_endpoint") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6; port 0 picks a free one) or raise ConfigError."""
+    host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"{option}: expected HOST:PORT such as 127.0.0.1:0 (port 0 picks a free port; 0.0.0.0 listens "
+            f"on every interface), or None to serve no endpoint (got {value!r})"
+        )
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """A running job as the registry records it.
+
+    Attributes:
+        job_id: The job.
+        url: Its control endpoint, e.g. ``http://127.0.0.1:41234``.
+        pid: The driver process.
+        host: The driver's host name.
+        started_at: When the job started (epoch seconds).
+        runtime: ``local`` or ``spark``.
+        token_file: The file holding the endpoint's token (readable by its user only).
+        ended_at: When the job ended, or None while it runs.
+        status: Its final status once it ended.
+    """
+
+    job_id: str
+    url: str
+    pid: int
+    host: str
+    started_at: float
+    runtime: str
+    token_file: str
+    ended_at: float | None = None
+    status: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.ended_at is None
+
+    def ended(self, status: str) -> RegistryEntry:
+        """The entry of the same job once it ended with ``status``."""
+        return RegistryEntry(**{**asdict(self), "ended_at": time.time(), "status": status})
+
+    def write(self, storage: CheckpointStorage) -> None:
+        """Write (or replace) the entry in the job's directory of ``storage``, atomically: a rename on a
+        file system, a plain put on an object store (whose atomic put of metadata refuses to replace)."""
+        path, data = f"{storage.job_dir()}/{ENTRY}", json.dumps(asdict(self), indent=1).encode()
+        if isinstance(storage, LocalCheckpointStorage):
+            storage.write_atomic(path, data)
+        else:
+            storage.write_file(path, data)
+
+    @staticmethod
+    def new(job_id: str, url: str, runtime: str, token_file: str) -> RegistryEntry:
+        return RegistryEntry(job_id, url, os.getpid(), socket.gethostname(), time.time(), runtime, token_file)
+
+
+def read_entries(storage_uri: str, storage_options: dict[str, Any] | None = None) -> list[RegistryEntry]:
+    """Every job's registry entry under checkpoint storage ``storage_uri`` (running or ended), by job id."""
+    root = checkpoint_storage(storage_uri, "_", **(storage_options or {}))
+    out = []
+    for job_id in root.list_dirs(root.base):  # not jobs(): a job registers before its first checkpoint
+        st = checkpoint_storage(storage_uri, job_id, **(storage_options or {}))
+        path = f"{st.job_dir()}/{ENTRY}"
+        if not st.exists(path):
+            continue
+        try:
+            data = json.loads(st.read_file(path))
+            out.append(RegistryEntry(**data))
+        except (ValueError, TypeError):
+            continue  # a half-written or foreign file: not an entry
+    return out
+
+
+def token_path(storage: CheckpointStorage) -> Path:
+    """Where a job's token file goes: next to its registry entry on local storage, else in the user's
+    ``~/.sluice/tokens``."""
+    if isinstance(storage, LocalCheckpointStorage):
+        return Path(storage.job_dir()) / _TOKEN
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in storage.job_id)
+    return Path.home() / ".sluice" / "tokens" / f"{safe}.token"
+
+
+def write_token(path: Path) -> str:
+    """Create a new random token in ``path``, readable and writable by this user only (mode 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent.name == "tokens":
+        os.chmod(path.parent, 0o700)
+    path.unlink(missing_ok=True)  # a file left by an earlier run: replaced, never reused
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return token
+
+
+def read_token(path: str | Path) -> str:
+    """The token in ``path`` (OSError if it cannot be read, e.g. it belongs to another user)."""
+    return Path(path).read_text().strip()
