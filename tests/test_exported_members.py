@@ -52,7 +52,7 @@ PUBLIC = {
         "check_bounded_end_of_input", "check_commit_idempotent", "check_enumerator_restore",
         "check_every_split_read_once", "check_failed_reader_reassignment", "check_no_record_after_stop",
         "check_nothing_visible_before_commit", "check_one_global_commit_per_checkpoint", "check_reader_restore",
-        "check_recover_after_crash", "check_rescale", "sample_batch",
+        "check_recover_after_crash", "check_rescale", "check_sink_in_a_job", "check_source_in_a_job", "sample_batch",
     ],
     "sluice.runtime.spark": ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"],
     "sluice.cli": ["main"],

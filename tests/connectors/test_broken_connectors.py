@@ -83,3 +83,24 @@ def test_cases_refuse_what_the_kit_cannot_check() -> None:
         SourceCase(GeneratorSource(records_per_split=None), [], columns=["id"])
     with pytest.raises(ConfigError, match="rounds must be an integer >= 3"):
         SinkCase(lambda: None, rounds=2)  # type: ignore[arg-type, return-value]
+
+
+@pytest.mark.parametrize("name", ["reader snapshots an off-by-one position", "reader reads past its stopping position"])
+def test_in_a_job_check_fails_broken_sources(name: str) -> None:
+    make = BROKEN_SOURCES[name][0]
+    source = make()
+    with pytest.raises(ConformanceError, match=r"^\[source: exactly once in a job with a crash\]"):
+        SOURCE_CHECKS["exactly_once_in_a_job"](SourceCase(source, source.expected(), columns=["id"]))
+
+
+@pytest.mark.parametrize("name", ["committer not idempotent", "data visible before commit"])
+def test_in_a_job_check_fails_broken_sinks(name: str, tmp_path: Path) -> None:
+    make = BROKEN_SINKS[name][0]
+    dirs = iter(range(100))
+
+    def target() -> SinkTarget:
+        d = str(tmp_path / f"t{next(dirs)}")
+        return SinkTarget(make(d), lambda: read_committed(d), lambda: os.listdir(os.path.join(d, "pending")))
+
+    with pytest.raises(ConformanceError, match=r"^\[sink: exactly once in a job with a crash\]"):
+        SINK_CHECKS["exactly_once_in_a_job"](SinkCase(target))

@@ -9,6 +9,7 @@ Give the kit the connector under test, not the other way round: the kit imports 
   read what is visible and what is staged): nothing visible before commit, commit idempotent and
   reporting its :class:`~sluice.sink.CommitOutcome`, recover after a crash at each lifecycle step
   (:data:`RECOVERY_STEPS`), abort of uncommitted data, one global commit per checkpoint.
+* Both, inside a real job (the in-process runtime, one injected crash, a restore): exactly once.
 
 Use the ``check_*`` functions directly, the :data:`SOURCE_CHECKS` / :data:`SINK_CHECKS` tables with
 ``pytest.mark.parametrize``, or subclass :class:`SourceConformance` / :class:`SinkConformance`. A broken
@@ -17,10 +18,10 @@ contract raises :class:`ConformanceError` whose message starts with ``[source: <
 """
 
 from sluice.testing.conformance.contracts import SINK_CONTRACTS, SOURCE_CONTRACTS, ConformanceError
+from sluice.testing.conformance.jobs import check_sink_in_a_job, check_source_in_a_job
 from sluice.testing.conformance.sink_harness import SinkTarget
 from sluice.testing.conformance.sinks import (
     RECOVERY_STEPS,
-    SINK_CHECKS,
     SinkCase,
     check_abort_uncommitted,
     check_commit_idempotent,
@@ -30,7 +31,6 @@ from sluice.testing.conformance.sinks import (
     sample_batch,
 )
 from sluice.testing.conformance.sources import (
-    SOURCE_CHECKS,
     SourceCase,
     check_bounded_end_of_input,
     check_enumerator_restore,
@@ -40,7 +40,7 @@ from sluice.testing.conformance.sources import (
     check_reader_restore,
     check_rescale,
 )
-from sluice.testing.conformance.suites import SinkConformance, SourceConformance
+from sluice.testing.conformance.suites import SINK_CHECKS, SOURCE_CHECKS, SinkConformance, SourceConformance
 
 __all__ = [
     "RECOVERY_STEPS",
@@ -66,5 +66,7 @@ __all__ = [
     "check_reader_restore",
     "check_recover_after_crash",
     "check_rescale",
+    "check_sink_in_a_job",
+    "check_source_in_a_job",
     "sample_batch",
 ]

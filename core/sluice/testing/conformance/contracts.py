@@ -42,6 +42,7 @@ SOURCE_CONTRACTS = {
     "stop_position": "no record after the stopping position",
     "assignment": "splits go to registered readers, one owner each",
     "snapshot": "snapshots are picklable and name only owned splits",
+    "in_job": "exactly once in a job with a crash",
 }
 
 #: the sink contracts, by the short name the checks use
@@ -53,6 +54,7 @@ SINK_CONTRACTS = {
     "recover": "recover after a crash",
     "abort": "abort of uncommitted data",
     "global_once": "one global commit per checkpoint",
+    "in_job": "exactly once in a job with a crash",
 }
 
 

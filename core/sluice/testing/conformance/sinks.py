@@ -26,7 +26,6 @@ from sluice.testing.conformance.sink_harness import Crash, SinkAttempt, SinkChec
 
 __all__ = [
     "RECOVERY_STEPS",
-    "SINK_CHECKS",
     "SinkCase",
     "check_abort_uncommitted",
     "check_commit_idempotent",
@@ -399,17 +398,3 @@ def check_one_global_commit_per_checkpoint(case: SinkCase) -> bool:
     _recommit_outcomes(b, 0, "a new attempt's global committer, committing checkpoint 3 again,")
     _finish(case, t, b, 4, range(4, case.rounds + 1), "global commits")
     return True
-
-
-#: every sink check that takes only the case, in the order the pytest suite runs them (recovery runs once
-#: per step of RECOVERY_STEPS)
-SINK_CHECKS: dict[str, Callable[[SinkCase], object]] = {
-    "nothing_visible_before_commit": check_nothing_visible_before_commit,
-    "commit_idempotent": check_commit_idempotent,
-    "abort_uncommitted": check_abort_uncommitted,
-    "one_global_commit_per_checkpoint": check_one_global_commit_per_checkpoint,
-    **{
-        f"recover_after_crash_at_{s}": (lambda case, s=s: check_recover_after_crash(case, s))  # type: ignore[misc]
-        for s in RECOVERY_STEPS
-    },
-}

@@ -31,7 +31,6 @@ from sluice.testing.conformance.contracts import (
 from sluice.testing.conformance.source_harness import SourceCheckpoint, SourceRun, violation
 
 __all__ = [
-    "SOURCE_CHECKS",
     "SourceCase",
     "check_bounded_end_of_input",
     "check_enumerator_restore",
@@ -334,15 +333,3 @@ def check_failed_reader_reassignment(case: SourceCase) -> None:
         )
     finally:
         run.close()
-
-
-#: every source check, in the order the pytest suite runs them
-SOURCE_CHECKS: dict[str, Callable[[SourceCase], None]] = {
-    "every_split_read_once": check_every_split_read_once,
-    "bounded_end_of_input": check_bounded_end_of_input,
-    "no_record_after_stop": check_no_record_after_stop,
-    "reader_restore": check_reader_restore,
-    "enumerator_restore": check_enumerator_restore,
-    "rescale": check_rescale,
-    "failed_reader_reassignment": check_failed_reader_reassignment,
-}

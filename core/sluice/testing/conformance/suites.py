@@ -22,7 +22,11 @@ plain classes whose ``test_*`` methods pytest collects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from sluice.testing.conformance.jobs import check_sink_in_a_job, check_source_in_a_job
 from sluice.testing.conformance.sinks import (
+    RECOVERY_STEPS,
     SinkCase,
     check_abort_uncommitted,
     check_commit_idempotent,
@@ -41,7 +45,32 @@ from sluice.testing.conformance.sources import (
     check_rescale,
 )
 
-__all__ = ["SinkConformance", "SourceConformance"]
+__all__ = ["SINK_CHECKS", "SOURCE_CHECKS", "SinkConformance", "SourceConformance"]
+
+#: every source check by name, in the order the pytest suite runs them (for ``pytest.mark.parametrize``)
+SOURCE_CHECKS: dict[str, Callable[[SourceCase], object]] = {
+    "every_split_read_once": check_every_split_read_once,
+    "bounded_end_of_input": check_bounded_end_of_input,
+    "no_record_after_stop": check_no_record_after_stop,
+    "reader_restore": check_reader_restore,
+    "enumerator_restore": check_enumerator_restore,
+    "rescale": check_rescale,
+    "failed_reader_reassignment": check_failed_reader_reassignment,
+    "exactly_once_in_a_job": check_source_in_a_job,
+}
+
+#: every sink check by name (recovery once per step of RECOVERY_STEPS)
+SINK_CHECKS: dict[str, Callable[[SinkCase], object]] = {
+    "nothing_visible_before_commit": check_nothing_visible_before_commit,
+    "commit_idempotent": check_commit_idempotent,
+    "abort_uncommitted": check_abort_uncommitted,
+    "one_global_commit_per_checkpoint": check_one_global_commit_per_checkpoint,
+    **{
+        f"recover_after_crash_at_{s}": (lambda case, s=s: check_recover_after_crash(case, s))  # type: ignore[misc]
+        for s in RECOVERY_STEPS
+    },
+    "exactly_once_in_a_job": check_sink_in_a_job,
+}
 
 
 class SourceConformance:
@@ -68,6 +97,9 @@ class SourceConformance:
 
     def test_split_reassignment_after_a_failed_reader(self, source_case: SourceCase) -> None:
         check_failed_reader_reassignment(source_case)
+
+    def test_exactly_once_in_a_job_with_a_crash(self, source_case: SourceCase) -> None:
+        check_source_in_a_job(source_case)
 
 
 class SinkConformance:
@@ -96,6 +128,9 @@ class SinkConformance:
 
     def test_abort_of_uncommitted_data(self, sink_case: SinkCase) -> None:
         check_abort_uncommitted(sink_case)
+
+    def test_exactly_once_in_a_job_with_a_crash(self, sink_case: SinkCase) -> None:
+        check_sink_in_a_job(sink_case)
 
     def test_one_global_commit_per_checkpoint(self, sink_case: SinkCase) -> None:
         if not check_one_global_commit_per_checkpoint(sink_case):
