@@ -94,3 +94,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"{sum(s['crashes'] for s in fired)} crashes, {sum(s['lost'] for s in fired)} lost, "
             f"{sum(s['duplicated'] for s in fired)} duplicated"
         )
+        modes = sorted({s["mode"] for s in SCENARIO_LOG})
+        terminalreporter.write_line(
+            "fired by mode: "
+            + ", ".join(f"{m} {sum(1 for s in fired if s['mode'] == m)}" for m in modes)
+        )

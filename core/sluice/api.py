@@ -54,12 +54,19 @@ RUNTIMES = ("local", "spark")
 
 
 class Stream:
-    """A stream of record batches produced by one node of a pipeline (optionally one of its side outputs)."""
+    """A stream of record batches produced by one node of a pipeline (optionally one of its side outputs).
 
-    def __init__(self, pipeline: Pipeline, node: LogicalNode, tag: str | None = None) -> None:
+    ``schema`` is the stream's Arrow schema where the job knows it before it runs (a source that declares
+    it, then filters, exchanges, unions and operators given ``schema=``); sinks check it at build time.
+    """
+
+    def __init__(
+        self, pipeline: Pipeline, node: LogicalNode, tag: str | None = None, schema: pa.Schema | None = None
+    ) -> None:
         self.pipeline = pipeline
         self.node = node
         self.tag = tag
+        self.schema = schema
 
     def _edge(
         self, partitioning: Partitioning = Partitioning.AUTO, key: KeySelector | None = None
@@ -73,10 +80,11 @@ class Stream:
         make: Callable[[str], Any],
         parallelism: int | None,
         edge: LogicalEdge | None = None,
+        schema: pa.Schema | None = None,
         **node_kw: Any,
     ) -> Stream:
         node = self.pipeline._add(label, name, make, parallelism, [edge or self._edge()], **node_kw)
-        return Stream(self.pipeline, node)
+        return Stream(self.pipeline, node, schema=schema)
 
     def map_batches(
         self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None, parallelism: int | None = None
@@ -94,7 +102,7 @@ class Stream:
         """Keep rows where ``predicate`` (a ``pyarrow.compute`` expression, or ``fn(batch) -> mask``) holds."""
         if not isinstance(predicate, pc.Expression) and not callable(predicate):
             raise ConfigError("filter: predicate must be a pyarrow.compute.Expression or fn(batch) -> mask")
-        return self._then("filter", name, lambda n: FilterOperator(n, predicate), parallelism)
+        return self._then("filter", name, lambda n: FilterOperator(n, predicate), parallelism, schema=self.schema)
 
     def map(
         self,
@@ -105,7 +113,7 @@ class Stream:
         parallelism: int | None = None,
     ) -> Stream:
         """Apply ``fn(row) -> row`` to every record. **Slow**: one Python call per record; prefer map_batches."""
-        return self._then("map", name, lambda n: MapOperator(n, fn, schema), parallelism)
+        return self._then("map", name, lambda n: MapOperator(n, fn, schema), parallelism, schema=schema)
 
     def flat_map(
         self,
@@ -116,7 +124,7 @@ class Stream:
         parallelism: int | None = None,
     ) -> Stream:
         """Apply ``fn(row) -> rows`` to every record. **Slow**: one Python call per record."""
-        return self._then("flat_map", name, lambda n: FlatMapOperator(n, fn, schema), parallelism)
+        return self._then("flat_map", name, lambda n: FlatMapOperator(n, fn, schema), parallelism, schema=schema)
 
     def key_by(self, key: KeySpec) -> KeyedStream:
         """Partition by key (a column, columns, or ``fn(batch) -> array``) for keyed state."""
@@ -125,13 +133,13 @@ class Stream:
     def rebalance(self, *, parallelism: int | None = None) -> Stream:
         """Spread batches round-robin over the next operator's subtasks."""
         return self._then(
-            "rebalance", None, PassThroughOperator, parallelism, self._edge(Partitioning.REBALANCE)
+            "rebalance", None, PassThroughOperator, parallelism, self._edge(Partitioning.REBALANCE), self.schema
         )
 
     def broadcast(self, *, parallelism: int | None = None) -> Stream:
         """Send every batch to every subtask of the next operator."""
         return self._then(
-            "broadcast", None, PassThroughOperator, parallelism, self._edge(Partitioning.BROADCAST)
+            "broadcast", None, PassThroughOperator, parallelism, self._edge(Partitioning.BROADCAST), self.schema
         )
 
     def union(self, *others: Stream, name: str | None = None, parallelism: int | None = None) -> Stream:
@@ -141,7 +149,8 @@ class Stream:
                 raise GraphError("union: all streams must belong to the same pipeline")
         edges = [s._edge() for s in (self, *others)]
         node = self.pipeline._add("union", name, PassThroughOperator, parallelism, edges)
-        return Stream(self.pipeline, node)
+        same = all(o.schema is not None and o.schema.equals(self.schema) for o in others)
+        return Stream(self.pipeline, node, schema=self.schema if same else None)
 
     def uid(self, uid: str) -> Stream:
         """Name this operator's state in checkpoints (default: its name), so renaming it keeps its state.
@@ -177,6 +186,8 @@ class Stream:
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
         sink.validate()
+        if self.schema is not None:
+            sink.validate_schema(self.schema)
         edge = self._edge()
         if sink.compacts:
             writer = self._then(
@@ -223,6 +234,7 @@ class KeyedStream:
             lambda n: KeyedProcessOperator(n, key, fn, schema),
             parallelism,
             self.stream._edge(Partitioning.HASH, key),
+            schema,
             state_distribution="union",
             key=key,
         )
@@ -348,7 +360,8 @@ class Pipeline:
             kind=NodeKind.SOURCE,
             spec=source,
         )
-        return Stream(self, node).uid(uid) if uid is not None else Stream(self, node)
+        stream = Stream(self, node, schema=source.output_schema)
+        return stream.uid(uid) if uid is not None else stream
 
     def build(self) -> JobGraph:
         """Validate and chain the graph (raises GraphError / ConfigError)."""

@@ -13,11 +13,18 @@ Every exception derives from :class:`SluiceError`::
     ├── StorageError           a file system or object store refused an operation (names bucket, operation)
     ├── JobFailedError         the job failed for good; ``__cause__`` is the root cause
     └── IllegalTransitionError a state machine was asked for a transition its table does not allow
+
+Each error says whether a restart can cure it (:attr:`SluiceError.recoverable`, as Flink's
+``ThrowableClassifier`` and Arroyo's retry hints do): a wrong option, an invalid graph, a checkpoint that
+cannot be restored or a record that cannot be decoded fail the same way on every attempt, so the job
+fails at once instead of spending its restart budget (:func:`is_recoverable`).
 """
 
 from __future__ import annotations
 
 import enum
+import pickle
+from typing import Any
 
 __all__ = [
     "BadRecordError",
@@ -32,23 +39,77 @@ __all__ = [
     "SluiceError",
     "StorageError",
     "UserFunctionError",
+    "is_recoverable",
 ]
 
 
 class SluiceError(Exception):
-    """Root of every error sluice raises."""
+    """Root of every error sluice raises.
+
+    Attributes:
+        recoverable: whether restarting the job can cure the error (the restart strategy applies); False
+            fails the job at once. A class default that an instance may override (``recoverable=False``).
+    """
+
+    recoverable: bool = True
+
+    def __init__(self, *args: object, recoverable: bool | None = None) -> None:
+        super().__init__(*args)
+        if recoverable is not None:
+            self.recoverable = recoverable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt without calling __init__ (subclasses take other arguments than their message) and with
+        # its cause: a failure crosses to the Spark driver with its type, attributes and cause, so it is
+        # still classified (``recoverable``) there. A cause that cannot be pickled is left behind, its
+        # verdict kept in ``recoverable``.
+        state = dict(self.__dict__)
+        cause = self.__cause__
+        if cause is not None:
+            try:
+                pickle.dumps(cause)
+            except Exception:
+                state["recoverable"] = is_recoverable(self)
+                cause = None
+        return (_rebuild, (type(self), self.args, state, cause))
+
+
+def _rebuild(
+    cls: type[SluiceError], args: tuple[object, ...], state: dict[str, Any], cause: BaseException | None = None
+) -> SluiceError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    error.__cause__ = cause
+    return error
+
+
+def is_recoverable(error: BaseException) -> bool:
+    """Whether a restart can cure ``error``: False if it, or an error it was raised from, says it cannot."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, SluiceError) and not e.recoverable:
+            return False
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return True
 
 
 class ConfigError(SluiceError, ValueError):
     """An option has a value that is not allowed. The message names the option and what is allowed."""
 
+    recoverable = False
+
 
 class GraphError(SluiceError, ValueError):
     """The pipeline's graph is invalid (cycle, unknown stream, parallelism above max_parallelism)."""
 
+    recoverable = False
+
 
 class BadRecordError(SluiceError):
-    """A record could not be decoded.
+    """A record could not be decoded. Not recoverable: a restart reads the same record again.
 
     Attributes:
         topic: source topic (or source name).
@@ -56,6 +117,8 @@ class BadRecordError(SluiceError):
         offset: offset (or position) of the record.
         snippet: the first bytes of the raw record.
     """
+
+    recoverable = False
 
     def __init__(
         self, message: str, *, topic: str, partition: int, offset: int, snippet: bytes = b""
@@ -106,6 +169,8 @@ class CheckpointError(SluiceError):
 
 class RestoreError(SluiceError):
     """A checkpoint or savepoint cannot be restored (missing metadata, incompatible graph, ...)."""
+
+    recoverable = False
 
 
 class UserFunctionError(SluiceError):

@@ -210,3 +210,7 @@ class Sink(ABC, Generic[C]):
 
     def validate(self) -> None:
         """Check options at job build time; raise ConfigError naming the option."""
+
+    def validate_schema(self, schema: pa.Schema) -> None:
+        """Check, at job build time, that this sink can write ``schema`` (the stream's, when the job knows
+        it); raise ConfigError naming the sink and the column. The writer checks again at run time."""

@@ -175,6 +175,15 @@ class Source(ABC):
         return ()
 
     @property
+    def output_schema(self) -> pa.Schema | None:
+        """The Arrow schema of the batches this source emits, if known before it runs (else None).
+
+        Sinks check it when the job is built (a column type a format cannot write fails there, not at run
+        time); None leaves the check to the sink's writer.
+        """
+        return None
+
+    @property
     def discovery_interval(self) -> float | None:
         """Seconds between calls of :meth:`SplitEnumerator.poll`, or None."""
         return None

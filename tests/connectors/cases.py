@@ -123,7 +123,7 @@ def file_sink_s3(moto_s3: MotoS3, tmp_path: Path) -> SinkCase:
         sink = FileSink(
             f"s3://{bucket}/out",
             format="parquet",
-            s3_options=moto_s3.options(),
+            storage_options=moto_s3.options(),
             multipart_threshold=1,  # every file a multipart upload, completed at commit
             local_tmp_dir=str(tmp_path),
         )

@@ -67,7 +67,7 @@ JOB = textwrap.dedent(
             )
         )
         .map_batches(slow)
-        .sink(FileSink(env["JOB_OUT"], format="parquet", bucket_by=["p"], s3_options=s3))
+        .sink(FileSink(env["JOB_OUT"], format="parquet", bucket_by=["p"], storage_options=s3))
     )
     '''
 )

@@ -40,10 +40,10 @@ def test_invalid_options_name_the_option_and_allowed_values(tmp_path, kwargs, na
 
 def test_s3_options_are_checked_and_never_shown(tmp_path) -> None:
     with pytest.raises(ConfigError, match="endpoint"):
-        FileSink("s3://bkt/x", s3_options={"endpoint": "http://x"})
+        FileSink("s3://bkt/x", storage_options={"endpoint": "http://x"})
     with pytest.raises(ConfigError, match="path"):
         FileSink("gs://bkt/x")
-    sink = FileSink("s3://bkt/x", s3_options={"aws_secret_access_key": "s3cr3t"})
+    sink = FileSink("s3://bkt/x", storage_options={"aws_secret_access_key": "s3cr3t"})
     assert "s3cr3t" not in repr(sink)
 
 

@@ -36,7 +36,7 @@ def with_bucket(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def run(
-    seed: int, point: str, root: str, chk: str, s3_options: dict[str, Any] | None = None
+    seed: int, point: str, root: str, chk: str, storage_options: dict[str, Any] | None = None
 ) -> tuple[GeneratorSource, FaultInjector, str, Any]:
     rng = random.Random(seed)
     src = GeneratorSource(
@@ -64,7 +64,7 @@ def run(
             compaction=CompactionPolicy(
                 target_size=rng.choice([4000, 10**6]), max_checkpoints=rng.choice([1, 1, 2])
             ),
-            s3_options=s3_options,
+            storage_options=storage_options,
             multipart_threshold=rng.choice([1, 10**6]),
         )
     )

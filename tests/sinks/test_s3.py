@@ -21,7 +21,7 @@ pytestmark = pytest.mark.s3
 
 
 def sink_on(s3: MotoS3, bucket: str, **kw) -> FileSink:
-    return FileSink(f"s3://{bucket}/tbl", bucket_by=["b"], s3_options=s3.options(), **kw)
+    return FileSink(f"s3://{bucket}/tbl", bucket_by=["b"], storage_options=s3.options(), **kw)
 
 
 def test_large_files_are_multipart_uploads_completed_at_commit(moto_s3) -> None:

@@ -118,6 +118,10 @@ class GeneratorSource(Source):
     def boundedness(self) -> Boundedness:
         return Boundedness.BOUNDED if self.records_per_split is not None else Boundedness.CONTINUOUS
 
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        return SCHEMA if self.rows is None else None
+
     def make_rows(self, split: int, start: int, end: int) -> pa.RecordBatch:
         if self.rows is not None:
             return self.rows(split, start, end)

@@ -9,6 +9,7 @@ Implementations: :class:`LocalCheckpointStorage` here and :class:`~sluice.checkp
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -108,9 +109,21 @@ class CheckpointStorage(ABC):
             return []
         return [json.loads(x) for x in self.read_file(path).decode().splitlines() if x.strip()]
 
+    def holds_job(self) -> bool:
+        """Whether the job's folder holds checkpoint data: a stats history or a checkpoint folder."""
+        if self.exists(f"{self.job_dir()}/_stats.jsonl"):
+            return True
+        return any(_DIR.match(name) for name in self.list_dirs(self.job_dir()))
+
     def jobs(self) -> list[str]:
-        """Job ids with data under ``base``."""
-        return sorted(self.list_dirs(self.base))
+        """Job ids with checkpoint data under ``base`` (other folders there are not counted)."""
+        return sorted(j for j in self.list_dirs(self.base) if self._for_job(j).holds_job())
+
+    def _for_job(self, job_id: str) -> CheckpointStorage:
+        """The same storage for another job (shares clients where the implementation has them)."""
+        clone = copy.copy(self)
+        clone.job_id = job_id
+        return clone
 
 
 class LocalCheckpointStorage(CheckpointStorage):

@@ -10,7 +10,7 @@ import click
 
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage, parse_checkpoint_uri
 from sluice.cli.main import main
-from sluice.errors import SluiceError
+from sluice.errors import ConfigError, SluiceError
 
 __all__ = ["checkpoints"]
 
@@ -21,17 +21,30 @@ def checkpoints() -> None:
 
 
 def _storage_for(uri: str, job: str | None) -> CheckpointStorage:
+    """The storage of one job: ``uri`` is the storage base (with ``--job`` or a single job in it) or a
+    job's own folder. Anything else is refused, saying what it is not."""
     if job is not None:
-        return checkpoint_storage(uri, job)
+        st = checkpoint_storage(uri, job)
+        if not st.holds_job():
+            raise ConfigError(f"{uri} holds no checkpoints of job {job!r} (jobs there: {_names(uri)})")
+        return st
     base, _, rest = uri.rstrip("/").rpartition("/")
     st = checkpoint_storage(base or ".", rest)
-    if st.completed() or st.read_stats():
+    if st.holds_job():
         return st
-    root = checkpoint_storage(uri, "_")
-    jobs = root.jobs()
+    jobs = checkpoint_storage(uri, "_").jobs()
     if len(jobs) == 1:
         return checkpoint_storage(uri, jobs[0])
-    raise click.ClickException(f"{uri}: pass --job (jobs here: {', '.join(jobs) or 'none'})")
+    if jobs:
+        raise ConfigError(f"{uri} holds several jobs: pass --job (one of {', '.join(jobs)})")
+    raise ConfigError(
+        f"{uri} is not checkpoint storage: it holds no job with checkpoints (<job>/chk-<n>/_metadata or "
+        "<job>/_stats.jsonl). Pass the folder the job was given as CheckpointConfig.storage."
+    )
+
+
+def _names(uri: str) -> str:
+    return ", ".join(checkpoint_storage(uri, "_").jobs()) or "none"
 
 
 def _fmt_time(ts: float | None) -> str:

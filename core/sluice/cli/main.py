@@ -8,7 +8,11 @@ from typing import Any
 
 import click
 
+from sluice.errors import SluiceError
+
 __all__ = ["main"]
+
+log = logging.getLogger("sluice.cli")
 
 
 def _plugin_commands() -> dict[str, Any]:
@@ -17,7 +21,20 @@ def _plugin_commands() -> dict[str, Any]:
 
 class _PluginGroup(click.Group):
     """The ``sluice`` commands plus those other packages register in the ``sluice.commands`` entry point
-    group (``sluice demo`` comes from ``sluice.templates``), loaded only when used."""
+    group (``sluice demo`` comes from ``sluice.templates``), loaded only when used.
+
+    A :class:`~sluice.errors.SluiceError` from any command prints as one line (``Error: ...``) and exits 1;
+    ``sluice -v ...`` logs its traceback too.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SluiceError as exc:
+            if ctx.meta.get("sluice.verbose"):
+                log.error("%s", exc, exc_info=exc)
+            text = " ".join(str(exc).split())  # one line, whatever the message holds
+            raise click.ClickException(text) from exc
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_plugin_commands()})
@@ -33,7 +50,9 @@ class _PluginGroup(click.Group):
 
 @click.group(cls=_PluginGroup)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: int) -> None:
     """sluice: exactly-once ETL from Kafka into files and tables."""
+    ctx.meta["sluice.verbose"] = verbose
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -15,6 +15,7 @@ from sluice.cli.main import main
 from sluice.client import JobClient
 from sluice.errors import SluiceError
 from sluice.runtime.job import JobResult
+from sluice.settings import configure, load_settings, parse_overrides
 
 __all__ = ["load_pipeline", "run"]
 
@@ -60,6 +61,21 @@ def load_pipeline(path: str) -> Pipeline:
     help="Drop the unaligned channel state of this checkpoint id on restore (LOSES its in-flight data).",
 )
 @click.option(
+    "--conf",
+    "conf",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A YAML file of settings with Flink's key names (execution.checkpointing.interval: 30 s, "
+    "state.checkpoints.dir, restart-strategy.*; see docs/configuration.md). Overrides the job's code.",
+)
+@click.option(
+    "-D",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="One setting, e.g. -D execution.checkpointing.interval='30 s'. Overrides --conf and the code.",
+)
+@click.option(
     "--allow-non-restored-state",
     is_flag=True,
     help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
@@ -72,6 +88,8 @@ def run(
     restore: str,
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
+    conf: str | None,
+    overrides: tuple[str, ...],
 ) -> None:
     """Run the pipeline defined in JOB (a Python file).
 
@@ -79,18 +97,16 @@ def run(
     sinks commit it) and prints the savepoint's path: resume with --restore PATH. A second signal while
     stopping cancels the job.
     """
-    pipeline = load_pipeline(job)
-    try:
-        client = pipeline.start(
-            runtime=runtime,  # type: ignore[arg-type]
-            restore=restore,
-            spark_master=master,
-            recover_without_channel_state=recover_without_channel_state,
-            allow_non_restored_state=allow_non_restored_state,
-        )
-        result = _wait_or_stop(client)
-    except SluiceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    settings = {**(load_settings(conf) if conf else {}), **parse_overrides(overrides)}
+    pipeline = configure(load_pipeline(job), settings)
+    client = pipeline.start(
+        runtime=runtime,  # type: ignore[arg-type]
+        restore=restore,
+        spark_master=master,
+        recover_without_channel_state=recover_without_channel_state,
+        allow_non_restored_state=allow_non_restored_state,
+    )
+    result = _wait_or_stop(client)
     click.echo(
         f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
         f"last checkpoint {result.last_checkpoint}"

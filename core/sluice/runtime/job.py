@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
-from sluice.errors import ConfigError, JobFailedError, RestoreError
+from sluice.errors import ConfigError, GraphError, JobFailedError, RestoreError, SluiceError, is_recoverable
 from sluice.events import AlignmentMode
 from sluice.graph import JobGraph
 from sluice.runtime.attempt import AttemptFailedError, JobAttempt
@@ -114,7 +114,8 @@ def run_job(
 
     ``lifecycle`` holds the job's :class:`~sluice.runtime.status.JobStatus` (a client cancels through it);
     the result's status is where it ended: finished or cancelled. A job that fails for good raises
-    JobFailedError (RestoreError and ConfigError as they are: a restart cannot fix them).
+    JobFailedError; an error a restart cannot cure (``sluice.errors.is_recoverable``: a wrong option, a bad
+    record, a checkpoint that cannot be restored) is raised as it is, at once, without spending restarts.
     """
     status = lifecycle or JobLifecycle(cfg.job_id)
     attempts = _AttemptLog()
@@ -147,8 +148,10 @@ def run_job(
             attempts.failures.append(f"attempt {n}: {a.failure_text()}")
         if a.failure is None or status.status is JobStatus.CANCELLING:
             return  # finished, or cancelled: no restart either way
-        if isinstance(a.failure, (RestoreError, ConfigError)):
-            raise a.failure  # a restart cannot fix these
+        if isinstance(a.failure, (ConfigError, GraphError, RestoreError)):
+            raise a.failure  # the job's definition is wrong: raised as it is, as when the job is built
+        if not is_recoverable(a.failure):
+            raise _Unrecoverable(a.failure_text()) from a.failure
         raise AttemptFailedError(a.failure_text()) from a.failure
 
     try:
@@ -162,9 +165,13 @@ def run_job(
     except BaseException as exc:
         if status.advance(JobStatus.FAILING):  # else a cancel came first: the job ends cancelled
             status.transition(JobStatus.FAILED)
-            if not isinstance(exc, AttemptFailedError):
+            if not isinstance(exc, AttemptFailedError | _Unrecoverable):
                 raise
             cause = exc.__cause__ or exc
+            if isinstance(exc, _Unrecoverable):
+                raise JobFailedError(
+                    f"job {cfg.job_id!r} failed at once (a restart cannot cure this): {exc}"
+                ) from cause
             raise JobFailedError(
                 f"job {cfg.job_id!r} failed after {attempts.count} attempt(s); root cause: {exc}"
             ) from cause
@@ -173,6 +180,11 @@ def run_job(
     elif not status.advance(JobStatus.FINISHED):
         status.transition(JobStatus.CANCELLED)
     return attempts.result(cfg.job_id, status.status)
+
+
+class _Unrecoverable(SluiceError):
+    """An attempt failed with an error a restart cannot cure (``sluice.errors.is_recoverable``); not an
+    :class:`AttemptFailedError`, so the restart strategy (which retries only those) lets it through."""
 
 
 class _AttemptLog:

@@ -8,10 +8,39 @@ import numpy as np
 import pyarrow as pa
 from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA
 
-__all__ = ["dead_letters", "message_timestamps", "raw_batch", "timestamps", "topic_column", "with_metadata"]
+__all__ = [
+    "METADATA_FIELDS",
+    "RAW_SCHEMA",
+    "dead_letters",
+    "message_timestamps",
+    "raw_batch",
+    "timestamps",
+    "topic_column",
+    "with_metadata",
+]
 
 _TS = pa.timestamp("ms", tz="UTC")
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+#: the columns of the ``raw`` format
+RAW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", _HEADERS),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", _TS),
+    ]
+)
+#: the columns ``include_metadata=True`` appends to decoded values
+METADATA_FIELDS = [
+    pa.field("_key", pa.binary()),
+    pa.field("_topic", pa.string()),
+    pa.field("_partition", pa.int32()),
+    pa.field("_offset", pa.int64()),
+    pa.field("_timestamp", _TS),
+]
 
 
 def timestamps(ts: np.ndarray) -> pa.Array:

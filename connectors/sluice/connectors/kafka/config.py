@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["LIBRDKAFKA_LOG", "RESERVED", "TUNING", "is_secret", "redact", "redact_text"]
+from sluice.errors import ConfigError
+
+__all__ = ["FILE_SETTINGS", "LIBRDKAFKA_LOG", "RESERVED", "TUNING", "check_files", "is_secret", "redact", "redact_text"]
 
 #: fetch/queue tuning (overridable through ``consumer_config``): fetch large batches and keep a prefetch
 #: queue, so the reader never waits on the network while it decodes (librdkafka's defaults pause fetching
@@ -44,8 +49,56 @@ _SECRET_MARKERS = (
     "oauthbearer.config",
 )
 
-#: where librdkafka's own log lines go
+#: librdkafka settings that name a file (certificates, keys, keytabs); ``ssl.ca.location`` may also be
+#: ``probe`` (find the system's CA bundle)
+FILE_SETTINGS = (
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.keystore.location",
+    "ssl.crl.location",
+    "sasl.kerberos.keytab",
+)
+
+
+def check_files(conf: Mapping[str, Any]) -> None:
+    """Refuse a file setting whose file does not exist, naming the setting and the path (librdkafka's own
+    message for it is an OpenSSL error code)."""
+    for key in FILE_SETTINGS:
+        path = conf.get(key)
+        if isinstance(path, str) and path and path != "probe" and not os.path.exists(path):
+            raise ConfigError(f"KafkaSource: consumer_config[{key!r}]: no such file {path!r}")
+
+
+class _OncePerMessage(logging.Filter):
+    """Passes each distinct librdkafka line once per ``window`` seconds.
+
+    An unreachable broker makes every client thread log the same refused connection at each reconnect
+    (hundreds of lines a minute); one line says it all. Client and thread names and millisecond figures
+    are ignored when lines are compared.
+    """
+
+    _VARYING = re.compile(r"rdkafka#\w+-\d+|\d+ms|\d+/\d+")
+
+    def __init__(self, window: float = 60.0) -> None:
+        super().__init__()
+        self.window = window
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = self._VARYING.sub("", record.getMessage())
+        now = time.monotonic()
+        if now - self._last.get(key, -self.window) < self.window:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+#: where librdkafka's own log lines go (each distinct line once a minute)
 LIBRDKAFKA_LOG = logging.getLogger("sluice.kafka.librdkafka")
+LIBRDKAFKA_LOG.addFilter(_OncePerMessage())
 
 
 def is_secret(key: str) -> bool:

@@ -133,11 +133,17 @@ class KafkaSplitEnumerator(SplitEnumerator):
         try:
             md = self._admin.list_topics(timeout=src.request_timeout_s)
         except KafkaException as exc:
+            # brokers never reached since this job started: a wrong address or security setting, which a
+            # restart cannot cure; brokers that answered before and stopped: an outage, restarts apply
+            reached = src.brokers_reached
             raise KafkaSourceError(
                 f"KafkaSource {src.name!r}: cannot reach the Kafka brokers at {src.bootstrap_servers!r} "
                 f"within {src.request_timeout_s}s ({exc.args[0].str() if exc.args else exc}). Check "
                 "bootstrap_servers and the connection/security settings in consumer_config."
+                + ("" if reached else " (never reached since the job started: failing at once)"),
+                recoverable=reached,
             ) from None
+        src.brokers_reached = True
         pattern = src.pattern
         listed = set(src.topics or ())
         out: dict[str, list[int]] = {}
@@ -157,7 +163,8 @@ class KafkaSplitEnumerator(SplitEnumerator):
             if missing:
                 raise KafkaSourceError(
                     f"KafkaSource {src.name!r}: topic(s) {', '.join(map(repr, missing))} not found on "
-                    f"{src.bootstrap_servers!r}. Create them first, or fix the topics option."
+                    f"{src.bootstrap_servers!r}. Create them first, or fix the topics option.",
+                    recoverable=False,
                 )
         new = [(t, p) for t in sorted(topics) for p in topics[t] if split_id(t, p) not in self._discovered]
         if not new:

@@ -27,17 +27,24 @@ __all__ = [
 
 
 class KafkaSourceError(SluiceError):
-    """The Kafka source cannot do its work (unreachable brokers, missing topic, failed offset lookup)."""
+    """The Kafka source cannot do its work (unreachable brokers, missing topic, failed offset lookup).
+
+    A missing topic, and brokers never reached since the job started, are not ``recoverable``: the job
+    fails at once. Brokers that answered before and stopped answering are an outage: restarts apply.
+    """
 
 
 class KafkaDataLossError(KafkaSourceError):
-    """The position to resume from is out of range: the records there were deleted.
+    """The position to resume from is out of range: the records there were deleted. Not recoverable: a
+    restart resumes at the same position.
 
     Attributes:
         topic: the topic.
         partition: the partition.
         offset: the offset the source tried to read.
     """
+
+    recoverable = False
 
     def __init__(self, source: str, topic: str, partition: int, offset: int) -> None:
         self.topic = topic

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from sluice.connectors.kafka.config import LIBRDKAFKA_LOG, RESERVED, TUNING, redact, redact_text
+from sluice.connectors.kafka.config import LIBRDKAFKA_LOG, RESERVED, TUNING, check_files, redact, redact_text
 from sluice.connectors.kafka.offsets import OffsetsInitializer
 from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.errors import ConfigError
@@ -110,6 +110,8 @@ class KafkaSource(Source):
         name: str = "kafka",
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        #: set once an enumerator of this source reached the brokers (unreachable after that: an outage)
+        self.brokers_reached = False
         self.topics = [topics] if isinstance(topics, str) else list(topics) if topics is not None else None
         self.topic_pattern = topic_pattern
         self.format = format
@@ -300,6 +302,7 @@ class KafkaSource(Source):
                 raise ConfigError(f"KafkaSource: consumer_config must not set {key!r}: use {RESERVED[key]}")
         if self.group_id is not None and "group.id" in self.consumer_config:
             raise ConfigError("KafkaSource: give group_id or consumer_config['group.id'], not both")
+        check_files(self.consumer_config)
         try:  # librdkafka checks names and values when a client is created (no network needed)
             Consumer(self.consumer_conf("sluice-validate", bounded=False)).close()
         except (KafkaException, ValueError, TypeError) as exc:
@@ -350,6 +353,17 @@ class KafkaSource(Source):
     @property
     def boundedness(self) -> Boundedness:
         return Boundedness.BOUNDED if self.stopping_offsets_option is not None else Boundedness.CONTINUOUS
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        """``raw``: its fixed columns; json/csv with an explicit ``schema``: it (plus metadata columns)."""
+        from sluice.connectors.kafka.columns import METADATA_FIELDS, RAW_SCHEMA
+
+        if self.format == "raw":
+            return RAW_SCHEMA
+        if self.schema is None or self.schema_registry is not None or self.format == "avro":
+            return None
+        return pa.schema([*self.schema, *METADATA_FIELDS]) if self.include_metadata else self.schema
 
     @property
     def discovery_interval(self) -> float | None:

@@ -154,11 +154,11 @@ def local_tmp_dir(base: str | None) -> str:
 
 
 def filesystem_for(
-    root: str, s3_options: dict[str, Any], multipart_threshold: int, part_size: int, local_tmp: str | None
+    root: str, storage_options: dict[str, Any], multipart_threshold: int, part_size: int, local_tmp: str | None
 ) -> FileSystem:
     """The FileSystem of ``root``: ``s3://bucket/prefix`` or a local path / ``file://`` URI."""
     if root.startswith("s3://"):
         from sluice.sinks.files.s3filesystem import S3FileSystem
 
-        return S3FileSystem(root, s3_options, multipart_threshold, part_size, local_tmp)
+        return S3FileSystem(root, storage_options, multipart_threshold, part_size, local_tmp)
     return LocalFileSystem(root)

@@ -31,6 +31,7 @@ __all__ = [
     "merge",
     "open_writer",
     "schema_fingerprint",
+    "unwritable_columns",
 ]
 
 FORMATS = ("parquet", "json", "csv")
@@ -54,6 +55,13 @@ def extension(opts: FormatOptions) -> str:
     """File name extension, e.g. ``.parquet`` or ``.jsonl.gz``."""
     base = {"parquet": ".parquet", "json": ".jsonl", "csv": ".csv"}[opts.fmt]
     return base + (".gz" if opts.fmt != "parquet" and opts.compression == "gzip" else "")
+
+
+def unwritable_columns(schema: pa.Schema, fmt: str) -> list[pa.Field]:
+    """The columns of ``schema`` that format ``fmt`` cannot write: nested types in CSV, unions in Parquet."""
+    nested = (pa.types.is_nested, pa.types.is_union)
+    cannot = {"csv": nested, "parquet": (pa.types.is_union,), "json": ()}[fmt]
+    return [f for f in schema if any(check(f.type) for check in cannot)]
 
 
 def schema_fingerprint(schema: pa.Schema) -> str:

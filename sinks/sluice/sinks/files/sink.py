@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 from sluice.errors import ConfigError
 from sluice.sink import Committer, Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.files.buckets import BucketAssigner
@@ -13,7 +15,7 @@ from sluice.sinks.files.committable import FileCommittable
 from sluice.sinks.files.committer import FileCommitter
 from sluice.sinks.files.compaction import CompactionPolicy, FileCompactor
 from sluice.sinks.files.filesystem import FileSystem, filesystem_for
-from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions
+from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions, unwritable_columns
 from sluice.sinks.files.rolling import RollingPolicy
 from sluice.sinks.files.writer import FileSinkWriter
 
@@ -59,8 +61,10 @@ class FileSink(Sink[FileCommittable]):
         rolling: a RollingPolicy (or dict): roll on size, age, inactivity; always at each checkpoint.
         compaction: a CompactionPolicy (or dict, or True for the defaults) to merge small files; None = off.
         schema_evolution: on a schema change within a bucket, start a new file instead of failing.
-        s3_options: boto3 client options (endpoint_url, region_name, credentials, profile_name, max_attempts);
-            unset ones come from the standard AWS chain.
+        storage_options: for ``s3://``: boto3 client options (endpoint_url, region_name, credentials,
+            profile_name, max_attempts); unset ones come from the standard AWS chain. The same name as
+            ``CheckpointConfig.storage_options``.
+        s3_options: deprecated alias of ``storage_options``.
         multipart_threshold: S3: files of at least this many bytes are multipart uploads completed at commit;
             smaller ones are put under a hidden key and copied at commit.
         part_size: S3 multipart part size in bytes (>= 5 MiB).
@@ -81,6 +85,7 @@ class FileSink(Sink[FileCommittable]):
         rolling: RollingPolicy | dict[str, Any] | None = None,
         compaction: CompactionPolicy | dict[str, Any] | bool | None = None,
         schema_evolution: bool = False,
+        storage_options: dict[str, Any] | None = None,
         s3_options: dict[str, Any] | None = None,
         multipart_threshold: int = 16 * 1024 * 1024,
         part_size: int = 16 * 1024 * 1024,
@@ -111,7 +116,13 @@ class FileSink(Sink[FileCommittable]):
             else _policy(compaction, CompactionPolicy, "compaction")
         )
         self.schema_evolution = schema_evolution
-        self.s3_options = dict(s3_options or {})
+        if s3_options is not None:
+            if storage_options is not None:
+                raise ConfigError("FileSink: give storage_options, not also its deprecated alias s3_options")
+            warnings.warn(
+                "FileSink(s3_options=...) is deprecated: use storage_options", DeprecationWarning, stacklevel=2
+            )
+        self.storage_options = dict(storage_options if storage_options is not None else s3_options or {})
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.local_tmp_dir = local_tmp_dir
@@ -122,6 +133,16 @@ class FileSink(Sink[FileCommittable]):
         return f"FileSink({self.path!r}, format={self.format!r}, compression={self.compression!r})"
 
     # -- validation ------------------------------------------------------------------------------------
+    def validate_schema(self, schema: pa.Schema) -> None:
+        """Refuse a column this sink's format cannot write, naming the sink and the column."""
+        bad = unwritable_columns(schema, self.format)
+        if bad:
+            f = bad[0]
+            raise ConfigError(
+                f"FileSink {self.path!r}: column {f.name!r} has type {f.type}, which format {self.format!r} "
+                "cannot write: drop or convert it upstream (map_batches), or use format 'parquet' or 'json'"
+            )
+
     def validate(self) -> None:
         """Raise ConfigError naming the wrong option and the allowed values."""
         if self.format not in FORMATS:
@@ -153,10 +174,10 @@ class FileSink(Sink[FileCommittable]):
             from sluice.checkpoint.s3 import S3_OPTIONS, parse_s3_uri
 
             parse_s3_uri(self.path)
-            unknown = sorted(set(self.s3_options) - set(S3_OPTIONS))
+            unknown = sorted(set(self.storage_options) - set(S3_OPTIONS))
             if unknown:
                 raise ConfigError(
-                    f"FileSink: s3_options has unknown option(s) {unknown} (allowed: {', '.join(S3_OPTIONS)})"
+                    f"FileSink: storage_options has unknown option(s) {unknown} (allowed: {', '.join(S3_OPTIONS)})"
                 )
         self.rolling.validate()
         if self.compaction is not None:
@@ -167,7 +188,7 @@ class FileSink(Sink[FileCommittable]):
     def filesystem(self) -> FileSystem:
         """A new FileSystem for this sink's root (one per writer / committer: clients are not shared)."""
         return filesystem_for(
-            self.path, self.s3_options, self.multipart_threshold, self.part_size, self.local_tmp_dir
+            self.path, self.storage_options, self.multipart_threshold, self.part_size, self.local_tmp_dir
         )
 
     def format_options(self) -> FormatOptions:

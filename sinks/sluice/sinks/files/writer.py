@@ -90,6 +90,7 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
         self._roll_idle(now)
 
     def _open(self, bucket: str, schema: pa.Schema, now: float) -> _InProgress:
+        self.sink.validate_schema(schema)  # a stream whose schema the job did not know when it was built
         rel = inprogress_name(
             bucket, self.ctx.job_id, self.ctx.subtask, uuid.uuid4().hex[:12], self.ext, self.ctx.attempt
         )
