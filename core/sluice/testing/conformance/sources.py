@@ -13,6 +13,7 @@ external system should hold records beyond the stopping positions (for Kafka: st
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +76,7 @@ class SourceCase:
         if not isinstance(self.parallelism, int) or self.parallelism < 1:
             raise ConfigError(f"SourceCase: parallelism must be an integer >= 1 (got {self.parallelism!r})")
 
-    @property
+    @functools.cached_property
     def expected_counts(self) -> collections.Counter[str]:
         batches = [self.expected] if isinstance(self.expected, pa.Table) else list(self.expected)
         return row_counts(batches, self.identifying_columns)
