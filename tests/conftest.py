@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,6 +84,38 @@ def moto_s3() -> Iterator[MotoS3]:
             else:
                 os.environ[k] = v
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sluice wheel, built once per session from a clean copy of the checkout's tracked files (building
+    in the checkout would reuse its ``build/`` folder, where files deleted from the source linger)."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path_factory.mktemp("sluice-src")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, timeout=120,
+    )  # fmt: skip
+    if tracked.returncode == 0:
+        for name in filter(None, tracked.stdout.decode().split("\0")):
+            if (root / name).is_file():
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / name, src / name)
+    else:  # not a git checkout (an unpacked source archive): everything but build products
+        shutil.copytree(root, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".venv", "build", "dist", "*.egg-info", "__pycache__", ".git"))  # fmt: skip
+    dist = tmp_path_factory.mktemp("sluice-dist")
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = dist.glob("sluice-*.whl")
+    return wheel
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

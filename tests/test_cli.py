@@ -36,7 +36,7 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
     assert r.exit_code == 1 and "exists" in r.output
     r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
-    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-parquet, sink, source" in r.output
+    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-parquet, sink, source" in r.output
 
 
 def test_new_lists_job_and_plugin_templates() -> None:
@@ -73,6 +73,42 @@ def test_kafka_job_reads_its_connection_settings_from_the_environment(tmp_path, 
     assert kafka.consumer_config["security.protocol"] == "SASL_SSL" and "s3cret" not in repr(kafka)
     paths = sorted(s.path for s in specs if type(s).__name__ == "FileSink")
     assert paths == [str(tmp_path / "out" / "dead-letters"), str(tmp_path / "out" / "events")]
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("template", ["kafka-to-delta", "kafka-to-iceberg"])
+def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import pyarrow.dataset
+    from confluent_kafka import Producer
+
+    t = topic(1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
+    for i in range(40):  # one record per produce batch: tansu's LATEST offset is then right (broker_quirks)
+        event = {"id": i, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i}
+        producer.produce(t, json.dumps(event).encode(), partition=0)
+        producer.flush(10)
+    producer.produce(t, b"{not json", partition=0)
+    producer.flush(10)
+    monkeypatch.chdir(tmp_path)
+    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest"}.items():
+        monkeypatch.setenv(k, v)
+    invoke("new", "lake-job", "--template", template)
+    out = invoke("run", "lake_job.py", "--runtime", "local")
+    assert "finished after 1 attempt(s)" in out
+    if template == "kafka-to-delta":
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(tmp_path / "tables" / "events")).to_pyarrow_table()
+    else:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = SqlCatalog("sluice", uri=f"sqlite:///{tmp_path}/warehouse/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+        rows = catalog.load_table("analytics.events").scan().to_arrow()
+    assert sorted(rows.column("id").to_pylist()) == [i for i in range(40) if i != 7]
+    dead = pyarrow.dataset.dataset(str(tmp_path / "dead-letters"), format="json").to_table()
+    assert dead.num_rows == 1 and dead.column("offset").to_pylist() == [40]
 
 
 def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:

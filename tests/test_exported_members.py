@@ -45,6 +45,9 @@ PUBLIC = {
     "sluice.sinks.files": [
         "CompactionPolicy", "FileCommittable", "FileSink", "RollingPolicy", "SchemaMismatchError", "StorageError",
     ],
+    "sluice.sinks.delta": ["DeltaSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
+    "sluice.sinks.iceberg": ["IcebergSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
+    "sluice.sinks.tables": ["RewritePolicy", "TableFile", "TableLineageError", "TableSchemaError"],
     "sluice.testing": ["POINTS", "FaultInjector", "InjectedFault", "SlotCrash", "SparkFaultInjector"],
     "sluice.testing.conformance": [
         "RECOVERY_STEPS", "SINK_CHECKS", "SINK_CONTRACTS", "SOURCE_CHECKS", "SOURCE_CONTRACTS", "ConformanceError",
@@ -54,7 +57,9 @@ PUBLIC = {
         "check_nothing_visible_before_commit", "check_one_global_commit_per_checkpoint", "check_reader_restore",
         "check_recover_after_crash", "check_rescale", "check_sink_in_a_job", "check_source_in_a_job", "sample_batch",
     ],
-    "sluice.runtime.spark": ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"],
+    "sluice.runtime.spark": [
+        "SlotWaitTimeoutError", "SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context",
+    ],
     "sluice.cli": ["main"],
 }
 

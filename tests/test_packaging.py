@@ -35,13 +35,8 @@ def _source_modules() -> set[str]:
     return out
 
 
-def test_wheel_contains_and_imports_every_module(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = tmp_path.glob("sluice-*.whl")
+def test_wheel_contains_and_imports_every_module(tmp_path: Path, sluice_wheel: Path) -> None:
+    wheel = sluice_wheel
     unpacked = tmp_path / "unpacked"
     with zipfile.ZipFile(wheel) as z:
         z.extractall(unpacked)

@@ -68,6 +68,9 @@ class GlobalCommitterContext(Protocol):
         """The sink operator's stable uid: with ``job_id``, it names this sink's commits in a table."""
     @property
     def attempt(self) -> int: ...
+    @property
+    def restored_checkpoint_id(self) -> int | None:
+        """The checkpoint this attempt restored (its committables are committed again first), or None."""
     def metric(self, name: str, increment: int = 1) -> None: ...
     def fault_hook(self, point: str) -> None: ...
 
@@ -171,7 +174,12 @@ class GlobalCommitter(ABC, Generic[C]):
     @abstractmethod
     def commit(self, checkpoint_id: int, committables: Sequence[C]) -> CommitOutcome:
         """Publish all committables of ``checkpoint_id`` atomically; ``ALREADY_COMMITTED`` if the table
-        already has it (the committer must check: the engine commits the restored checkpoint again)."""
+        already has it (the committer must check: the engine commits the restored checkpoint again).
+
+        An error a restart cannot cure (a ``ConfigError``) is not retried: it fails the job at once."""
+
+    def close(self) -> None:
+        """The attempt ended: release resources (called on the coordinator, after the last commit)."""
 
 
 class Sink(ABC, Generic[C]):

@@ -75,7 +75,7 @@ def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of
 
 
 def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path) -> None:
-    src = GeneratorSource(num_splits=4, records_per_split=600, batch_size=20, rows_per_second=2000)
+    src = GeneratorSource(num_splits=4, records_per_split=600, batch_size=20, rows_per_second=500)
     ref_dir = tmp_path / "ref"
     reference = rows_of(
         (
@@ -86,7 +86,10 @@ def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path) -
         )[1]
     )
     client = keyed_job(str(tmp_path), "rescale", 2, src).start(runtime="local", restore="none")
-    time.sleep(0.6)
+    deadline = time.monotonic() + 120  # until two checkpoints completed, however loaded the machine
+    while sum(c.status == "completed" for c in client.checkpoint_history) < 2:
+        assert client.running and time.monotonic() < deadline, "the job completed no checkpoints"
+        time.sleep(0.02)
     client.cancel()
     storage = LocalCheckpointStorage(f"{tmp_path}/chk", "rescale")
     assert storage.latest() is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -35,32 +36,54 @@ def backpressured(tmp: str, name: str, buffers: int = 8, **ck: Any) -> Pipeline:
     return p
 
 
-def run_for(p: Pipeline, seconds: float) -> list[Any]:
-    client = p.start(runtime="local", restore="none")
-    time.sleep(seconds)
+def run_until(p: Pipeline, what: str, condition: Callable[[Any], bool], **start: Any) -> list[Any]:
+    """Run ``p`` until a checkpoint of its history satisfies ``condition``, then cancel it; its history.
+
+    Ends on the condition, not after some seconds: on a loaded machine the job may need much longer to get
+    there (the deadline only turns a job that never gets there into a failure instead of a hang).
+    """
+    client = p.start(runtime="local", **{"restore": "none", **start})
+    deadline = time.monotonic() + 180
+    while not any(condition(c) for c in client.checkpoint_history):
+        assert client.running, f"the job ended before {what}"
+        assert time.monotonic() < deadline, f"no checkpoint {what} within 180 s"
+        time.sleep(0.02)
     return client.cancel().checkpoints
 
 
+def completed_with_inflight(c: Any) -> bool:
+    return bool(c.status == "completed" and c.inflight_bytes > 0)
+
+
 def test_unaligned_completes_under_backpressure_where_aligned_expires(tmp_path) -> None:
-    aligned = run_for(backpressured(str(tmp_path / "a"), "aligned", timeout=0.15), 1.5)
-    unaligned = run_for(backpressured(str(tmp_path / "u"), "unaligned", timeout=0.15, unaligned=True), 1.5)
-    assert any(c.failure_reason == "EXPIRED" for c in aligned), "the backlog ahead of aligned barriers is too long"
+    run_until(
+        backpressured(str(tmp_path / "a"), "aligned", timeout=0.15),
+        "expired (the backlog ahead of aligned barriers is too long)",
+        lambda c: c.failure_reason == "EXPIRED",
+    )
+    unaligned = run_until(
+        backpressured(str(tmp_path / "u"), "unaligned", timeout=0.15, unaligned=True),
+        "persisted overtaken in-flight data as channel state",
+        completed_with_inflight,
+    )
     done = [c for c in unaligned if c.status == "completed"]
     assert done and all(c.alignment == "unaligned" for c in done)
-    assert any(c.inflight_bytes > 0 for c in done), "overtaken in-flight data is persisted as channel state"
 
 
 def test_adaptive_stays_aligned_without_backpressure_and_switches_under_it(tmp_path) -> None:
+    # 5 s to align: a job without backpressure aligns far sooner, however loaded the machine
     quiet = Pipeline("quiet", parallelism=2, checkpoint=CheckpointConfig(
-        interval=0.05, storage=f"{tmp_path}/q/chk", aligned_checkpoint_timeout=0.5))
+        interval=0.05, storage=f"{tmp_path}/q/chk", aligned_checkpoint_timeout=5.0))
     quiet.source(GeneratorSource(num_splits=2, records_per_split=3000, batch_size=20, rows_per_second=3000)).rebalance(
     ).sink(TwoPhaseCommitTestSink(f"{tmp_path}/q/out"))
     result = quiet.run(runtime="local", restore="none")
     done = [c for c in result.checkpoints if c.status == "completed"]
     assert done and all(c.inflight_bytes == 0 and not c.switched_to_unaligned for c in done)
-    loaded = run_for(backpressured(str(tmp_path / "l"), "loaded", aligned_checkpoint_timeout=0.02), 1.5)
-    switched = [c for c in loaded if c.status == "completed" and c.switched_to_unaligned]
-    assert switched and any(c.inflight_bytes > 0 for c in switched)
+    run_until(
+        backpressured(str(tmp_path / "l"), "loaded", aligned_checkpoint_timeout=0.02),
+        "switched to unaligned and persisted in-flight data",
+        lambda c: completed_with_inflight(c) and c.switched_to_unaligned,
+    )
 
 
 def keyed_backpressured(tmp: str, parallelism: int, bounded: bool, **ck: Any) -> Pipeline:
@@ -89,9 +112,7 @@ def test_restore_redistributes_keyed_channel_state_by_key_group(tmp_path, new_pa
     reference = rows_of((keyed_backpressured(ref, 2, True).run(runtime="local", restore="none"),
                          read_committed(f"{ref}/out"))[1])
     tmp = str(tmp_path / "run")
-    client = keyed_backpressured(tmp, 2, False, unaligned=True).start(runtime="local", restore="none")
-    time.sleep(1.0)
-    client.cancel()
+    run_until(keyed_backpressured(tmp, 2, False, unaligned=True), "with channel state", completed_with_inflight)
     path = checkpoint_with_channel_state(tmp, "keyed-bp")
     cid = int(path.rsplit("-", 1)[1])
     # make that checkpoint the latest, as if the job had crashed right after it: drop what later checkpoints
@@ -118,16 +139,19 @@ def forward_channel_state_job(tmp: str, union_parallelism: int) -> Pipeline:
 
 def test_channel_state_of_a_forward_exchange_refuses_rescale_unless_dropped(tmp_path) -> None:
     tmp = str(tmp_path)
-    client = forward_channel_state_job(tmp, 2).start(runtime="local", restore="none")
-    time.sleep(1.0)
-    client.cancel()
+    run_until(forward_channel_state_job(tmp, 2), "with channel state", completed_with_inflight)
     path = checkpoint_with_channel_state(tmp, "fwd")
     cid = int(path.rsplit("-", 1)[1])
     with pytest.raises(RestoreError, match=rf"forward exchange.*recover_without_channel_state={cid}"):
         forward_channel_state_job(tmp, 3).start(runtime="local", restore=path).wait()
-    client = forward_channel_state_job(tmp, 3).start(runtime="local", restore=path, recover_without_channel_state=cid)
-    time.sleep(0.5)
-    assert client.cancel().status == "cancelled"
+    resumed = run_until(
+        forward_channel_state_job(tmp, 3),
+        "completed after the rescaled restore",
+        lambda c: c.status == "completed",
+        restore=path,
+        recover_without_channel_state=cid,
+    )
+    assert any(c.status == "completed" for c in resumed)
 
 
 def test_savepoints_stay_aligned_in_unaligned_mode(tmp_path) -> None:
@@ -156,7 +180,7 @@ def test_large_batches_are_split_so_a_barrier_waits_for_one_bounded_slice(tmp_pa
 
 
 def test_cli_shows_unaligned_stats(tmp_path) -> None:
-    run_for(backpressured(str(tmp_path), "show", unaligned=True), 1.0)
+    run_until(backpressured(str(tmp_path), "show", unaligned=True), "with channel state", completed_with_inflight)
     st = LocalCheckpointStorage(f"{tmp_path}/chk", "show")
     cid = next(s["checkpoint_id"] for s in st.read_stats() if s["status"] == "completed" and s["inflight_bytes"])
     listing = CliRunner().invoke(cli, ["checkpoints", "list", f"{tmp_path}/chk"])

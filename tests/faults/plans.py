@@ -2,12 +2,14 @@
 
 A :class:`~sluice.testing.faults.HitCounter` run of the scenario's shape, seed and mode counts hits per
 point. A crash is armed at a point that run reached, at a hit well inside the count (runs differ in timing,
-so counts are not exact); points whose count depends on timing (alignment, checkpoints) get a small
-``after``. Second faults follow rules that keep them reachable after the first crash's restore:
+so counts are not exact). Points hit per checkpoint (alignment, channel state, snapshots, completions) are
+armed within the first ``LINGER_CHECKPOINTS`` hits: the shapes' sources end their input only after that
+many checkpoints completed, so every run reaches them that often, on an idle or a loaded machine; a commit
+with data is certain once, so ``commit`` is armed at its first hit. Second faults follow rules that keep them reachable after the first crash's restore:
 
 * every restarted run ends with a final checkpoint: ``snapshot_to_ack`` and ``final_checkpoint`` fire;
-* ``restore`` follows only a crash after a completed checkpoint (``complete_to_commit``, ``commit``,
-  ``final_checkpoint``), so there is something to restore;
+* ``restore`` follows only a crash after a completed checkpoint (``global_commit``, ``complete_to_commit``,
+  ``commit``, ``final_checkpoint``), so there is something to restore;
 * ``process`` / ``source`` follow only a crash while processing / reading: the crashed batch is replayed
   (after any other crash, everything may have been read and checkpointed already).
 """
@@ -18,30 +20,40 @@ import random
 
 from sluice.testing.faults import PlannedFault
 
+from tests.faults.shapes import LINGER_CHECKPOINTS
+
 #: crash points per alignment mode (compaction belongs to the file sink's own suite)
 MODE_POINTS = {
-    "aligned": ("process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
-    "unaligned": (
-        "process", "source", "align", "snapshot_to_ack", "complete_to_commit", "commit", "channel_state",
+    "aligned": (
+        "process", "source", "align", "snapshot_to_ack", "global_commit", "complete_to_commit", "commit",
         "final_checkpoint",
+    ),
+    "unaligned": (
+        "process", "source", "align", "snapshot_to_ack", "global_commit", "complete_to_commit", "commit",
+        "channel_state", "final_checkpoint",
     ),
     # whether an adaptive checkpoint switches (records channel state, pulls barriers forward instead of
     # aligning on them) depends on timing
-    "adaptive": ("process", "source", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
+    "adaptive": (
+        "process", "source", "snapshot_to_ack", "global_commit", "complete_to_commit", "commit", "final_checkpoint"
+    ),
     "at_least_once": ("process", "source", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
 }
 #: points hit once per batch: counts barely depend on timing
 _PER_BATCH = ("process", "source")
 #: points hit only while a checkpoint meets live input channels: a run may see none where another saw a few
 _SPARSE = ("align", "channel_state")
-_AFTER_COMPLETION = ("complete_to_commit", "commit", "final_checkpoint")
+_AFTER_COMPLETION = ("global_commit", "complete_to_commit", "commit", "final_checkpoint")
 
 
 def _first(rng: random.Random, point: str, count: int) -> PlannedFault:
     if point == "final_checkpoint":
         return PlannedFault(point, rng.randint(0, count - 1))
-    share = 2 if point in _PER_BATCH else 8 if point in _SPARSE else 4
-    return PlannedFault(point, rng.randint(0, max(0, count // share - 1)))
+    if point in _PER_BATCH:
+        return PlannedFault(point, rng.randint(0, max(0, count // 2 - 1)))
+    guaranteed = 1 if point == "commit" else LINGER_CHECKPOINTS
+    share = 8 if point in _SPARSE else 4
+    return PlannedFault(point, rng.randint(0, max(0, min(count // share, guaranteed) - 1)))
 
 
 def _reachable(point: str, count: int) -> bool:
@@ -69,7 +81,8 @@ def checkpoint_failure_plan(rng: random.Random, hits: dict[str, int]) -> list[Pl
     """One or two tolerated checkpoint failures: a declined checkpoint or one that expires."""
     count = hits.get("snapshot_to_ack", 0)
     assert count > 0, f"no checkpoint was acknowledged: {hits}"
-    plan = [PlannedFault("snapshot_to_ack", rng.randint(0, max(0, count // 4 - 1)), rng.choice(["decline", "stall"]))]
+    after = rng.randint(0, max(0, min(count // 4, LINGER_CHECKPOINTS) - 1))
+    plan = [PlannedFault("snapshot_to_ack", after, rng.choice(["decline", "stall"]))]
     if rng.random() < 0.4:
         plan.append(PlannedFault("snapshot_to_ack", 0, rng.choice(["decline", "stall"])))
     return plan

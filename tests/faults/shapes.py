@@ -29,7 +29,9 @@ from sluice import (
 )
 from sluice.connectors.generator import GeneratorSource
 from sluice.runtime.fault_hook import FaultHook
+from sluice.sink import Sink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
 SCENARIO_LOG: list[dict[str, Any]] = []
@@ -87,6 +89,12 @@ class Shape:
     build: Callable[[Pipeline, Build], None]
 
 
+#: completed checkpoints a source reader waits for, in every attempt, before it ends its input: the
+#: checkpoint-driven fault points (alignment, channel state, snapshots, completions) are reached at least
+#: this often however fast or slow the machine runs the job (tests/faults/plans.py arms them within it)
+LINGER_CHECKPOINTS = 3
+
+
 def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
     rng = b.rng
     splits = rng.randint(1, 5)
@@ -98,7 +106,7 @@ def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
         b = default_rows(split, start, end, per_split, 50, 10)
         return b.set_column(0, "id", pc.add(b.column("id"), offset))
 
-    return GeneratorSource(
+    return _Lingering(
         num_splits=splits,
         records_per_split=per_split,
         batch_size=rng.choice([10, 25, 60]),
@@ -106,6 +114,44 @@ def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
         name=name,
         rows_per_second=b.rate,
     )
+
+
+class _Lingering(GeneratorSource):
+    """A generator whose readers end their input only after ``LINGER_CHECKPOINTS`` completed checkpoints."""
+
+    def create_reader(self, ctx: ReaderContext) -> SourceReader:
+        return _LingeringReader(super().create_reader(ctx))
+
+
+class _LingeringReader(SourceReader):
+    def __init__(self, inner: SourceReader) -> None:
+        self.inner = inner
+        self.completed = 0
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def add_splits(self, splits: list[SourceSplit]) -> None:
+        self.inner.add_splits(splits)
+
+    def notify_no_more_splits(self) -> None:
+        self.inner.notify_no_more_splits()
+
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        status = self.inner.poll_next(output)
+        if status is InputStatus.END_OF_INPUT and self.completed < LINGER_CHECKPOINTS:
+            return InputStatus.NOTHING_AVAILABLE
+        return status
+
+    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
+        return self.inner.snapshot_state(checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed += 1
+        self.inner.notify_checkpoint_complete(checkpoint_id)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class Build:
@@ -121,19 +167,37 @@ class Build:
         scale: int | None = None,
         global_commit: bool = False,
         rate: float | None = None,
+        sink: str = "test",
     ) -> None:
         self.rng = rng
         self.out = out
         self.scale = scale
         self.global_commit = global_commit
         self.rate = rate  # rows per second per source reader (None: as fast as possible)
+        self.sink_kind = sink  # "test" (TwoPhaseCommitTestSink), "delta" or "iceberg"
 
     def par(self) -> int:
         drawn = self.rng.randint(1, 4)
         return self.scale or drawn
 
-    def sink(self) -> TwoPhaseCommitTestSink:
+    def sink(self) -> Sink[Any]:
+        if self.sink_kind != "test":
+            return table_target(self.sink_kind, self.out).sink()
         return TwoPhaseCommitTestSink(self.out, global_commit=self.global_commit)
+
+
+def table_target(kind: str, out: str) -> Any:
+    """The Delta or Iceberg table a shape's sink writes under ``out`` (tests/tables/helpers.py)."""
+    from tests.tables.helpers import Target
+
+    return Target(kind, out, {}, out)
+
+
+def committed_rows(sink: str, out: str) -> list[tuple[Any, ...]]:
+    """What a reader sees: the test sink's committed files, or the table's current version."""
+    if sink == "test":
+        return rows_of(read_committed(out))
+    return rows_of(table_target(sink, out).read())
 
 
 def chain(p: Pipeline, b: Build) -> None:
@@ -207,16 +271,18 @@ def run_shape(
     scale: int | None = None,
     directory: str | None = None,
     restore: str = "none",
+    sink: str = "test",
 ) -> Run:
     """Build ``shape`` with ``seed`` and run it to the end; return the committed output.
 
     ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
-    overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the sink's commit path.
+    overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the test sink's commit path,
+    ``sink`` the sink: the test sink, or a Delta or Iceberg table (one global commit per checkpoint).
     """
     if directory is None:
         with tempfile.TemporaryDirectory(prefix=f"sluice-{shape.name}-{seed}-") as d:
-            return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, d, restore)
-    return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, directory, restore)
+            return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, d, restore, sink)
+    return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, directory, restore, sink)
 
 
 def _run(
@@ -232,15 +298,16 @@ def _run(
     scale: int | None,
     d: str,
     restore: str,
+    sink: str = "test",
 ) -> Run:
-    p = pipeline_of(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale)
+    p = pipeline_of(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale, sink=sink)
     result: JobResult | None = None
     error: BaseException | None = None
     try:
         result = p.run(runtime=runtime, faults=faults, restore=restore)
     except JobFailedError as exc:
         error = exc
-    return Run(rows_of(read_committed(f"{d}/out")), result, f"{d}/chk", error)
+    return Run(committed_rows(sink, f"{d}/out"), result, f"{d}/chk", error)
 
 
 def pipeline_of(
@@ -254,6 +321,7 @@ def pipeline_of(
     global_commit: bool | None = None,
     scale: int | None = None,
     rate: float | None = None,
+    sink: str = "test",
 ) -> Pipeline:
     """The pipeline of ``shape`` with ``seed``, its sink and checkpoints in ``d`` (see :func:`run_shape`)."""
     rng = random.Random(seed)
@@ -272,7 +340,7 @@ def pipeline_of(
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
         buffers_per_channel=rng.choice([1, 2, 4]),
     )
-    shape.build(p, Build(rng, f"{d}/out", scale, gc, rate))
+    shape.build(p, Build(rng, f"{d}/out", scale, gc, rate, sink))
     return p
 
 

@@ -9,7 +9,11 @@ nothing lost, nothing duplicated. Families:
 * at-least-once: crashes lose nothing;
 * a crash, then a restore of the latest checkpoint at another parallelism;
 * stop with a savepoint (or a final checkpoint) at a random moment, then a restore of it;
-* the same crash scenarios on the Spark runtime (slots killed with SIGKILL or raising).
+* the same crash scenarios on the Spark runtime (slots killed with SIGKILL or raising);
+* table sinks (Delta Lake, Apache Iceberg): a crash while writing, between pre-commit and acknowledgement,
+  between completion and the table commit, during the commit (it landed, the engine does not know), after
+  the commit before the notification; the table (read with its library and another engine) equals the
+  reference and its version count grows by at most one per completed checkpoint.
 
 The default run is a fast slice; ``-m soak`` runs many more per mode.
 """
@@ -25,11 +29,11 @@ from typing import Any
 
 import pytest
 from sluice.sinks.testing import read_committed
-from sluice.testing.faults import FaultInjector, HitCounter
+from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan
-from tests.faults.shapes import SHAPE, SHAPES, pipeline_of, record, rows_of, run_shape
+from tests.faults.shapes import SHAPE, SHAPES, pipeline_of, record, rows_of, run_shape, table_target
 
 FAST = 200
 SOAK = 1000
@@ -84,12 +88,13 @@ def crash_scenario(i: int, runtime: str) -> None:
     plan = crash_plan(rng, hits(shape, seed, mode), mode, crashes=1 + (i % 3 == 0))
     faults: Any
     if runtime == "spark":
-        # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job; a
-        # global commit runs on the driver, where slot crashes cannot reach: crash before the commit instead
+        # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job (a
+        # final checkpoint is hit once per task: a chain has one task in slot 0); a global commit runs on the
+        # driver, where slot crashes cannot reach: crash before the commit instead
         faults = SparkFaultInjector(
             SlotCrash(
-                "complete_to_commit" if f.point == "commit" else f.point,
-                min(f.after, 2),
+                "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
+                0 if f.point == "final_checkpoint" else min(f.after, 2),
                 attempt=n,
                 slot=0,
                 how=rng.choice(["kill", "raise"]),
@@ -247,3 +252,52 @@ def test_plans_only_arm_reachable_points() -> None:
             assert reached[first.point] >= 4
         for f in rest:
             assert f.point in (first.point, "restore", "final_checkpoint", "snapshot_to_ack")
+
+
+#: the table sinks' crash shapes: while writing, between pre-commit and ack, between completion and the
+#: table commit, during the commit (landed, not yet known to the engine), after the commit before the notification
+TABLE_POINTS = ("process", "snapshot_to_ack", "global_commit", "commit", "complete_to_commit")
+TABLE_SINKS = ("delta", "iceberg")
+TABLE_FAST = 10  # per sink: every shape point twice
+
+
+@functools.cache
+def table_hits(shape: str, seed: int, sink: str) -> dict[str, int]:
+    """Hits per fault point of a failure-free run into a table (whose rows must equal the reference)."""
+    counter = HitCounter()
+    run = run_shape(SHAPE[shape], seed, counter, sink=sink)
+    assert tuple(run.rows) == reference(shape, seed), f"{shape} into {sink}: output differs from the test sink's"
+    return dict(counter.hits)
+
+
+def table_scenario(sink: str, i: int, tmp: Path) -> None:
+    shape, seed, mode, rng = scenario(i)
+    expected = reference(shape, seed)
+    point = TABLE_POINTS[i % len(TABLE_POINTS)]
+    count = table_hits(shape, seed, sink).get(point, 0)
+    assert count > 0, f"{shape} into {sink}: {point} was never reached"
+    faults = FaultInjector(plan=[PlannedFault(point, rng.randint(0, max(0, count // 2 - 1)))])
+    run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), sink=sink, directory=str(tmp))
+    label = f"{shape} {mode} into {sink} seed={seed} fired={faults.fired}"
+    record(f"table-{sink}", i, shape, mode, faults.all_fired, faults.crashes, run.rows, expected)
+    assert run.error is None and run.result is not None, f"{label}: {run.error}"
+    assert faults.all_fired, f"{label}: armed faults did not fire"
+    check_exactly_once(label, run.rows, expected)
+    table = table_target(sink, f"{tmp}/out")
+    check_exactly_once(f"{label} (read by another engine)", rows_of(table.read_independently()), expected)
+    completed = sum(1 for s in run.result.checkpoints if s.status == "completed")
+    assert table.versions() <= completed, f"{label}: {table.versions()} table versions, {completed} checkpoints"
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("sink", TABLE_SINKS)
+@pytest.mark.parametrize("i", range(TABLE_FAST))
+def test_table_crash(sink: str, i: int, tmp_path: Path) -> None:
+    table_scenario(sink, i, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("sink", TABLE_SINKS)
+@pytest.mark.parametrize("i", range(TABLE_FAST, TABLE_FAST + SOAK // 5))
+def test_soak_table_crash(sink: str, i: int, tmp_path: Path) -> None:
+    table_scenario(sink, i, tmp_path)

@@ -12,7 +12,6 @@ import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import ConfigError
-from sluice.runtime.spark import check_cluster
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.faults.shapes import RunningCount, rows_of, with_key
@@ -20,14 +19,6 @@ from tests.spark.certs import self_signed
 from tests.spark.runner import reference, run_shape_on, shape_named
 
 pytestmark = pytest.mark.spark
-
-
-def test_check_cluster_messages() -> None:
-    with pytest.raises(ConfigError, match=r"spark.dynamicAllocation.enabled=false"):
-        check_cluster({"spark.dynamicAllocation.enabled": "true"}, 8, 2, "j")
-    with pytest.raises(ConfigError, match=r"needs 3 Spark task slot\(s\).*offers 2"):
-        check_cluster({}, 2, 3, "j")
-    check_cluster({}, 3, 3, "j")
 
 
 def _tiny(name: str, parallelism: int, d: str) -> Pipeline:
@@ -45,8 +36,29 @@ def _tiny(name: str, parallelism: int, d: str) -> Pipeline:
 def test_too_few_slots_is_refused(spark: Any) -> None:
     d = tempfile.mkdtemp()
     # refused at once: a restart cannot add slots
-    with pytest.raises(ConfigError, match=r"needs 5 Spark task slot\(s\).*offers 4"):
+    with pytest.raises(ConfigError, match=r"needs 5 Spark task slot\(s\).*offers at most 4 \(spark.master=local\[4,1\]"):
         _tiny("too-wide", 5, d).run(runtime="spark", restore="none")
+
+
+def test_the_driver_waits_for_slots_the_cluster_does_not_offer_yet(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # as on a cluster whose executors register after the application started: the driver waits
+    from sluice.runtime.spark import driver
+
+    real, looks = driver._max_concurrent_tasks, []
+
+    def registering(sc: Any) -> int:
+        looks.append(1)
+        return 1 if len(looks) < 4 else int(real(sc))
+
+    monkeypatch.setattr(driver, "_max_concurrent_tasks", registering)
+    caplog.set_level(logging.INFO, logger="sluice.spark")
+    d = tempfile.mkdtemp()
+    result = _tiny("waits", 2, d).run(runtime="spark", restore="none")
+    assert result.status == "finished" and result.attempts == 1
+    assert "attempt 0: waiting up to 180s (slot_wait_timeout) for 2 Spark task slot(s)" in caplog.text
+    assert len(looks) >= 4
 
 
 def test_dynamic_allocation_is_refused(spark: Any) -> None:

@@ -2,8 +2,9 @@
 
 Runs in the driver. A checkpoint n goes: trigger (enumerator snapshots, barriers injected at the source
 tasks and at tasks whose inputs all ended) -> every running task acknowledges with a state handle ->
-metadata written **last** and atomically -> global committers commit -> tasks are notified
-``checkpoint_complete(n)`` -> subsumed checkpoints beyond ``num_retained`` are deleted. A checkpoint that
+metadata written **last** and atomically -> its global committables go to the ordered commit queue
+(:mod:`sluice.checkpoint.global_commit`) -> tasks are notified ``checkpoint_complete(n)`` -> subsumed
+checkpoints beyond ``num_retained`` are deleted. A checkpoint that
 expires or is declined is aborted: tasks get ``checkpoint_aborted(n)``, its files are deleted and the
 failure with its reason goes into the stats history.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from sluice.checkpoint.global_commit import CommitGroups, GlobalCommitQueue
 from sluice.checkpoint.payload import without_channel_state
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
 from sluice.checkpoint.storage import CheckpointStorage
@@ -78,7 +80,7 @@ class CheckpointCoordinator:
         next_checkpoint_id: int,
         enumerators: dict[str, Any] | None = None,
         enumerator_lock: threading.RLock | None = None,
-        global_committers: dict[str, Callable[[int, list[Any]], object]] | None = None,
+        global_commits: GlobalCommitQueue | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         completed: list[tuple[int, str]] | None = None,
         committed_upto: int = 0,
@@ -91,7 +93,7 @@ class CheckpointCoordinator:
         self.next_id = next_checkpoint_id
         self.enumerators = enumerators or {}
         self.lock = enumerator_lock or threading.RLock()
-        self.global_committers = global_committers or {}
+        self.global_commits = global_commits
         self.on_fatal = on_fatal or (lambda exc: None)
         self.pending: dict[int, _Pending] = {}
         self.ended: set[SubtaskId] = set()
@@ -342,7 +344,7 @@ class CheckpointCoordinator:
                 for t, h in sorted(p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
             },
             "enumerators": p.enumerators,
-            "global_committables": base64.b64encode(pickle.dumps(committables)).decode(),
+            "global_committables": base64.b64encode(pickle.dumps(self._groups(cid, committables))).decode(),
         }
         try:
             path = self.storage.write_metadata(cid, metadata, savepoint)
@@ -364,13 +366,9 @@ class CheckpointCoordinator:
         # older pending checkpoints are subsumed
         for older in [c for c in self.pending if c < cid]:
             self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed")
-        self.committed_upto = cid
-        try:
-            for name, commit in self.global_committers.items():
-                commit(cid, committables.get(name, []))
-        except BaseException as exc:
-            self.on_fatal(exc)
-            return
+        self.committed_upto = cid  # handed to the commit queue: acknowledgements need not carry them again
+        if self.global_commits is not None:
+            self.global_commits.submit(cid, committables)
         for t, handle in self.tasks.items():
             if t not in self.finished:
                 handle.notify_checkpoint_complete(cid)
@@ -384,6 +382,16 @@ class CheckpointCoordinator:
         p.done.set()
         self._wake.set()
         log.info("checkpoint %d completed in %.3fs (%d bytes)", cid, duration, stats.state_bytes)
+
+    def _groups(self, cid: int, committables: dict[str, list[Any]]) -> dict[str, CommitGroups]:
+        """What checkpoint ``cid``'s metadata records for global committers: the committables of earlier
+        checkpoints whose commit has not returned yet, then its own, by checkpoint (a restore commits them
+        in this order)."""
+        groups = self.global_commits.uncommitted() if self.global_commits is not None else {}
+        for uid, comms in committables.items():
+            if comms:
+                groups.setdefault(uid, []).append((cid, comms))
+        return groups
 
     def _stats(self, cid: int) -> CheckpointStats:
         for s in reversed(self.history):

@@ -18,10 +18,10 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sluice.checkpoint.coordinator import CheckpointCoordinator
+from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
@@ -116,6 +116,9 @@ class JobAttempt:
         self.metrics: dict[str, int] = {}
         self._poll_thread: threading.Thread | None = None
         self.global_committers: dict[str, GlobalCommitter[Any]] = {}
+        self.global_commits: GlobalCommitQueue | None = None
+        #: seconds each global commit took, per sink uid (in checkpoint order)
+        self.commit_latencies: dict[str, list[float]] = {}
         self.faults: FaultHook = NO_FAULTS
 
     # -- setup -----------------------------------------------------------------------------------------
@@ -132,9 +135,9 @@ class JobAttempt:
             if gc is None:
                 continue
             self.global_committers[node.uid] = gc
-            if r is not None:
-                restored_global = r.global_committables().get(node.uid, [])
-                commit_with_retry(node.uid, gc.commit, r.checkpoint_id, restored_global, metric=self.metric)
+            if r is not None:  # every checkpoint whose commit the restored one could not see return, in order
+                for cid, comms in r.global_committables().get(node.uid, []):
+                    self._global_commit(node.uid, gc, cid, comms)
 
     def metric(self, name: str, increment: int = 1) -> None:
         """Count ``name`` in the attempt's metrics (the driver side: global commits, enumerators)."""
@@ -161,10 +164,11 @@ class JobAttempt:
             enum = src.create_enumerator(ctx, r.enumerator_state(node.uid) if r else None)
             self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
-        globals_: dict[str, Callable[[int, list[Any]], object]] = {
-            name: functools.partial(commit_with_retry, name, gc.commit, metric=self.metric)
-            for name, gc in self.global_committers.items()
-        }
+        self.global_commits = GlobalCommitQueue(
+            {name: functools.partial(self._global_commit, name, gc) for name, gc in self.global_committers.items()},
+            on_fatal=lambda exc: self.failed(None, exc),
+            observe=self._commit_latency,
+        )
         job_info = {
             "job_id": self.cfg.job_id,
             "attempt": self.attempt,
@@ -191,7 +195,7 @@ class JobAttempt:
             next_id,
             enumerators=self.enumerators,
             enumerator_lock=self.lock,
-            global_committers=globals_,
+            global_commits=self.global_commits,
             on_fatal=lambda exc: self.failed(None, exc),
             completed=completed,
             committed_upto=r.checkpoint_id if r is not None else 0,
@@ -212,6 +216,14 @@ class JobAttempt:
         self.coordinator.start()
         self._poll_thread = threading.Thread(target=self._poll_enumerators, name="enumerators", daemon=True)
         self._poll_thread.start()
+
+    def _global_commit(self, uid: str, gc: GlobalCommitter[Any], checkpoint_id: int, committables: list[Any]) -> None:
+        self.faults.hit("global_commit", f"global committer of {uid}")
+        commit_with_retry(uid, gc.commit, checkpoint_id, committables, metric=self.metric)
+
+    def _commit_latency(self, uid: str, seconds: float) -> None:
+        with self.lock:
+            self.commit_latencies.setdefault(uid, []).append(seconds)
 
     def _latest_id(self) -> int:
         ids = [cid for cid, _, _ in self.storage.completed()]
@@ -322,6 +334,10 @@ class JobAttempt:
 
     def stop(self) -> None:
         self.done.set()
+        if self.global_commits is not None:
+            if self.succeeded:
+                self.global_commits.drain()  # a finished job has committed everything (or failed here)
+            self.global_commits.close()
         if self.coordinator is not None:
             reason = CheckpointFailureReason.FINISHED if self.succeeded else CheckpointFailureReason.JOB_FAILOVER
             if self.cancelled:
@@ -332,6 +348,11 @@ class JobAttempt:
                 e.close()
             except Exception:
                 log.exception("closing enumerator")
+        for uid, gc in self.global_committers.items():
+            try:
+                gc.close()
+            except Exception:
+                log.exception("closing the global committer of %s", uid)
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:
@@ -358,6 +379,10 @@ class _GlobalCommitterCtx:
     @property
     def attempt(self) -> int:
         return self._a.attempt
+
+    @property
+    def restored_checkpoint_id(self) -> int | None:
+        return self._a.restored.checkpoint_id if self._a.restored is not None else None
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._a.metric(name, increment)

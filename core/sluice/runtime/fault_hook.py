@@ -24,6 +24,7 @@ POINTS = (
     "align",  # a barrier arrived and the task is still aligning
     "snapshot_to_ack",  # state uploaded, acknowledgement not yet sent
     "complete_to_commit",  # checkpoint complete, sink has not committed yet
+    "global_commit",  # checkpoint complete (metadata written), its global commit not yet done
     "commit",  # in the middle of committing (after the first committable)
     "restore",  # a task is restoring its state
     "channel_state",  # writing unaligned channel state

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.checkpoint.channel_state import read_ipc
+from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import RestoreError
@@ -182,9 +183,17 @@ class RestoredCheckpoint:
         blob = self.metadata.get("enumerators", {}).get(node_name)
         return pickle.loads(base64.b64decode(blob)) if blob else None
 
-    def global_committables(self) -> dict[str, list[Any]]:
+    def global_committables(self) -> dict[str, CommitGroups]:
+        """Per sink, the committables its global committer must (re)commit, by checkpoint, oldest first."""
         blob = self.metadata.get("global_committables")
-        return pickle.loads(base64.b64decode(blob)) if blob else {}  # type: ignore[no-any-return, unused-ignore]
+        stored: dict[str, Any] = pickle.loads(base64.b64decode(blob)) if blob else {}
+        out: dict[str, CommitGroups] = {}
+        for uid, value in stored.items():
+            if value and not isinstance(value[0], tuple):  # written before commits were queued: one group
+                out[uid] = [(self.checkpoint_id, list(value))]
+            else:
+                out[uid] = [(int(cid), list(comms)) for cid, comms in value]
+        return out
 
     def sink_committables(self, node_name: str) -> list[Any]:
         """Committables of sink ``node_name`` in this checkpoint (per-subtask pending plus global)."""
@@ -193,7 +202,8 @@ class RestoredCheckpoint:
             st = t.payload["operators"][node_name]["operator"] or {}
             for _, comms in sorted(st.get("pending", {}).items()):
                 out.extend(comms)
-        out.extend(self.global_committables().get(node_name, []))
+        for _, comms in self.global_committables().get(node_name, []):
+            out.extend(comms)
         return out
 
 

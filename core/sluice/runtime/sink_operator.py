@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import tenacity
 
-from sluice.errors import CommitError, ConfigError
+from sluice.errors import CommitError, ConfigError, is_recoverable
 from sluice.runtime.operators import Operator, OperatorSnapshot
 from sluice.sink import CommitOutcome, CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
 
@@ -41,6 +41,7 @@ def commit_with_retry(
     """Call ``commit(*args)``, retrying failures and ``RETRY_LATER`` with exponential backoff (tenacity).
 
     Returns the outcome (a committer written before outcomes existed returns None: counted as committed).
+    An error a restart cannot cure (``sluice.errors.is_recoverable``, e.g. a ConfigError) is raised at once.
     Metrics: ``commits`` and ``commits_already_committed`` per call, ``commit_retries`` per retry.
     """
     count = metric or (lambda _name, _n: None)
@@ -61,11 +62,13 @@ def commit_with_retry(
         outcome: CommitOutcome = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(attempts),
             wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
-            retry=tenacity.retry_if_exception_type(Exception),
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, Exception) and is_recoverable(e)),
             reraise=True,
             before_sleep=before_sleep,
         )(once)
     except Exception as exc:
+        if not is_recoverable(exc):
+            raise  # neither a retry nor a restart can cure it: fails the job at once
         raise CommitError(f"sink {name!r}: commit failed after {attempts} attempts: {exc}") from exc
     count("commits" if outcome is CommitOutcome.COMMITTED else "commits_already_committed", 1)
     return outcome

@@ -5,6 +5,10 @@ of that attempt to the slots (:class:`SlotCrashes`), where :class:`SlotFaults` c
 slot and, at the armed hit, kills the slot's Python worker with SIGKILL (``how="kill"``: no cleanup, no
 goodbye, as a lost executor) or raises :class:`~sluice.testing.faults.InjectedFault` (``how="raise"``).
 
+A slot records a crash before it crashes, twice: in a file of the injector's folder (written and synced
+before the kill, so a test on one machine always knows what fired) and in a message to the driver (which a
+killed process's connection may lose: a reset discards data the driver had not read yet).
+
 Example::
 
     faults = SparkFaultInjector([SlotCrash("process", after=20, attempt=0, slot=1)])
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,6 +58,8 @@ class SlotCrashes:
     """The picklable crash plan of one attempt, shipped to every slot (nothing fires until bound)."""
 
     crashes: tuple[SlotCrash, ...]
+    #: where slots record what fired (a folder on this machine), or None
+    directory: str | None = None
 
     def hit(self, point: str, where: str = "") -> None:
         return None
@@ -62,7 +69,7 @@ class SlotCrashes:
 
     def in_slot(self, slot: int, report: Callable[[str], None]) -> FaultHook | None:
         mine = [c for c in self.crashes if c.slot == slot]
-        return SlotFaults(mine, report) if mine else None
+        return SlotFaults(mine, report, self.directory) if mine else None
 
     def record(self, description: str) -> None:
         return None
@@ -71,25 +78,41 @@ class SlotCrashes:
 class SparkFaultInjector:
     """The driver-side holder of a crash plan for the Spark runtime (nothing fires in the driver).
 
-    ``fired`` lists the crashes slots reported right before crashing.
+    ``fired`` lists the crashes slots recorded right before crashing.
+
+    Args:
+        crashes: the plan.
+        directory: a folder the slots can write (the default: a new temporary folder, which suits every slot
+            on this machine); None: only the driver's messages count.
     """
 
-    def __init__(self, crashes: Iterable[SlotCrash]) -> None:
+    def __init__(self, crashes: Iterable[SlotCrash], directory: str | None = "") -> None:
         self.crashes = list(crashes)
-        self.fired: list[str] = []
+        self.directory = tempfile.mkdtemp(prefix="sluice-slot-faults-") if directory == "" else directory
+        self._reported: list[str] = []
+
+    @property
+    def fired(self) -> list[str]:
+        """Every crash that fired, once: those recorded in the folder, and those reported by message."""
+        recorded: list[str] = []
+        if self.directory is not None and os.path.isdir(self.directory):
+            for name in sorted(os.listdir(self.directory)):
+                with open(os.path.join(self.directory, name)) as f:
+                    recorded.append(f.read())
+        return recorded + [d for d in self._reported if d not in recorded]
 
     def hit(self, point: str, where: str = "") -> None:
         return None
 
     def for_attempt(self, attempt: int) -> FaultHook | None:
         mine = tuple(c for c in self.crashes if c.attempt == attempt)
-        return SlotCrashes(mine) if mine else None
+        return SlotCrashes(mine, self.directory) if mine else None
 
     def in_slot(self, slot: int, report: Callable[[str], None]) -> FaultHook | None:
         return None
 
     def record(self, description: str) -> None:
-        self.fired.append(description)
+        self._reported.append(description)
 
 
 class SlotFaults:
@@ -100,10 +123,13 @@ class SlotFaults:
         before_crash: called with a description right before crashing (reports it to the driver).
     """
 
-    def __init__(self, crashes: list[SlotCrash], before_crash: Callable[[str], None]) -> None:
+    def __init__(
+        self, crashes: list[SlotCrash], before_crash: Callable[[str], None], directory: str | None = None
+    ) -> None:
         self.crashes = crashes
         self.fired: list[str] = []
         self._before = before_crash
+        self._directory = directory
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -119,10 +145,22 @@ class SlotFaults:
                 return
             desc = f"{point}@{where} (hit {n}, attempt {crash.attempt}, slot {crash.slot}, {crash.how})"
             self.fired.append(desc)
+            if self._directory is not None:
+                self._write(desc, crash)
             self._before(desc)
             if crash.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
         raise InjectedFault(f"injected fault at {point} in {where}")
+
+    def _write(self, desc: str, crash: SlotCrash) -> None:
+        assert self._directory is not None
+        name = f"a{crash.attempt:03d}-s{crash.slot:03d}-{crash.point}-{crash.after:05d}"
+        tmp = os.path.join(self._directory, f".{name}.{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(desc)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self._directory, name))
 
     def for_attempt(self, attempt: int) -> FaultHook | None:
         return None

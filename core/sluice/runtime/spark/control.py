@@ -88,7 +88,7 @@ class ControlServer:
         slots: how many slots will connect.
         secret: the job secret slots authenticate with.
         tls: optional TLS.
-        bind_host: interface to listen on ("127.0.0.1" locally, "0.0.0.0" on a cluster).
+        bind_host: address to listen on (:func:`sluice.runtime.spark.cluster.bind_address`).
         faults: the driver's fault hook (records faults slots report before they crash).
     """
 
@@ -106,7 +106,7 @@ class ControlServer:
         self._secret = secret
         self._tls = tls
         self._faults = faults
-        self.server = socket.create_server((bind_host, 0))
+        self.server = socket.create_server((bind_host, 0), family=rpc.address_family(bind_host))
         self.handles: dict[SubtaskId, RemoteTaskHandle] = {}
         self._conns: dict[int, rpc.MessageConnection] = {}
         self._live: set[_SlotConnection] = set()

@@ -33,11 +33,18 @@ from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt
 from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.job import JobConfig
 from sluice.runtime.spark import messages
+from sluice.runtime.spark.cluster import (
+    DEFAULT_SLOT_WAIT_TIMEOUT,
+    check_cluster,
+    driver_addresses,
+    is_local_master,
+    wait_for_slots,
+)
 from sluice.runtime.spark.control import ControlServer
 from sluice.runtime.spark.rpc import TlsConfig
 from sluice.runtime.spark.slot import SlotSpec, slot_function
 
-__all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context"]
+__all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "spark_context"]
 
 log = logging.getLogger("sluice.spark")
 
@@ -84,6 +91,9 @@ class SparkOptions:
             or ``spark.sluice.tls.certFile``/``keyFile``/``caFile``: PEM files on the driver).
         driver_host: address slots use to reach the driver's control server (``SLUICE_DRIVER_HOST`` or
             ``spark.sluice.driver.host``; default ``spark.driver.host``).
+        slot_wait_timeout: seconds to wait, at start and at every restart, until the cluster offers the
+            job's task slots (executors register after the application starts; a lost executor is
+            relaunched): ``SLUICE_SLOT_WAIT_TIMEOUT`` or ``spark.sluice.slotWaitTimeout``, default 180 s.
         startup_timeout: seconds to wait for all slots to register (Spark scheduling included).
         stop_timeout: seconds to wait for the stage to end after stop or cancel.
         cancel_grace: seconds a failed attempt's slots get to stop and report (so the driver learns the
@@ -92,6 +102,7 @@ class SparkOptions:
 
     tls: TlsConfig | None = None
     driver_host: str | None = None
+    slot_wait_timeout: float | None = None
     startup_timeout: float = 300.0
     stop_timeout: float = 30.0
     cancel_grace: float = 10.0
@@ -114,11 +125,19 @@ class SparkOptions:
                 )
             tls = TlsConfig.from_files(cert, key, opt("SLUICE_TLS_CA", "spark.sluice.tls.caFile"))
         host = self.driver_host or opt("SLUICE_DRIVER_HOST", "spark.sluice.driver.host")
-        return dataclasses.replace(self, tls=tls, driver_host=host)
-
-
-def _is_local(master: str) -> bool:
-    return master.startswith("local")
+        wait = self.slot_wait_timeout
+        if wait is None:
+            raw = opt("SLUICE_SLOT_WAIT_TIMEOUT", "spark.sluice.slotWaitTimeout")
+            try:
+                wait = float(raw) if raw is not None else DEFAULT_SLOT_WAIT_TIMEOUT
+            except ValueError:
+                wait = -1.0
+        if not wait >= 0:
+            raise ConfigError(
+                "slot_wait_timeout (SLUICE_SLOT_WAIT_TIMEOUT, spark.sluice.slotWaitTimeout) must be a number "
+                f"of seconds >= 0 (got {self.slot_wait_timeout if self.slot_wait_timeout is not None else raw!r})"
+            )
+        return dataclasses.replace(self, tls=tls, driver_host=host, slot_wait_timeout=wait)
 
 
 def spark_context(slots: int, master: str | None = None) -> Any:
@@ -132,10 +151,15 @@ def spark_context(slots: int, master: str | None = None) -> Any:
             log.warning("a SparkContext on %s is active: using it, not master=%s", active.master, master)
         return active
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit / pyspark: its master and conf
-        return SparkContext.getOrCreate(SparkConf())
+        submitted = SparkConf()
+        if not submitted.contains("spark.task.maxFailures"):
+            # a failed slot fails the attempt and sluice's restart strategy restarts the job from its latest
+            # checkpoint; Spark retrying the barrier stage by itself first only delays that
+            submitted.set("spark.task.maxFailures", "1")
+        return SparkContext.getOrCreate(submitted)
     master = master or os.environ.get("SLUICE_SPARK_MASTER") or f"local[{slots},1]"
     conf = SparkConf().setMaster(master).setAppName("sluice")
-    if _is_local(master):
+    if is_local_master(master):
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         for k, v in LOCAL_CONF.items():
@@ -149,31 +173,6 @@ def spark_context(slots: int, master: str | None = None) -> Any:
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel("ERROR")
     return sc
-
-
-def check_cluster(conf: Any, max_concurrent_tasks: int, slots: int, job_id: str) -> None:
-    """Refuse clusters that cannot run the job's barrier stage, saying what to change.
-
-    Args:
-        conf: the SparkConf (anything with ``get(key, default)``).
-        max_concurrent_tasks: task slots the cluster offers at once.
-        slots: slots the job needs (its largest parallelism).
-        job_id: for the message.
-    """
-    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
-        raise ConfigError(
-            f"job {job_id!r}: Spark dynamic allocation is on (spark.dynamicAllocation.enabled=true); "
-            "sluice runs one long-lived barrier stage whose slots must all run at once, which dynamic "
-            "allocation does not support: set spark.dynamicAllocation.enabled=false and give the "
-            f"application {slots} task slot(s) (spark.executor.instances x spark.executor.cores / spark.task.cpus)"
-        )
-    if max_concurrent_tasks < slots:
-        raise ConfigError(
-            f"job {job_id!r} needs {slots} Spark task slot(s) (its largest parallelism; every slot hosts one "
-            f"subtask of each vertex) but the cluster offers {max_concurrent_tasks}: add executors or cores "
-            "(spark.executor.instances, spark.executor.cores, spark.task.cpus; local[N] for local mode), or "
-            f"lower the job's parallelism to {max_concurrent_tasks}"
-        )
 
 
 def _max_concurrent_tasks(sc: Any) -> int:
@@ -227,14 +226,21 @@ class SparkRuntime:
             return
         slots = a.job.num_slots
         sc = self._sc = spark_context(slots, self.master)
-        check_cluster(sc.getConf(), _max_concurrent_tasks(sc), slots, a.cfg.job_id)
-        opts = self.options.resolved(sc.getConf())
-        local = _is_local(sc.master)
-        server = ControlServer(a, slots, self._secret, opts.tls, "127.0.0.1" if local else "0.0.0.0", faults)
+        conf = sc.getConf()
+        check_cluster(conf, slots, a.cfg.job_id)
+        opts = self.options.resolved(conf)
+        assert opts.slot_wait_timeout is not None
+        what = f"job {a.cfg.job_id!r} attempt {a.attempt}"
+        if not wait_for_slots(
+            lambda: _max_concurrent_tasks(sc), slots, opts.slot_wait_timeout, self.cancelled, what
+        ):
+            a.failure = AttemptCancelled("cancelled")
+            return
+        bind, driver_host = driver_addresses(conf, opts.driver_host)
+        server = ControlServer(a, slots, self._secret, opts.tls, bind, faults)
         self._server = server
         for sid in ExecutionGraph(a.job).subtasks():
             a.register(sid, server.handle(sid))
-        driver_host = "127.0.0.1" if local else opts.driver_host or sc.getConf().get("spark.driver.host")
         r = a.restored
         spec = SlotSpec(
             job=a.job,
@@ -244,17 +250,20 @@ class SparkRuntime:
             driver=(driver_host, server.port),
             secret=self._secret,
             tls=opts.tls,
-            bind_host="127.0.0.1" if local else "0.0.0.0",
+            host="127.0.0.1" if is_local_master(sc.master) else None,
             restore_path=r.path if r is not None else None,
             drop_channel_state=bool(r is not None and r.drop_channel_state),
             faults=faults.for_attempt(a.attempt),
         )
         log.info(
-            "job %r attempt %d: %d slot(s) on %s, TLS %s",
+            "job %r attempt %d: %d slot(s) on %s, driver at %s:%d (bound to %s), TLS %s",
             a.cfg.job_id,
             a.attempt,
             slots,
             sc.master,
+            driver_host,
+            server.port,
+            bind,
             "on" if opts.tls is not None else "off",
         )
         group = self._group = f"sluice-{a.cfg.job_id}-{a.attempt}-{secrets.token_hex(4)}"
@@ -297,9 +306,7 @@ class SparkRuntime:
             if a.done.is_set():
                 break
             if time.monotonic() > deadline:
-                a.failed(
-                    None, SparkStageError(f"slots did not register within {opts.startup_timeout:.0f}s")
-                )
+                a.failed(None, SparkStageError(f"slots did not register within {opts.startup_timeout:.0f}s"))
                 break
         if not a.done.is_set():
             levels = {"": logging.getLogger().getEffectiveLevel()}

@@ -32,6 +32,7 @@ __all__ = [
     "AuthenticationError",
     "MessageConnection",
     "TlsConfig",
+    "address_family",
     "client_handshake",
     "connect",
     "recv_exact",
@@ -96,6 +97,11 @@ class TlsConfig:
 
     def __repr__(self) -> str:
         return "TlsConfig(<pem>)"  # never print key material
+
+
+def address_family(host: str) -> socket.AddressFamily:
+    """The socket family to listen on ``host`` (an IP literal): IPv6 if it has a colon."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:

@@ -34,6 +34,7 @@ from sluice.runtime.job import JobConfig
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.spark import messages as m
 from sluice.runtime.spark import rpc
+from sluice.runtime.spark.cluster import bind_address
 from sluice.runtime.spark.transport import DataPlane
 from sluice.runtime.task import Task
 
@@ -58,7 +59,8 @@ class SlotSpec:
     driver: tuple[str, int]
     secret: bytes = field(repr=False)
     tls: rpc.TlsConfig | None
-    bind_host: str
+    #: the address a slot advertises to its peers (local mode: loopback); None: the host Spark ran it on
+    host: str | None
     restore_path: str | None
     drop_channel_state: bool
     #: the fault hook of this attempt (tests), bound in each slot with ``in_slot``
@@ -262,7 +264,10 @@ class Slot:
         root = logging.getLogger()
         saved = (root.level, logging.getLogger("sluice").level)
         root.addHandler(handler)
-        plane = DataPlane(self.index, spec.slots, spec.secret, spec.tls, spec.bind_host, self._on_peer_lost)
+        host = spec.host or host
+        plane = DataPlane(
+            self.index, spec.slots, spec.secret, spec.tls, bind_address(host), self._on_peer_lost
+        )
         try:
             self._set_up(plane, all_gather, host)
             subtasks = tuple((sid, t.name) for sid, t in self.tasks.items())
@@ -378,7 +383,10 @@ class Slot:
 
 
 def run_slot(spec: SlotSpec, index: int, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:
-    """Run slot ``index`` of ``spec`` (outside Spark too, e.g. in tests: ``all_gather`` exchanges addresses)."""
+    """Run slot ``index`` of ``spec`` (outside Spark too, e.g. in tests: ``all_gather`` exchanges addresses).
+
+    The slot listens where ``spec.host`` (else ``host``, the executor's address) reaches it and tells its
+    peers that address."""
     return Slot(spec, index).run(all_gather, host)
 
 

@@ -291,7 +291,7 @@ class DataPlane:
         slots: number of slots.
         secret: the job secret every link authenticates with.
         tls: optional TLS for the links.
-        bind_host: interface to listen on.
+        bind_host: address to listen on (:func:`sluice.runtime.spark.cluster.bind_address`).
         on_lost: called with (peer, error) when a link breaks without an orderly BYE.
     """
 
@@ -307,7 +307,7 @@ class DataPlane:
         self.me = me
         self.secret = secret
         self.tls = tls
-        self.server = socket.create_server((bind_host, 0))
+        self.server = socket.create_server((bind_host, 0), family=rpc.address_family(bind_host))
         peers = [j for j in range(slots) if j != me]
         self.outbound = {j: Link(j, on_lost) for j in peers}
         self.inbound = {j: Link(j, on_lost) for j in peers}

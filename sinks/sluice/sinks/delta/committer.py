@@ -1,0 +1,166 @@
+"""The Delta sink's global committer: one Delta transaction per checkpoint, idempotent by app transaction.
+
+Every commit carries ``txn(appId = "sluice-<job>-<sink uid>", version = checkpoint id)``. delta-rs records
+the version but does not check it (delta-rs issue #2580), so before committing the committer reads
+``transaction_version(appId)`` and skips a checkpoint the table already has. Two committers racing with the
+same app id are caught by delta-rs's conflict checker (a concurrent transaction error): the loser retries,
+reads the version again and finds its checkpoint committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import pyarrow as pa
+from sluice.errors import CommitError, ConfigError
+from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
+from sluice.sinks.tables.errors import TableLineageError
+from sluice.sinks.tables.files import TableFile
+from sluice.sinks.tables.rewrite import BackgroundRewriter
+
+if TYPE_CHECKING:
+    from sluice.sinks.delta.sink import DeltaSink
+
+__all__ = ["DeltaCommitter", "app_id"]
+
+log = logging.getLogger("sluice.sinks.delta")
+
+
+def app_id(job_id: str, sink_uid: str) -> str:
+    """The Delta application id under which a sink of a job records its committed checkpoints."""
+    return f"sluice-{job_id}-{sink_uid}"
+
+
+class DeltaCommitter(GlobalCommitter[TableFile]):
+    """Commits each checkpoint's data files in one Delta transaction (on the coordinator).
+
+    Created once per attempt, before the tasks start: it first deletes the data files of checkpoints that
+    never completed (:func:`~sluice.sinks.delta.sink.remove_orphans`).
+    """
+
+    def __init__(self, sink: DeltaSink, ctx: GlobalCommitterContext) -> None:
+        self.sink = sink
+        self.ctx = ctx
+        self.app_id = app_id(ctx.job_id, ctx.sink_uid)
+        self._tried: set[int] = set()
+        from sluice.sinks.delta.sink import remove_orphans
+
+        remove_orphans(sink, ctx.job_id, self.app_id, ctx.restored_checkpoint_id)  # once per attempt
+        self.rewriter: BackgroundRewriter | None = None
+        if sink.rewrite is not None:
+            from sluice.sinks.delta.rewrite import rewrite_small_files
+
+            policy = sink.rewrite
+            self.rewriter = BackgroundRewriter(
+                f"DeltaSink {sink.path}", policy, lambda: rewrite_small_files(sink, policy), ctx.metric
+            )
+
+    def commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
+        try:
+            return self._commit(checkpoint_id, committables)
+        except (CommitError, ConfigError):
+            raise
+        except Exception as exc:
+            raise CommitError(f"DeltaSink {self.sink.path}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
+
+    def _commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
+        from deltalake.transaction import (
+            AddAction,
+            CommitProperties,
+            Transaction,
+            create_table_with_add_actions,
+        )
+        from sluice.sinks.delta.table import check_schema, open_table
+
+        if not committables:
+            return CommitOutcome.COMMITTED
+        table = open_table(self.sink)
+        now = int(time.time() * 1000)
+        adds: list[Any] = [
+            AddAction(quote(c.path, safe="/="), c.size, dict(c.partition), now, True, c.stats)
+            for c in committables
+        ]
+        meta = {
+            "sluice.job-id": self.ctx.job_id,
+            "sluice.sink-uid": self.ctx.sink_uid,
+            "sluice.checkpoint-id": checkpoint_id,
+        }
+        props = CommitProperties(
+            custom_metadata=meta,
+            max_commit_retries=self.sink.commit_retries,
+            app_transactions=[Transaction(self.app_id, checkpoint_id)],
+        )
+        if table is None:  # the first commit creates the table: one version, with the checkpoint's files
+            self._tried.add(checkpoint_id)
+            from deltalake.schema import Schema
+
+            self.ctx.fault_hook("table_commit")
+            first = committables[0]
+            full = pa.schema([*first.schema, *first.partition_schema])
+            create_table_with_add_actions(
+                self.sink.path,
+                Schema.from_arrow(self.sink.schema or full),
+                adds,
+                mode="error",
+                partition_by=list(self.sink.partition_by) or None,
+                name=self.sink.table_name,
+                configuration=self.sink.configuration or None,
+                storage_options=self.sink.delta_storage_options(),
+                commit_properties=props,
+            )
+            return self._committed()
+        done = table.transaction_version(self.app_id)
+        if done is not None and done >= checkpoint_id:
+            if checkpoint_id in self._tried or checkpoint_id <= (self.ctx.restored_checkpoint_id or 0):
+                return CommitOutcome.ALREADY_COMMITTED
+            raise TableLineageError(
+                f"DeltaSink {self.sink.path}: the table already holds checkpoint {done} of app id "
+                f"{self.app_id!r}, and this run is about to commit its checkpoint {checkpoint_id}: checkpoint "
+                "ids restarted (checkpoint storage wiped?). Restore the job's latest checkpoint, or give the "
+                "sink a new uid"
+            )
+        self._tried.add(checkpoint_id)
+        for schema in {c.schema_fp: c.schema for c in committables}.values():
+            new = check_schema(self.sink, table, _with_partitions(schema, table))
+            if new:
+                table.alter.add_columns([_delta_field(f) for f in new])
+                table.update_incremental()
+        self.ctx.fault_hook("table_commit")  # a seam for tests: another writer may commit here
+        table.create_write_transaction(
+            adds,
+            "append",
+            table.schema(),
+            partition_by=table.metadata().partition_columns or None,
+            commit_properties=props,
+        )
+        return self._committed()
+
+    def _committed(self) -> CommitOutcome:
+        self.ctx.fault_hook("commit")  # the commit landed; the engine does not know yet
+        if self.rewriter is not None:
+            self.rewriter.committed()
+        return CommitOutcome.COMMITTED
+
+    def close(self) -> None:
+        if self.rewriter is not None:
+            self.rewriter.close()
+
+
+def _with_partitions(file_schema: Any, table: Any) -> Any:
+    """A data file's schema plus the table's partition columns (files leave them out)."""
+    import pyarrow as pa
+
+    full = pa.schema(table.schema().to_arrow())
+    extra = [full.field(c) for c in table.metadata().partition_columns if c not in file_schema.names]
+    return pa.schema([*file_schema, *extra])
+
+
+def _delta_field(field: Any) -> Any:
+    import pyarrow as pa
+    from deltalake.schema import Schema
+
+    return Schema.from_arrow(pa.schema([field])).fields[0]

@@ -1,0 +1,32 @@
+"""Errors of the table sinks (Delta Lake, Apache Iceberg).
+
+Both derive from :class:`~sluice.errors.SluiceError`::
+
+    SluiceError
+    ├── ConfigError
+    │   ├── TableSchemaError   the stream's schema does not fit the table's (a restart cannot cure it)
+    │   └── TableLineageError  the table holds commits of this job and sink that this run cannot explain
+    └── CommitError            a table commit failed after its retries (``sluice.errors.CommitError``)
+"""
+
+from __future__ import annotations
+
+from sluice.errors import CommitError, ConfigError
+
+__all__ = ["CommitError", "TableLineageError", "TableSchemaError"]
+
+
+class TableSchemaError(ConfigError):
+    """The stream's schema does not fit the existing table's; the message shows both schemas.
+
+    Cast or select columns before the sink, or set ``schema_mode="merge"`` to add new columns to the table.
+    """
+
+
+class TableLineageError(ConfigError):
+    """The table already holds a commit of this job and sink for a checkpoint id this run is about to use.
+
+    Checkpoint ids restarted (the checkpoint storage was wiped, or another job of the same name writes the
+    table): committing would be mistaken for a re-commit and the data skipped. Restore the job's latest
+    checkpoint, or give the sink a new ``uid`` to start a new lineage of commits in the table.
+    """
