@@ -1,7 +1,8 @@
 """The built-in connectors as conformance-kit cases, one pytest fixture each.
 
 To put another sink under the kit (a table sink, say), write a fixture here returning a
-:class:`~sluice.testing.conformance.SinkCase` and add its name to :data:`SINK_CASES`: one line.
+:class:`~sluice.testing.conformance.SinkCase`, add its name to :data:`SINK_CASES` and import it in
+tests/connectors/conftest.py.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import MotoS3
+from tests.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
 SOURCE_CASES = ["generator_source", "kafka_source"]
 #: sink cases (fixture names) every sink check runs against; add a sink here
-SINK_CASES = ["file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global"]
+SINK_CASES = [
+    "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
+    "iceberg_table",
+]
 
 _names = itertools.count()
 
@@ -152,3 +157,34 @@ def test_sink(tmp_path: Path) -> SinkCase:
 @pytest.fixture
 def test_sink_global(tmp_path: Path) -> SinkCase:
     return SinkCase(_test_sink(tmp_path, True))
+
+
+def _table(kind: str, base: Path) -> Callable[[], SinkTarget]:
+    def target() -> SinkTarget:
+        folder = base / f"{kind}-{next(_names)}"
+        folder.mkdir()
+        t = Target(kind, str(folder / "lake"), {}, str(folder))
+
+        def staged() -> list[str]:
+            """Parquet files in the table's location that its current version does not reference."""
+            referenced = {f.removeprefix("file://") for f in t.files()} if t.exists() else set()
+            return sorted(
+                os.path.join(d, f)
+                for d, _, fs in os.walk(t.root)
+                for f in fs
+                if f.endswith(".parquet") and os.path.join(d, f) not in referenced
+            )
+
+        return SinkTarget(t.sink(), lambda: t.read() if t.exists() else None, staged, t.versions)
+
+    return target
+
+
+@pytest.fixture
+def delta_table(tmp_path: Path) -> SinkCase:
+    return SinkCase(_table("delta", tmp_path), columns=["id", "key", "value"])
+
+
+@pytest.fixture
+def iceberg_table(tmp_path: Path) -> SinkCase:
+    return SinkCase(_table("iceberg", tmp_path), columns=["id", "key", "value"])

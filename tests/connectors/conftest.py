@@ -8,10 +8,12 @@ from sluice.testing.conformance import SinkCase, SourceCase
 from tests.connectors.cases import (  # noqa: F401 - fixtures
     SINK_CASES,
     SOURCE_CASES,
+    delta_table,
     file_sink_compacting,
     file_sink_local,
     file_sink_s3,
     generator_source,
+    iceberg_table,
     kafka_source,
     test_sink,
     test_sink_global,

@@ -1,6 +1,6 @@
 """The conformance kit passes for every built-in connector: the generator and Kafka sources (on the tansu
 broker), the file sink on local disk (plain and compacting) and on S3 (moto), the test sink (per-subtask
-and global commit). Cases are in tests/connectors/cases.py."""
+and global commit), the Delta and Iceberg table sinks. Cases are in tests/connectors/cases.py."""
 
 from __future__ import annotations
 

@@ -47,8 +47,8 @@ class SinkTarget:
         sink: the sink.
         read_visible: what a downstream reader sees now (None or an empty table if nothing).
         staged: what the sink holds that readers do not see (pending or in-progress files, open
-            uploads or transactions, data files no table snapshot names), as names; after ``recover``
-            it must hold nothing the restored checkpoint does not name.
+            uploads or transactions, data files no table snapshot names), as names; after recovery
+            (``recover``, then the global committer's creation) it must hold nothing the restored checkpoint does not name.
         commits: the number of atomic commits the target has (e.g. table versions), for sinks with a
             global committer; None if the target cannot tell.
     """
@@ -116,6 +116,10 @@ class _Ctx:
     def sink_uid(self) -> str:
         return "conformance-sink"
 
+    @property
+    def restored_checkpoint_id(self) -> int | None:
+        return self._a.restored_checkpoint_id
+
     def metric(self, name: str, increment: int = 1) -> None:
         self._a.metrics[name] = self._a.metrics.get(name, 0) + increment
 
@@ -152,6 +156,7 @@ class SinkAttempt:
         self.parallelism = parallelism
         self.job_id = job_id
         self.attempt = attempt
+        self.restored_checkpoint_id = restored.checkpoint_id if restored is not None else None
         self.metrics: dict[str, int] = {}
         self.crash_in_commit = False
         self.outcomes: list[CommitOutcome] = []
@@ -160,7 +165,6 @@ class SinkAttempt:
         self.global_committer: GlobalCommitter[Any] | None = None
         self.recovered_staged: set[str] = set()
         self.sink.recover(job_id, restored.committables() if restored is not None else [])
-        self.recovered_staged = set(target.staged())
         if self.sink.global_commit:
             self.global_committer = self.sink.create_global_committer(_Ctx(self, 0))
             if self.global_committer is None:
@@ -169,6 +173,9 @@ class SinkAttempt:
                 )
             if restored is not None:
                 self.commit_global(restored.checkpoint_id, restored.global_committables)
+        # what recovery left staged: Sink.recover may abort orphans itself, or leave it to the global
+        # committer, which knows the sink's uid (the Delta sink's application transaction)
+        self.recovered_staged = set(target.staged())
         states = restored.writer_states if restored is not None else {}
         self.writers: list[SinkWriter[Any]] = [
             self.sink.create_writer(

@@ -270,9 +270,10 @@ def _check_recovered(
     if stray:
         raise violation(
             "abort",
-            f"{what}: after recover() the sink still holds staged data that checkpoint "
+            f"{what}: after recovery the sink still holds staged data that checkpoint "
             f"{restored.checkpoint_id} (the restored one) does not name: {stray[:5]}. recover(job_id, "
-            "committables) must abort everything of the job that the committables do not name.",
+            "committables) (or the global committer, when it is created) must abort everything of the job that "
+            "the committables do not name.",
         )
     rounds = range(1, restored.checkpoint_id + 1)
     _expect(
