@@ -21,9 +21,10 @@ def invoke(*args: str) -> str:
 
 
 def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> None:
-    assert {"kafka-to-parquet", "generator-to-parquet"} <= set(available_templates())
+    assert {"kafka-to-parquet", "generator-to-parquet", "source", "sink"} <= set(available_templates())
     monkeypatch.chdir(tmp_path)
     invoke("new", "orders-job")  # kafka template: builds without a broker
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "broker-a:9093,broker-b:9093")
     ns = runpy.run_path(str(tmp_path / "orders_job.py"), run_name="check")
     ns["pipeline"].build()
     invoke("new", "gen-job", "--template", "generator-to-parquet")
@@ -35,7 +36,43 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
     assert r.exit_code == 1 and "exists" in r.output
     r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
-    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-parquet" in r.output
+    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-parquet, sink, source" in r.output
+
+
+def test_new_lists_job_and_plugin_templates() -> None:
+    out = invoke("new", "--list")
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert set(lines) == set(available_templates())
+    assert " job " in lines["kafka-to-parquet"] and "Kafka (JSON) -> Parquet" in lines["kafka-to-parquet"]
+    assert " plugin " in lines["source"] and "sluice.connectors entry point" in lines["source"]
+    assert " plugin " in lines["sink"] and "sluice.sinks entry point" in lines["sink"]
+    r = CliRunner().invoke(main, ["new"])
+    assert r.exit_code != 0 and "give a NAME" in r.output
+
+
+def test_kafka_job_reads_its_connection_settings_from_the_environment(tmp_path, monkeypatch) -> None:
+    invoke("new", "env-job", "--dir", str(tmp_path))
+    text = (tmp_path / "env_job.py").read_text()
+    assert "localhost:9092" not in text.split('"""', 2)[2], "no connection constant in the code"
+    for var in ("KAFKA_BOOTSTRAP_SERVERS", "KAFKA_TOPIC", "KAFKA_SECURITY_PROTOCOL", "OUTPUT_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit, match="set the environment variable KAFKA_BOOTSTRAP_SERVERS"):
+        runpy.run_path(str(tmp_path / "env_job.py"), run_name="check")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka-1:9092")
+    monkeypatch.setenv("KAFKA_TOPIC", "orders")
+    monkeypatch.setenv("KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("KAFKA_SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("KAFKA_SASL_USERNAME", "user")
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", "s3cret")
+    monkeypatch.setenv("OUTPUT_PATH", str(tmp_path / "out"))
+    monkeypatch.setenv("CHECKPOINT_PATH", str(tmp_path / "chk"))
+    ns = runpy.run_path(str(tmp_path / "env_job.py"), run_name="check")
+    specs = [n.spec for n in ns["pipeline"].build().logical.nodes.values()]
+    (kafka,) = [s for s in specs if type(s).__name__ == "KafkaSource"]
+    assert (kafka.bootstrap_servers, kafka.topics) == ("kafka-1:9092", ["orders"])
+    assert kafka.consumer_config["security.protocol"] == "SASL_SSL" and "s3cret" not in repr(kafka)
+    paths = sorted(s.path for s in specs if type(s).__name__ == "FileSink")
+    assert paths == [str(tmp_path / "out" / "dead-letters"), str(tmp_path / "out" / "events")]
 
 
 @pytest.mark.kafka
@@ -43,6 +80,7 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
 def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import json
 
+    import pyarrow.dataset
     from confluent_kafka import Producer
 
     t = topic(1)
@@ -51,8 +89,10 @@ def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_pat
         event = {"id": i, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i}
         producer.produce(t, json.dumps(event).encode(), partition=0)
         producer.flush(10)
+    producer.produce(t, b"{not json", partition=0)
+    producer.flush(10)
     monkeypatch.chdir(tmp_path)
-    for k, v in {"SLUICE_KAFKA_BOOTSTRAP": broker.bootstrap, "SLUICE_TOPIC": t, "SLUICE_STOP_AT": "latest"}.items():
+    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest"}.items():
         monkeypatch.setenv(k, v)
     invoke("new", "lake-job", "--template", template)
     out = invoke("run", "lake_job.py", "--runtime", "local")
@@ -67,6 +107,8 @@ def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_pat
         catalog = SqlCatalog("sluice", uri=f"sqlite:///{tmp_path}/warehouse/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
         rows = catalog.load_table("analytics.events").scan().to_arrow()
     assert sorted(rows.column("id").to_pylist()) == [i for i in range(40) if i != 7]
+    dead = pyarrow.dataset.dataset(str(tmp_path / "dead-letters"), format="json").to_table()
+    assert dead.num_rows == 1 and dead.column("offset").to_pylist() == [40]
 
 
 def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:

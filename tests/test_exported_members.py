@@ -49,6 +49,14 @@ PUBLIC = {
     "sluice.sinks.iceberg": ["IcebergSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
     "sluice.sinks.tables": ["RewritePolicy", "TableFile", "TableLineageError", "TableSchemaError"],
     "sluice.testing": ["POINTS", "FaultInjector", "InjectedFault", "SlotCrash", "SparkFaultInjector"],
+    "sluice.testing.conformance": [
+        "RECOVERY_STEPS", "SINK_CHECKS", "SINK_CONTRACTS", "SOURCE_CHECKS", "SOURCE_CONTRACTS", "ConformanceError",
+        "SinkCase", "SinkConformance", "SinkTarget", "SourceCase", "SourceConformance", "check_abort_uncommitted",
+        "check_bounded_end_of_input", "check_commit_idempotent", "check_enumerator_restore",
+        "check_every_split_read_once", "check_failed_reader_reassignment", "check_no_record_after_stop",
+        "check_nothing_visible_before_commit", "check_one_global_commit_per_checkpoint", "check_reader_restore",
+        "check_recover_after_crash", "check_rescale", "check_sink_in_a_job", "check_source_in_a_job", "sample_batch",
+    ],
     "sluice.runtime.spark": [
         "SlotWaitTimeoutError", "SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context",
     ],

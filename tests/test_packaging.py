@@ -44,9 +44,12 @@ def test_wheel_contains_and_imports_every_module(tmp_path: Path, sluice_wheel: P
             n[:-3].replace("/", ".").removesuffix(".__init__") for n in z.namelist() if n.endswith(".py")
         }
     assert _source_modules() <= in_wheel, f"missing from the wheel: {sorted(_source_modules() - in_wheel)}"
-    assert any(n.endswith(".j2") for n in zipfile.ZipFile(wheel).namelist()), "templates are package data"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".j2") for n in names), "templates are package data"
+    for kind in ("source", "sink"):  # the plugin templates of `sluice new --template source|sink`
+        assert f"sluice/templates/plugins/{kind}/{kind}.py.j2" in names, f"plugin template {kind} missing"
     for asset in ("dashboard.html", "dashboard.js", "dashboard.css", "login.html"):  # the dashboard's files
-        assert f"sluice/control/static/{asset}" in zipfile.ZipFile(wheel).namelist(), asset
+        assert f"sluice/control/static/{asset}" in names, asset
     # -S: no site processing, so the editable install's import hook is not active; dependencies come from
     # this environment's site-packages, sluice only from the unpacked wheel
     site_packages = sysconfig.get_paths()["purelib"]

@@ -154,11 +154,10 @@ class _Enumerator(SplitEnumerator):
             }
         else:
             self.unassigned = {s.split_id: s for s in restored}
-        self.readers: list[int] = []
         self.signalled: set[int] = set()
 
     def add_reader(self, subtask: int) -> None:
-        self.readers.append(subtask)
+        self.signalled.discard(subtask)  # a reader registered again (after a failure) starts with nothing
         self._assign()
 
     def add_splits_back(self, splits: list[SourceSplit]) -> None:
@@ -168,14 +167,15 @@ class _Enumerator(SplitEnumerator):
 
     def _assign(self) -> None:
         p = self.ctx.parallelism
+        registered = set(self.ctx.registered_readers())  # a failed reader is not, until it registers again
         out: dict[int, list[SourceSplit]] = {}
         for sid in sorted(self.unassigned, key=int):
             owner = int(sid) % p
-            if owner in self.readers:
+            if owner in registered:
                 out.setdefault(owner, []).append(self.unassigned.pop(sid))
         self.ctx.assign_splits(out)
         if not self.unassigned and self.src.boundedness is Boundedness.BOUNDED:
-            for r in self.readers:
+            for r in sorted(registered):
                 if r not in self.signalled:
                     self.signalled.add(r)
                     self.ctx.signal_no_more_splits(r)

@@ -1,27 +1,44 @@
-"""``sluice new``: scaffold a job file from a template."""
+"""``sluice new``: scaffold a job file or a connector plugin package from a template."""
 
 from __future__ import annotations
 
 import click
 
 from sluice.cli.main import main
+from sluice.errors import ConfigError
 
 __all__ = ["new"]
 
 
 @main.command()
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option(
     "--template",
     "template",
     default="kafka-to-parquet",
     show_default=True,
-    help="Template to start from (see --list).",
+    help="Template to start from: a job, or 'source' / 'sink' for a plugin package (see --list).",
 )
-@click.option("--dir", "directory", default=".", show_default=True, help="Where to create the job file.")
-def new(name: str, template: str, directory: str) -> None:
-    """Scaffold a job file NAME.py from a template."""
-    from sluice.cli.scaffold import render_template
+@click.option("--dir", "directory", default=".", show_default=True, help="Where to create the job or package.")
+@click.option("--list", "list_templates", is_flag=True, help="List the templates and exit.")
+def new(name: str | None, template: str, directory: str, list_templates: bool) -> None:
+    """Scaffold a job file NAME.py, or a plugin package NAME/ (--template source|sink)."""
+    from sluice.cli.scaffold import PLUGIN_TEMPLATES, describe_templates, render_template
 
-    path = render_template(template, name, directory)
-    click.echo(f"created {path}; run it with: sluice run {path}")
+    if list_templates:
+        for t in describe_templates():
+            click.echo(f"{t.name:<22} {t.kind:<7} {t.description}")
+        return
+    if name is None:
+        raise click.UsageError("give a NAME (or --list to see the templates)")
+    try:
+        path = render_template(template, name, directory)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if template in PLUGIN_TEMPLATES:
+        click.echo(
+            f"created the {template} plugin package {path}; test it with:\n"
+            f"  cd {path} && python -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+        )
+    else:
+        click.echo(f"created {path}; run it with: sluice run {path}")

@@ -85,7 +85,6 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self.bounded = source.boundedness is Boundedness.BOUNDED
         self._pending: dict[str, SourceSplit] = {}
         self._discovered: set[str] = set()
-        self._readers: list[int] = []
         self._signalled: set[int] = set()
         self._restored = restored is not None
         self._schema: Any = None
@@ -199,8 +198,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
 
     # -- assignment ------------------------------------------------------------------------------------
     def add_reader(self, subtask: int) -> None:
-        if subtask not in self._readers:
-            self._readers.append(subtask)
+        self._signalled.discard(subtask)  # a reader registered again (after a failure) starts with nothing
         self._assign()
 
     def add_splits_back(self, splits: list[SourceSplit]) -> None:
@@ -213,16 +211,17 @@ class KafkaSplitEnumerator(SplitEnumerator):
         return owner_of(*parse_split_id(sid), int(self.ctx.parallelism))
 
     def _assign(self) -> None:
+        registered = set(self.ctx.registered_readers())  # a failed reader is not, until it registers again
         out: dict[int, list[SourceSplit]] = {}
         for sid in sorted(self._pending):
             owner = self._owner(sid)
-            if owner in self._readers:
+            if owner in registered:
                 out.setdefault(owner, []).append(self._pending.pop(sid))
         if out:
             self.ctx.assign_splits(out)
         if self.bounded:
             waiting = {self._owner(sid) for sid in self._pending}
-            for r in self._readers:
+            for r in sorted(registered):
                 if r not in self._signalled and r not in waiting:
                     self._signalled.add(r)
                     self.ctx.signal_no_more_splits(r)

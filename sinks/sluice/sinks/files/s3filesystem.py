@@ -151,19 +151,23 @@ class S3FileSystem(FileSystem):
 
     def _complete(self, c: FileCommittable, final: str) -> bool:
         parts = [{"PartNumber": n, "ETag": e} for n, e in c.parts]
-        try:
-            self._call(
-                "CompleteMultipartUpload",
-                self.client.complete_multipart_upload,
-                Key=final,
-                UploadId=c.upload_id,
-                MultipartUpload={"Parts": parts},
-            )
-            return True
-        except StorageError as exc:
-            if exc.code != "NoSuchUpload":
-                raise
-        head = self._head(final)  # already completed (a retry or a re-commit after restore)?
+        # already completed (a retry or a re-commit after restore)? S3 may accept completing an upload
+        # again for a while, so ask first: the commit must say ALREADY_COMMITTED then
+        head = self._head(final)
+        if head is None:
+            try:
+                self._call(
+                    "CompleteMultipartUpload",
+                    self.client.complete_multipart_upload,
+                    Key=final,
+                    UploadId=c.upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+                return True
+            except StorageError as exc:
+                if exc.code != "NoSuchUpload":
+                    raise
+            head = self._head(final)
         if head is None:
             raise CommitError(
                 f"file sink: multipart upload {c.upload_id} of s3://{self.bucket}/{final} is gone "

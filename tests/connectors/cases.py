@@ -1,0 +1,190 @@
+"""The built-in connectors as conformance-kit cases, one pytest fixture each.
+
+To put another sink under the kit (a table sink, say), write a fixture here returning a
+:class:`~sluice.testing.conformance.SinkCase`, add its name to :data:`SINK_CASES` and import it in
+tests/connectors/conftest.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from sluice.connectors.generator import GeneratorSource
+from sluice.connectors.kafka import KafkaSource
+from sluice.sinks.files import FileSink
+from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
+
+from tests.kafka_broker import TansuBroker
+from tests.sinks.conftest import MotoS3
+from tests.tables.helpers import Target
+
+#: source cases (fixture names) every source check runs against
+SOURCE_CASES = ["generator_source", "kafka_source"]
+#: sink cases (fixture names) every sink check runs against; add a sink here
+SINK_CASES = [
+    "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
+    "iceberg_table",
+]
+
+_names = itertools.count()
+
+
+# -- sources --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def generator_source() -> SourceCase:
+    src = GeneratorSource(num_splits=5, records_per_split=120, batch_size=25)
+    return SourceCase(src, src.expected(), columns=["id"])
+
+
+@pytest.fixture(scope="module")
+def kafka_source(broker: TansuBroker) -> SourceCase:
+    """JSON records in 3 partitions; the source stops 7 records before each partition's end, so a reader
+    that reads past its stop offset emits records no bounded run may emit."""
+    topic = f"conformance-{next(_names)}-{uuid.uuid4().hex[:6]}"
+    broker.create_topic(topic, 3)
+    for p in range(3):
+        broker.produce(topic, [json.dumps({"id": p * 1000 + i}).encode() for i in range(90)], partition=p)
+    ends = broker.end_offsets(topic)
+    stops = {(topic, p): end - 7 for p, end in ends.items()}
+    src = KafkaSource(
+        broker.bootstrap,
+        topic,
+        format="json",
+        schema=pa.schema([("id", pa.int64())]),
+        batch_size=20,
+        stopping_offsets=stops,
+    )
+    src.validate()
+    expected = pa.table({"id": [p * 1000 + i for p in range(3) for i in range(stops[(topic, p)])]})
+    return SourceCase(src, expected, columns=["id"])
+
+
+# -- sinks ----------------------------------------------------------------------------------------------
+def _hidden_files(root: str) -> list[str]:
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root)
+        for d, _, fs in os.walk(root)
+        for f in fs
+        if f.startswith((".", "_"))
+    )
+
+
+def _local_files(base: Path, **options: Any) -> Callable[[], SinkTarget]:
+    def target() -> SinkTarget:
+        root = base / f"files-{next(_names)}"
+        root.mkdir()
+        return SinkTarget(
+            FileSink(str(root), format="parquet", **options),
+            lambda: ds.dataset(str(root), format="parquet", partitioning="hive").to_table(),
+            lambda: _hidden_files(str(root)),
+        )
+
+    return target
+
+
+@pytest.fixture
+def file_sink_local(tmp_path: Path) -> SinkCase:
+    return SinkCase(_local_files(tmp_path), columns=["id", "key", "value"])
+
+
+@pytest.fixture
+def file_sink_compacting(tmp_path: Path) -> SinkCase:
+    """Bucketed by key, small files held back across two checkpoints and merged."""
+    return SinkCase(
+        _local_files(tmp_path, bucket_by=["key"], compaction={"max_checkpoints": 2}), columns=["id", "value"]
+    )
+
+
+@pytest.fixture
+def file_sink_s3(moto_s3: MotoS3, tmp_path: Path) -> SinkCase:
+    fs = moto_s3.arrow_fs()
+    client = moto_s3.client()
+
+    def target() -> SinkTarget:
+        bucket = moto_s3.new_bucket()
+
+        def staged() -> list[str]:
+            keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+            uploads = [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+            return sorted(
+                [k for k in keys if k.rsplit("/", 1)[-1].startswith(".")] + [f"upload:{k}" for k in uploads]
+            )
+
+        def visible() -> pa.Table | None:
+            if not client.list_objects_v2(Bucket=bucket, Prefix="out/").get("Contents"):
+                return None
+            return ds.dataset(f"{bucket}/out", format="parquet", filesystem=fs).to_table()
+
+        sink = FileSink(
+            f"s3://{bucket}/out",
+            format="parquet",
+            storage_options=moto_s3.options(),
+            multipart_threshold=1,  # every file a multipart upload, completed at commit
+            local_tmp_dir=str(tmp_path),
+        )
+        return SinkTarget(sink, visible, staged)
+
+    return SinkCase(target, columns=["id", "key", "value"])
+
+
+def _test_sink(base: Path, global_commit: bool) -> Callable[[], SinkTarget]:
+    def target() -> SinkTarget:
+        d = str(base / f"test-sink-{next(_names)}")
+        return SinkTarget(
+            TwoPhaseCommitTestSink(d, global_commit=global_commit),
+            lambda: read_committed(d),
+            lambda: sorted(os.listdir(os.path.join(d, "pending"))),
+        )
+
+    return target
+
+
+@pytest.fixture
+def test_sink(tmp_path: Path) -> SinkCase:
+    return SinkCase(_test_sink(tmp_path, False))
+
+
+@pytest.fixture
+def test_sink_global(tmp_path: Path) -> SinkCase:
+    return SinkCase(_test_sink(tmp_path, True))
+
+
+def _table(kind: str, base: Path) -> Callable[[], SinkTarget]:
+    def target() -> SinkTarget:
+        folder = base / f"{kind}-{next(_names)}"
+        folder.mkdir()
+        t = Target(kind, str(folder / "lake"), {}, str(folder))
+
+        def staged() -> list[str]:
+            """Parquet files in the table's location that its current version does not reference."""
+            referenced = {f.removeprefix("file://") for f in t.files()} if t.exists() else set()
+            return sorted(
+                os.path.join(d, f)
+                for d, _, fs in os.walk(t.root)
+                for f in fs
+                if f.endswith(".parquet") and os.path.join(d, f) not in referenced
+            )
+
+        return SinkTarget(t.sink(), lambda: t.read() if t.exists() else None, staged, t.versions)
+
+    return target
+
+
+@pytest.fixture
+def delta_table(tmp_path: Path) -> SinkCase:
+    return SinkCase(_table("delta", tmp_path), columns=["id", "key", "value"])
+
+
+@pytest.fixture
+def iceberg_table(tmp_path: Path) -> SinkCase:
+    return SinkCase(_table("iceberg", tmp_path), columns=["id", "key", "value"])
