@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sluice.control.monitor import JobMonitor
+from sluice.runtime.task_metrics import SINK_RECORDS
 
 __all__ = ["Progress", "summary_line"]
 
@@ -42,7 +43,9 @@ def _bytes(n: float | None) -> str:
 def _checkpoint(c: dict[str, Any] | None) -> str:
     if not c:
         return "no checkpoint yet"
-    mode = "switched" if c.get("switched_to_unaligned") else ("unaligned" if c.get("unaligned") else "aligned")
+    mode = (
+        "switched" if c.get("switched_to_unaligned") else ("unaligned" if c.get("unaligned") else "aligned")
+    )
     return f"checkpoint {c['checkpoint_id']} {c['duration_s']:.2f}s {_bytes(c.get('state_bytes'))} {mode}"
 
 
@@ -58,8 +61,7 @@ def _job_rates(monitor: JobMonitor, metrics: dict[str, Any]) -> tuple[float, flo
             g = (v.get("totals") or {}).get("gauges", {}).get("kafka_lag_records")
             if g is not None:
                 lags[vertex.chain[0].name] = g
-        if not vertex.outputs:
-            written += r.get("records_in_per_s", 0.0)
+        written += r.get(f"{SINK_RECORDS}_per_s", 0.0)
     return read, written, lags
 
 
@@ -100,7 +102,9 @@ class Progress:
         live: Force the live table (True) or plain lines (False); default: live on a terminal.
     """
 
-    def __init__(self, monitor: JobMonitor, stream: IO[str], interval: float = 10.0, live: bool | None = None) -> None:
+    def __init__(
+        self, monitor: JobMonitor, stream: IO[str], interval: float = 10.0, live: bool | None = None
+    ) -> None:
         self.monitor = monitor
         self.interval = interval
         self._console = Console(file=stream, highlight=False)
@@ -143,7 +147,9 @@ class Progress:
             f"  attempt {o['attempt']} ({o['restarts']} restart(s))  read {_num(read)}/s  written {_num(written)}/s",
             ("  kafka lag " + ", ".join(f"{name} {_num(n)}" for name, n in lag.items())) if lag else "",
         )
-        table = Table("vertex", "par", "in/s", "out/s", "busy", "backpressured", "kafka lag", box=box.SIMPLE_HEAD)
+        table = Table(
+            "vertex", "par", "in/s", "out/s", "busy", "backpressured", "kafka lag", box=box.SIMPLE_HEAD
+        )
         for v in metrics["vertices"]:
             r, t = v.get("rates") or {}, v.get("totals") or {}
             g = (t.get("gauges") or {}).get("kafka_lag_records")
