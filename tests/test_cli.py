@@ -1,4 +1,4 @@
-"""The ``sluice`` command: new, run, checkpoints list/show, demo."""
+"""The ``sluice`` command: new, run, checkpoints list/show (the demo: tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -137,8 +137,3 @@ def test_checkpoints_list_and_show_failed_with_reason(tmp_path) -> None:
     assert "failure: EXPIRED" in shown
     as_json = invoke("checkpoints", "list", f"{tmp_path}/chk", "--json")
     assert '"failure_reason": "EXPIRED"' in as_json
-
-
-def test_demo_runs_on_the_local_runtime(tmp_path) -> None:
-    out = invoke("demo", "--runtime", "local", "--out", str(tmp_path))
-    assert "-> exactly once" in out and "visible Parquet file(s)" in out

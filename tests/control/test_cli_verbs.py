@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -110,6 +111,8 @@ def test_live_progress_draws_a_table(tmp_path: Path, monkeypatch: pytest.MonkeyP
         view.start()
         wait_for("a checkpoint and rates", lambda: "checkpoint " in summary_line(client.monitor)
                  and client.monitor.rates())
+        # the sink is chained behind the source (no exchange): its written rows still count
+        wait_for("rows written", lambda: re.search(r"written [1-9]", summary_line(client.monitor)))
         view.refresh = 0.0
         view.tick()
         view.stop()

@@ -52,6 +52,7 @@ def test_counts_are_exact_and_time_adds_up(tmp_path: Path) -> None:
         parts = v["busy_s"] + v["idle_s"] + v["backpressured_s"]
         assert parts == pytest.approx(v["elapsed_s"], rel=1e-6)
     assert sink["counters"]["commits"] >= 1 and "commit_time_us" in sink["counters"]
+    assert sink["counters"]["sink_records"] == N and "sink_records" not in src["counters"]
     text = generate_latest(job_registry(client.monitor)).decode()
     assert f'sluice_task_records_in_total{{job="counted",subtask="0",vertex="generator"}} {N // 2}.0' in text
     assert re.search(r'sluice_commit_time_seconds_total\{job="counted",subtask="\d",vertex="rebalance', text)
@@ -136,3 +137,4 @@ def test_spark_slots_report_metrics_to_the_driver(spark: Any, tmp_path: Path) ->
     vm = result.vertex_metrics
     assert vm["generator"]["records_out"] == vm["rebalance -> enrich -> test-sink"]["records_in"] == 16000
     assert vm["rebalance -> enrich -> test-sink"]["counters"]["commits"] >= 1
+    assert vm["rebalance -> enrich -> test-sink"]["counters"]["sink_records"] == 16000  # reported by the slots

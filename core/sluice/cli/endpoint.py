@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sluice.control.client import ControlClient
+from sluice.control.units import fmt_bytes, fmt_duration, fmt_number
 from sluice.errors import SluiceError
 
 __all__ = [
@@ -82,32 +83,3 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: st
         table.add_row(*(str(c) for c in row))
     console.print(table)
 
-
-def fmt_number(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.1f}{unit}"
-    return f"{n:.0f}" if abs(n) >= 10 or n == int(n) else f"{n:.1f}"
-
-
-def fmt_bytes(n: float | None) -> str:
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 1:
-        return f"{s * 1000:.0f}ms"
-    if s < 60:
-        return f"{s:.1f}s"
-    m, sec = divmod(int(s), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"

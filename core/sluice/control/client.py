@@ -40,7 +40,9 @@ def find_job(job_id: str, storage: str) -> RegistryEntry:
             return e
     ended = [e for e in entries if e.job_id == job_id]
     if ended:
-        raise ControlError(f"job {job_id!r} is not running: it ended {ended[0].status or ''} (registry in {storage})")
+        raise ControlError(
+            f"job {job_id!r} is not running: it ended {ended[0].status or ''} (registry in {storage})"
+        )
     names = ", ".join(sorted(e.job_id for e in running)) or "none"
     raise ControlError(
         f"no running job {job_id!r} in the registry of {storage} (running there: {names}); pass --storage "
@@ -86,7 +88,9 @@ class ControlClient:
                     f"job, or pass --token-file / ${TOKEN_ENV}"
                 ) from exc
         if not _TOKEN.fullmatch(token):
-            raise ControlError(f"{path or '$' + TOKEN_ENV} does not hold a job token (one line of URL-safe characters)")
+            raise ControlError(
+                f"{path or '$' + TOKEN_ENV} does not hold a job token (one line of URL-safe characters)"
+            )
         return cls(url, token)
 
     @property
@@ -106,7 +110,9 @@ class ControlClient:
         """GET ``path`` as text (``/metrics``)."""
         return str(self._call("GET", path, None, timeout, raw=True))
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout: float, raw: bool = False) -> Any:
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float, raw: bool = False
+    ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Authorization": f"Bearer {self._token}"}
         if data is not None:

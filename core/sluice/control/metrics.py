@@ -37,7 +37,12 @@ DRIVER_VERTEX = "_coordinator"
 _T = ("job", "vertex", "subtask")
 #: every built-in metric: (name, type, labels, meaning)
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
-    ("sluice_task_records_in_total", "counter", _T, "records a subtask took in (a source: records its reader emitted)"),
+    (
+        "sluice_task_records_in_total",
+        "counter",
+        _T,
+        "records a subtask took in (a source: records its reader emitted)",
+    ),
     ("sluice_task_records_out_total", "counter", _T, "records a subtask sent downstream"),
     ("sluice_task_bytes_in_total", "counter", _T, "Arrow buffer bytes of the batches taken in"),
     ("sluice_task_bytes_out_total", "counter", _T, "Arrow buffer bytes of the batches sent downstream"),
@@ -46,7 +51,12 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("sluice_task_busy_seconds_total", "counter", _T, "time spent processing"),
     ("sluice_task_idle_seconds_total", "counter", _T, "time spent waiting for input"),
     ("sluice_task_backpressured_seconds_total", "counter", _T, "time spent waiting for room in an output"),
-    ("sluice_task_watermark_milliseconds", "gauge", _T, "the subtask's event time (absent before its first watermark)"),
+    (
+        "sluice_task_watermark_milliseconds",
+        "gauge",
+        _T,
+        "the subtask's event time (absent before its first watermark)",
+    ),
     ("sluice_task_side_output_records_total", "counter", (*_T, "tag"), "records sent to each side output"),
     ("sluice_task_dead_letter_records_total", "counter", _T, "records sent to the dead_letters side output"),
     ("sluice_job_status", "gauge", ("job", "status"), "1 for the job's current status, 0 for the others"),
@@ -55,16 +65,41 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("sluice_job_restarts_total", "counter", ("job",), "restarts after failures"),
     ("sluice_checkpoints_total", "counter", ("job", "status"), "checkpoints completed and failed"),
     ("sluice_checkpoints_in_progress", "gauge", ("job",), "checkpoints in progress"),
-    ("sluice_checkpoints_switched_to_unaligned_total", "counter", ("job",), "timeout-adaptive checkpoints that switched to unaligned"),
-    ("sluice_checkpoint_duration_seconds", "histogram", ("job",), "end-to-end duration of completed checkpoints"),
+    (
+        "sluice_checkpoints_switched_to_unaligned_total",
+        "counter",
+        ("job",),
+        "timeout-adaptive checkpoints that switched to unaligned",
+    ),
+    (
+        "sluice_checkpoint_duration_seconds",
+        "histogram",
+        ("job",),
+        "end-to-end duration of completed checkpoints",
+    ),
     ("sluice_checkpoint_last_id", "gauge", ("job",), "id of the last completed checkpoint"),
-    ("sluice_checkpoint_last_duration_seconds", "gauge", ("job",), "end-to-end duration of the last completed checkpoint"),
+    (
+        "sluice_checkpoint_last_duration_seconds",
+        "gauge",
+        ("job",),
+        "end-to-end duration of the last completed checkpoint",
+    ),
     ("sluice_checkpoint_last_alignment_seconds", "gauge", ("job",), "its longest alignment over tasks"),
     ("sluice_checkpoint_last_sync_seconds", "gauge", ("job",), "its longest synchronous part over tasks"),
     ("sluice_checkpoint_last_async_seconds", "gauge", ("job",), "its longest asynchronous part over tasks"),
     ("sluice_checkpoint_last_size_bytes", "gauge", ("job",), "its state size"),
-    ("sluice_checkpoint_last_inflight_bytes", "gauge", ("job",), "its persisted in-flight data (unaligned channel state)"),
-    ("sluice_checkpoint_last_unaligned", "gauge", ("job",), "1 if it was unaligned (or switched to unaligned)"),
+    (
+        "sluice_checkpoint_last_inflight_bytes",
+        "gauge",
+        ("job",),
+        "its persisted in-flight data (unaligned channel state)",
+    ),
+    (
+        "sluice_checkpoint_last_unaligned",
+        "gauge",
+        ("job",),
+        "1 if it was unaligned (or switched to unaligned)",
+    ),
 )
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _BUILT_IN = {name for name, *_ in METRICS}
@@ -124,7 +159,9 @@ class JobCollector(Collector):
                 fams["sluice_task_watermark_milliseconds"].add_metric(labels, snap["watermark"])
             for tag, n in snap["side_records"].items():
                 fams["sluice_task_side_output_records_total"].add_metric([*labels, tag], n)
-            fams["sluice_task_dead_letter_records_total"].add_metric(labels, snap["side_records"].get("dead_letters", 0))
+            fams["sluice_task_dead_letter_records_total"].add_metric(
+                labels, snap["side_records"].get("dead_letters", 0)
+            )
             for raw, n in snap["counters"].items():
                 add_user("counter", raw, labels, n)
             for raw, g in snap["gauges"].items():
@@ -136,13 +173,17 @@ class JobCollector(Collector):
 
     def _job(self, job: str) -> Iterator[Metric]:
         m = self.monitor
-        status = GaugeMetricFamily("sluice_job_status", "1 for the job's current status", labels=["job", "status"])
+        status = GaugeMetricFamily(
+            "sluice_job_status", "1 for the job's current status", labels=["job", "status"]
+        )
         current = m.lifecycle.status
         for s in JobStatus:
             status.add_metric([job, s.value], 1.0 if s is current else 0.0)
         yield status
         overview = m.overview()
-        uptime = GaugeMetricFamily("sluice_job_uptime_seconds", "seconds since the job started", labels=["job"])
+        uptime = GaugeMetricFamily(
+            "sluice_job_uptime_seconds", "seconds since the job started", labels=["job"]
+        )
         uptime.add_metric([job], overview["uptime_s"])
         yield uptime
         if overview["attempt"] is not None:
@@ -155,11 +196,15 @@ class JobCollector(Collector):
 
     def _checkpoints(self, job: str) -> Iterator[Metric]:
         history = self.monitor.checkpoints()
-        totals = CounterMetricFamily("sluice_checkpoints", "checkpoints completed and failed", labels=["job", "status"])
+        totals = CounterMetricFamily(
+            "sluice_checkpoints", "checkpoints completed and failed", labels=["job", "status"]
+        )
         for s in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED):
             totals.add_metric([job, s.value], sum(1 for c in history if c.status is s))
         yield totals
-        pending = GaugeMetricFamily("sluice_checkpoints_in_progress", "checkpoints in progress", labels=["job"])
+        pending = GaugeMetricFamily(
+            "sluice_checkpoints_in_progress", "checkpoints in progress", labels=["job"]
+        )
         pending.add_metric([job], sum(1 for c in history if c.status is CheckpointStatus.IN_PROGRESS))
         yield pending
         completed = [c for c in history if c.status is CheckpointStatus.COMPLETED]
@@ -171,7 +216,9 @@ class JobCollector(Collector):
         buckets = [(str(b), float(sum(1 for c in completed if c.duration_s <= b))) for b in _DURATION_BUCKETS]
         buckets.append(("+Inf", float(len(completed))))
         hist = HistogramMetricFamily(
-            "sluice_checkpoint_duration_seconds", "end-to-end duration of completed checkpoints", labels=["job"]
+            "sluice_checkpoint_duration_seconds",
+            "end-to-end duration of completed checkpoints",
+            labels=["job"],
         )
         hist.add_metric([job], buckets, sum_value=sum(c.duration_s for c in completed))
         yield hist

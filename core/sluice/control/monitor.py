@@ -22,7 +22,7 @@ from sluice.graph import JobGraph, NodeKind, SubtaskId
 from sluice.runtime.attempt import JobAttempt
 from sluice.runtime.job import JobConfig
 from sluice.runtime.status import JobLifecycle
-from sluice.runtime.task_metrics import add_totals, empty_snapshot, merge_attempt, task_snapshot
+from sluice.runtime.task_metrics import SINK_RECORDS, add_totals, empty_snapshot, merge_attempt, task_snapshot
 
 __all__ = ["RATE_FIELDS", "JobMonitor", "checkpoint_dict", "checkpoint_phases"]
 
@@ -115,7 +115,9 @@ class JobMonitor:
             merge_attempt(out, live)
         return out
 
-    def vertex_totals(self, subtasks: dict[SubtaskId, dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
+    def vertex_totals(
+        self, subtasks: dict[SubtaskId, dict[str, Any]] | None = None
+    ) -> dict[int, dict[str, Any]]:
         """The subtasks' totals added up per vertex id (watermark: the minimum over subtasks)."""
         out: dict[int, dict[str, Any]] = {v: empty_snapshot() for v in self.job.vertices}
         for sid, snap in (subtasks if subtasks is not None else self.subtask_totals()).items():
@@ -156,7 +158,9 @@ class JobMonitor:
         with self._lock:
             if self._sampler is not None or self._ended.is_set():
                 return
-            self._sampler = threading.Thread(target=self._sample_loop, name="sluice-metrics-sampler", daemon=True)
+            self._sampler = threading.Thread(
+                target=self._sample_loop, name="sluice-metrics-sampler", daemon=True
+            )
         self._sample()
         self._sampler.start()
 
@@ -167,7 +171,13 @@ class JobMonitor:
     def _sample(self) -> None:
         fields = (*RATE_FIELDS, "busy_s", "idle_s", "backpressured_s", "elapsed_s")
         totals = self.vertex_totals()
-        point = {str(v): {f: float(t.get(f, 0)) for f in fields} for v, t in totals.items()}
+        point = {
+            str(v): {
+                **{f: float(t.get(f, 0)) for f in fields},
+                SINK_RECORDS: float((t.get("counters") or {}).get(SINK_RECORDS, 0)),
+            }
+            for v, t in totals.items()
+        }
         with self._lock:
             self._samples.append((time.monotonic(), point))
 
@@ -187,7 +197,9 @@ class JobMonitor:
         for v, now in last.items():
             then = first.get(v, {})
             dt = max(t1 - t0, 1e-9)
-            r = {f"{f}_per_s": max(0.0, (now[f] - then.get(f, 0.0)) / dt) for f in RATE_FIELDS}
+            r = {
+                f"{f}_per_s": max(0.0, (now[f] - then.get(f, 0.0)) / dt) for f in (*RATE_FIELDS, SINK_RECORDS)
+            }
             wall = now["elapsed_s"] - then.get("elapsed_s", 0.0)
             for f in ("busy_s", "idle_s", "backpressured_s"):
                 share = (now[f] - then.get(f, 0.0)) / wall if wall > 0 else 0.0
@@ -201,13 +213,12 @@ class JobMonitor:
         with self._lock:
             samples = list(self._samples)
         sources = [str(v.id) for v in self.job.vertices.values() if v.is_source]
-        sinks = [str(v.id) for v in self.job.vertices.values() if not v.outputs]
         now_wall, now_mono = time.time(), time.monotonic()
         out = []
         for (t0, a), (t1, b) in itertools.pairwise(samples):
             dt = max(t1 - t0, 1e-9)
             read = sum(b[v]["records_in"] - a.get(v, {}).get("records_in", 0.0) for v in sources if v in b)
-            written = sum(b[v]["records_in"] - a.get(v, {}).get("records_in", 0.0) for v in sinks if v in b)
+            written = sum(n[SINK_RECORDS] - a.get(v, {}).get(SINK_RECORDS, 0.0) for v, n in b.items())
             out.append(
                 {
                     "time": now_wall - (now_mono - t1),
@@ -232,12 +243,20 @@ class JobMonitor:
                     "sink": any(n.kind is NodeKind.SINK for n in v.chain),
                     "operators": [{"name": n.name, "uid": n.uid, "kind": n.kind.value} for n in v.chain],
                     "inputs": [
-                        {"from": e.upstream, "partitioning": e.partitioning.value, "unaligned_ok": e.unaligned_ok}
+                        {
+                            "from": e.upstream,
+                            "partitioning": e.partitioning.value,
+                            "unaligned_ok": e.unaligned_ok,
+                        }
                         for e in v.inputs
                     ],
                 }
             )
-        return {"job_id": self.config.job_id, "max_parallelism": self.job.max_parallelism, "vertices": vertices}
+        return {
+            "job_id": self.config.job_id,
+            "max_parallelism": self.job.max_parallelism,
+            "vertices": vertices,
+        }
 
     def overview(self) -> dict[str, Any]:
         """Status, attempts, failures and the last checkpoint: what ``sluice status`` and ``jobs`` show."""
@@ -273,11 +292,21 @@ class JobMonitor:
         vertices = []
         for v in self.job.vertices.values():
             per = [
-                {"index": sid.index, **{k: subtasks[sid][k] for k in ("records_in", "records_out", "watermark")}}
+                {
+                    "index": sid.index,
+                    **{k: subtasks[sid][k] for k in ("records_in", "records_out", "watermark")},
+                }
                 for sid in sorted((s for s in subtasks if s.vertex == v.id), key=lambda s: s.index)
             ]
-            vertices.append({"id": v.id, "name": v.name, "totals": totals[v.id], "rates": rates.get(v.id, {}),
-                             "subtasks": per})
+            vertices.append(
+                {
+                    "id": v.id,
+                    "name": v.name,
+                    "totals": totals[v.id],
+                    "rates": rates.get(v.id, {}),
+                    "subtasks": per,
+                }
+            )
         return {
             "job_id": self.config.job_id,
             "status": self.lifecycle.status.value,

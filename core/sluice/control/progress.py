@@ -17,33 +17,19 @@ from rich.table import Table
 from rich.text import Text
 
 from sluice.control.monitor import JobMonitor
+from sluice.control.units import fmt_bytes, fmt_number
+from sluice.runtime.task_metrics import SINK_RECORDS
 
 __all__ = ["Progress", "summary_line"]
-
-
-def _num(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, div in (("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.1f}{unit}"
-    return f"{n:.0f}"
-
-
-def _bytes(n: float | None) -> str:
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n:.1f}TiB"
 
 
 def _checkpoint(c: dict[str, Any] | None) -> str:
     if not c:
         return "no checkpoint yet"
-    mode = "switched" if c.get("switched_to_unaligned") else ("unaligned" if c.get("unaligned") else "aligned")
-    return f"checkpoint {c['checkpoint_id']} {c['duration_s']:.2f}s {_bytes(c.get('state_bytes'))} {mode}"
+    mode = (
+        "switched" if c.get("switched_to_unaligned") else ("unaligned" if c.get("unaligned") else "aligned")
+    )
+    return f"checkpoint {c['checkpoint_id']} {c['duration_s']:.2f}s {fmt_bytes(c.get('state_bytes'))} {mode}"
 
 
 def _job_rates(monitor: JobMonitor, metrics: dict[str, Any]) -> tuple[float, float, dict[str, float]]:
@@ -58,8 +44,7 @@ def _job_rates(monitor: JobMonitor, metrics: dict[str, Any]) -> tuple[float, flo
             g = (v.get("totals") or {}).get("gauges", {}).get("kafka_lag_records")
             if g is not None:
                 lags[vertex.chain[0].name] = g
-        if not vertex.outputs:
-            written += r.get("records_in_per_s", 0.0)
+        written += r.get(f"{SINK_RECORDS}_per_s", 0.0)
     return read, written, lags
 
 
@@ -71,10 +56,10 @@ def summary_line(monitor: JobMonitor) -> str:
     parts = [
         time.strftime("%H:%M:%S"),
         f"{o['job_id']} {o['status']} (attempt {o['attempt']}, {o['restarts']} restart(s))",
-        f"read {_num(read)}/s written {_num(written)}/s",
+        f"read {fmt_number(read)}/s written {fmt_number(written)}/s",
     ]
     if lag:
-        parts.append("kafka lag " + ", ".join(f"{name} {_num(n)}" for name, n in lag.items()))
+        parts.append("kafka lag " + ", ".join(f"{name} {fmt_number(n)}" for name, n in lag.items()))
     bp = [
         f"{monitor.job.vertices[v['id']].chain[0].name} {v['rates']['backpressured']:.0%}"
         for v in metrics["vertices"]
@@ -100,7 +85,9 @@ class Progress:
         live: Force the live table (True) or plain lines (False); default: live on a terminal.
     """
 
-    def __init__(self, monitor: JobMonitor, stream: IO[str], interval: float = 10.0, live: bool | None = None) -> None:
+    def __init__(
+        self, monitor: JobMonitor, stream: IO[str], interval: float = 10.0, live: bool | None = None
+    ) -> None:
         self.monitor = monitor
         self.interval = interval
         self._console = Console(file=stream, highlight=False)
@@ -140,10 +127,12 @@ class Progress:
         head = Text.assemble(
             (f"{o['job_id']} ", "bold"),
             (o["status"], "green" if o["status"] == "running" else "yellow"),
-            f"  attempt {o['attempt']} ({o['restarts']} restart(s))  read {_num(read)}/s  written {_num(written)}/s",
-            ("  kafka lag " + ", ".join(f"{name} {_num(n)}" for name, n in lag.items())) if lag else "",
+            f"  attempt {o['attempt']} ({o['restarts']} restart(s))  read {fmt_number(read)}/s  written {fmt_number(written)}/s",
+            ("  kafka lag " + ", ".join(f"{name} {fmt_number(n)}" for name, n in lag.items())) if lag else "",
         )
-        table = Table("vertex", "par", "in/s", "out/s", "busy", "backpressured", "kafka lag", box=box.SIMPLE_HEAD)
+        table = Table(
+            "vertex", "par", "in/s", "out/s", "busy", "backpressured", "kafka lag", box=box.SIMPLE_HEAD
+        )
         for v in metrics["vertices"]:
             r, t = v.get("rates") or {}, v.get("totals") or {}
             g = (t.get("gauges") or {}).get("kafka_lag_records")
@@ -151,11 +140,11 @@ class Progress:
             table.add_row(
                 v["name"],
                 str(m.job.vertices[v["id"]].parallelism),
-                _num(r.get("records_in_per_s")),
-                _num(r.get("records_out_per_s")),
+                fmt_number(r.get("records_in_per_s")),
+                fmt_number(r.get("records_out_per_s")),
                 "-" if "busy" not in r else f"{r['busy']:.0%}",
                 Text("-" if bp is None else f"{bp:.0%}", style="red" if (bp or 0) > 0.5 else ""),
-                "-" if g is None else _num(g),
+                "-" if g is None else fmt_number(g),
             )
         lines: list[Any] = [head, table, Text(_checkpoint(o.get("last_checkpoint")))]
         failures = o.get("failures") or []

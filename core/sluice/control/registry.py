@@ -21,7 +21,15 @@ from typing import Any
 from sluice.checkpoint.storage import CheckpointStorage, LocalCheckpointStorage, checkpoint_storage
 from sluice.errors import ConfigError
 
-__all__ = ["ENTRY", "RegistryEntry", "parse_address", "read_entries", "read_token", "token_path", "write_token"]
+__all__ = [
+    "ENTRY",
+    "RegistryEntry",
+    "parse_address",
+    "read_entries",
+    "read_token",
+    "token_path",
+    "write_token",
+]
 
 #: the registry entry's name in a job's checkpoint directory
 ENTRY = "_control.json"

@@ -181,7 +181,9 @@ class ControlEndpoint:
         cfg = self.client.config
         try:
             if self._entry is not None:
-                storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options)
+                storage = checkpoint_storage(
+                    cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options
+                )
                 self._entry.ended(self.client.status.value).write(storage)
         except Exception as exc:
             log.warning("could not mark the job's registry entry as ended: %s", exc)
@@ -219,7 +221,9 @@ class ControlEndpoint:
             page = _static("login.html").decode().replace("{{TOKEN_FILE}}", html.escape(self.token_file))
             return web.Response(text=page, content_type="text/html", status=401)
         return web.json_response(
-            {"error": f"unauthorized: send the job's token (Authorization: Bearer ..., from {self.token_file})"},
+            {
+                "error": f"unauthorized: send the job's token (Authorization: Bearer ..., from {self.token_file})"
+            },
             status=401,
             headers={"WWW-Authenticate": 'Bearer realm="sluice"'},
         )
@@ -269,7 +273,9 @@ class ControlEndpoint:
         counts: dict[str, int] = {}
         for c in history:
             counts[c.status.value] = counts.get(c.status.value, 0) + 1
-        return _json({"counts": counts, "total": len(history), "history": [checkpoint_dict(c) for c in shown]})
+        return _json(
+            {"counts": counts, "total": len(history), "history": [checkpoint_dict(c) for c in shown]}
+        )
 
     async def _checkpoint(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -327,7 +333,9 @@ class ControlEndpoint:
             return _error(409, f"the job is {self.client.status.value}: only a running job can be stopped")
         except SluiceError as exc:
             return _error(500, f"the job failed while stopping: {exc}")
-        return _json({"status": result.status.value, "stopped_at": result.stopped_at, "attempts": result.attempts})
+        return _json(
+            {"status": result.status.value, "stopped_at": result.stopped_at, "attempts": result.attempts}
+        )
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -347,4 +355,3 @@ def _redirect(location: str) -> web.Response:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
-

@@ -88,7 +88,9 @@ def build_task(
     if alignment in (AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE) and not all(
         e.unaligned_ok for e in vertex.inputs
     ):
-        alignment = AlignmentMode.ALIGNED  # a forward/broadcast/sink-internal input aligns (ARCHITECTURE.md 4)
+        alignment = (
+            AlignmentMode.ALIGNED
+        )  # a forward/broadcast/sink-internal input aligns (ARCHITECTURE.md 4)
     spec = TaskSpec(
         SubtaskId(vertex.id, index),
         vertex.name,

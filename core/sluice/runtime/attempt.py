@@ -131,7 +131,11 @@ class JobAttempt:
             sink: Sink[Any] = node.spec
             comms = r.sink_committables(node.uid) if r is not None else []
             sink.recover(self.cfg.job_id, comms)
-            gc = sink.create_global_committer(_GlobalCommitterCtx(self, node.uid)) if sink.global_commit else None
+            gc = (
+                sink.create_global_committer(_GlobalCommitterCtx(self, node.uid))
+                if sink.global_commit
+                else None
+            )
             if gc is None:
                 continue
             self.global_committers[node.uid] = gc
@@ -165,7 +169,10 @@ class JobAttempt:
             self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
         self.global_commits = GlobalCommitQueue(
-            {name: functools.partial(self._global_commit, name, gc) for name, gc in self.global_committers.items()},
+            {
+                name: functools.partial(self._global_commit, name, gc)
+                for name, gc in self.global_committers.items()
+            },
             on_fatal=lambda exc: self.failed(None, exc),
             observe=self._commit_latency,
         )
@@ -217,7 +224,9 @@ class JobAttempt:
         self._poll_thread = threading.Thread(target=self._poll_enumerators, name="enumerators", daemon=True)
         self._poll_thread.start()
 
-    def _global_commit(self, uid: str, gc: GlobalCommitter[Any], checkpoint_id: int, committables: list[Any]) -> None:
+    def _global_commit(
+        self, uid: str, gc: GlobalCommitter[Any], checkpoint_id: int, committables: list[Any]
+    ) -> None:
         self.faults.hit("global_commit", f"global committer of {uid}")
         commit_with_retry(uid, gc.commit, checkpoint_id, committables, metric=self.metric)
 
@@ -339,7 +348,9 @@ class JobAttempt:
                 self.global_commits.drain()  # a finished job has committed everything (or failed here)
             self.global_commits.close()
         if self.coordinator is not None:
-            reason = CheckpointFailureReason.FINISHED if self.succeeded else CheckpointFailureReason.JOB_FAILOVER
+            reason = (
+                CheckpointFailureReason.FINISHED if self.succeeded else CheckpointFailureReason.JOB_FAILOVER
+            )
             if self.cancelled:
                 reason = CheckpointFailureReason.JOB_CANCELLED
             self.coordinator.stop(reason)

@@ -31,6 +31,7 @@ __all__ = ["JobConfig", "JobResult", "run_job"]
 
 log = logging.getLogger("sluice.job")
 
+
 @dataclass(frozen=True)
 class JobConfig:
     """How to run a job (built and validated by ``Pipeline``)."""

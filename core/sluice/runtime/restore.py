@@ -97,7 +97,11 @@ class RestoredCheckpoint:
             old = old_vertices.get(v.uid)
             if old is None or old.get("parallelism") == v.parallelism or not self._vertex_has_state(v):
                 continue
-            fixed = [p for p in old.get("inputs", []) if p in (Partitioning.FORWARD.value, Partitioning.BROADCAST.value)]
+            fixed = [
+                p
+                for p in old.get("inputs", [])
+                if p in (Partitioning.FORWARD.value, Partitioning.BROADCAST.value)
+            ]
             if fixed:
                 raise RestoreError(
                     f"checkpoint {self.checkpoint_id} holds in-flight data (unaligned channel state) of "
@@ -134,9 +138,7 @@ class RestoredCheckpoint:
             if node.state_distribution == "union":
                 r.operator[node.uid] = op_states
             else:
-                r.operator[node.uid] = [
-                    s for j, s in enumerate(op_states) if j % vertex.parallelism == index
-                ]
+                r.operator[node.uid] = [s for j, s in enumerate(op_states) if j % vertex.parallelism == index]
         if not self.drop_channel_state:
             self._channel_state(job, vertex, index, r)
         return r

@@ -14,6 +14,7 @@ import tenacity
 
 from sluice.errors import CommitError, ConfigError, is_recoverable
 from sluice.runtime.operators import Operator, OperatorSnapshot
+from sluice.runtime.task_metrics import SINK_RECORDS
 from sluice.sink import CommitOutcome, CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
 
 __all__ = [
@@ -128,6 +129,7 @@ class SinkOperator(Operator):
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if self.writer is not None:
             self.writer.write(batch)
+            self.ctx.metric(SINK_RECORDS, batch.num_rows)
         else:
             self._incoming.extend(decode_committables(batch))
 
@@ -233,6 +235,7 @@ class SinkWriterOperator(Operator):
 
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         self.writer.write(batch)
+        self.ctx.metric(SINK_RECORDS, batch.num_rows)
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         comms = self.writer.prepare_commit(checkpoint_id)

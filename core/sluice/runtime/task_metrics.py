@@ -17,7 +17,8 @@ A snapshot holds (every key always present):
 * ``watermark``: the task's event time (None before its first watermark);
 * ``side_records``: rows sent to each side output tag (``dead_letters`` ...);
 * ``counters`` / ``gauges``: what operators, readers and writers counted (``ctx.metric``) and set
-  (``ctx.gauge``), summed over the operator chain.
+  (``ctx.gauge``), summed over the operator chain; among them :data:`SINK_RECORDS`, the rows handed to
+  sink writers (a sink chained behind its source has no exchange to count them on).
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from sluice.graph import JobGraph, SubtaskId
 
-__all__ = ["SUMMED", "TaskMetrics", "add_totals", "empty_snapshot", "merge_attempt", "task_snapshot", "vertex_totals"]
+__all__ = [
+    "SINK_RECORDS",
+    "SUMMED",
+    "TaskMetrics",
+    "add_totals",
+    "empty_snapshot",
+    "merge_attempt",
+    "task_snapshot",
+    "vertex_totals",
+]
 
 #: snapshot fields that add up over subtasks and attempts
 SUMMED = (
@@ -44,6 +54,9 @@ SUMMED = (
     "backpressured_s",
     "busy_s",
 )
+
+#: the counter of rows handed to sink writers (the records a job writes)
+SINK_RECORDS = "sink_records"
 
 _MIN_WATERMARK = -(2**63)
 

@@ -298,7 +298,9 @@ class Slot:
             )
             for t in self.tasks.values():
                 t.start()
-            threading.Thread(target=self._report_metrics, name=f"slot-{self.index}-metrics", daemon=True).start()
+            threading.Thread(
+                target=self._report_metrics, name=f"slot-{self.index}-metrics", daemon=True
+            ).start()
             self._end.wait()
             if self._failure is not None:
                 raise self._failure

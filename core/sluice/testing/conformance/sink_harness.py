@@ -123,6 +123,9 @@ class _Ctx:
     def metric(self, name: str, increment: int = 1) -> None:
         self._a.metrics[name] = self._a.metrics.get(name, 0) + increment
 
+    def gauge(self, name: str, value: float) -> None:
+        self._a.gauges[name] = value
+
     def fault_hook(self, point: str) -> None:
         if point == "commit" and self._a.crash_in_commit:
             self._a.crash_in_commit = False
@@ -158,6 +161,7 @@ class SinkAttempt:
         self.attempt = attempt
         self.restored_checkpoint_id = restored.checkpoint_id if restored is not None else None
         self.metrics: dict[str, int] = {}
+        self.gauges: dict[str, float] = {}
         self.crash_in_commit = False
         self.outcomes: list[CommitOutcome] = []
         #: per committing subtask: checkpoint id -> committables not committed yet

@@ -110,6 +110,9 @@ class _ReaderCtx:
     def metric(self, name: str, increment: int = 1) -> None:
         self._run.metrics[name] += increment
 
+    def gauge(self, name: str, value: float) -> None:
+        self._run.gauges[name] = value
+
 
 class _EnumeratorCtx:
     def __init__(self, run: SourceRun) -> None:
@@ -172,6 +175,7 @@ class SourceRun:
         self.retired: list[_Reader] = []
         self.requests: list[int] = []
         self.metrics: collections.Counter[str] = collections.Counter()
+        self.gauges: dict[str, float] = {}
         self.checkpoints: list[SourceCheckpoint] = []
         self.rounds = 0
         self._restored = restored

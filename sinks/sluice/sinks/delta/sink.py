@@ -11,21 +11,19 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from sluice.errors import ConfigError
-from sluice.sink import Compactor, GlobalCommitter, GlobalCommitterContext, Sink, SinkContext, SinkWriter
+from sluice.sink import GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.tables.files import TableFile, parse_data_file_name
 from sluice.sinks.tables.rewrite import RewritePolicy, rewrite_policy
+from sluice.sinks.tables.sink import TableSink
 from sluice.sinks.tables.storage import arrow_filesystem, delta_options, split_uri
-from sluice.sinks.tables.writer import TableCompactor, TableLayout, TableWriter
+from sluice.sinks.tables.writer import TableLayout
 
 __all__ = ["DeltaSink"]
 
 log = logging.getLogger("sluice.sinks.delta")
 
-SCHEMA_MODES = ("strict", "merge")
-COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
 
-
-class DeltaSink(Sink[TableFile]):
+class DeltaSink(TableSink):
     """Rows land in a Delta table exactly once: readers see a checkpoint's rows when its transaction commits.
 
     Lifecycle: writers buffer rows; at the checkpoint's pre-commit they write Parquet files into the table's
@@ -55,7 +53,7 @@ class DeltaSink(Sink[TableFile]):
         name: the sink operator's name.
     """
 
-    global_commit = True
+    COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "none")
 
     def __init__(
         self,
@@ -101,26 +99,13 @@ class DeltaSink(Sink[TableFile]):
             )
         split_uri(self.path)
         delta_options(self.path, self.storage_options)
-        if self.schema_mode not in SCHEMA_MODES:
-            raise ConfigError(
-                f"DeltaSink: schema_mode must be one of {', '.join(SCHEMA_MODES)} (got {self.schema_mode!r})"
-            )
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"DeltaSink: compression must be one of {', '.join(COMPRESSIONS)} (got {self.compression!r})"
-            )
-        if self.schema is not None and not isinstance(self.schema, pa.Schema):
-            raise ConfigError(
-                f"DeltaSink: schema must be a pyarrow.Schema (got {type(self.schema).__name__})"
-            )
+        self.validate_table_options()
         if self.schema is not None:
             missing = [c for c in self.partition_by if c not in self.schema.names]
             if missing:
                 raise ConfigError(
                     f"DeltaSink: partition_by names column(s) {missing} not in schema ({self.schema.names})"
                 )
-        if not isinstance(self.compaction, bool):
-            raise ConfigError(f"DeltaSink: compaction must be True or False (got {self.compaction!r})")
         if (
             isinstance(self.commit_retries, bool)
             or not isinstance(self.commit_retries, int)
@@ -164,16 +149,6 @@ class DeltaSink(Sink[TableFile]):
         return delta_stats(table)
 
     # -- Sink SPI --------------------------------------------------------------------------------------
-    @property
-    def compacts(self) -> bool:  # type: ignore[override]
-        return self.compaction
-
-    def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
-        return TableWriter(self, ctx)
-
-    def create_compactor(self, ctx: SinkContext) -> Compactor[TableFile] | None:
-        return TableCompactor(self, ctx) if self.compaction else None
-
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[TableFile] | None:
         from sluice.sinks.delta.committer import DeltaCommitter
 
@@ -212,9 +187,19 @@ def remove_orphans(sink: DeltaSink, job_id: str, app_id: str, restored_checkpoin
         parsed = parse_data_file_name(rel)
         if info.type != pafs.FileType.File or parsed is None or rel.startswith("_delta_log"):
             continue
-        if parsed[0] == job_id and parsed[1] > upto and rel not in active and quote(rel, safe="/=") not in active:
+        if (
+            parsed[0] == job_id
+            and parsed[1] > upto
+            and rel not in active
+            and quote(rel, safe="/=") not in active
+        ):
             fs.delete_file(info.path)
             removed += 1
     if removed:
-        log.info("%s: deleted %d data file(s) of checkpoints of job %s that never completed", sink.name, removed, job_id)
+        log.info(
+            "%s: deleted %d data file(s) of checkpoints of job %s that never completed",
+            sink.name,
+            removed,
+            job_id,
+        )
     return removed

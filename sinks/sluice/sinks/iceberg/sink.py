@@ -10,21 +10,19 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from sluice.errors import ConfigError
-from sluice.sink import Compactor, GlobalCommitter, GlobalCommitterContext, Sink, SinkContext, SinkWriter
+from sluice.sink import GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.tables.files import TableFile, parse_data_file_name
 from sluice.sinks.tables.rewrite import RewritePolicy, rewrite_policy
+from sluice.sinks.tables.sink import TableSink
 from sluice.sinks.tables.storage import arrow_filesystem
-from sluice.sinks.tables.writer import TableCompactor, TableLayout, TableWriter
+from sluice.sinks.tables.writer import TableLayout
 
 __all__ = ["IcebergSink"]
 
 log = logging.getLogger("sluice.sinks.iceberg")
 
-SCHEMA_MODES = ("strict", "merge")
-COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "none")
 
-
-class IcebergSink(Sink[TableFile]):
+class IcebergSink(TableSink):
     """Rows land in an Iceberg table exactly once: readers see a checkpoint's rows when its snapshot commits.
 
     Lifecycle: writers buffer rows; at the checkpoint's pre-commit they write Parquet data files (with the
@@ -57,7 +55,7 @@ class IcebergSink(Sink[TableFile]):
         name: the sink operator's name.
     """
 
-    global_commit = True
+    COMPRESSIONS = ("zstd", "snappy", "gzip", "lz4", "none")
 
     def __init__(
         self,
@@ -107,20 +105,7 @@ class IcebergSink(Sink[TableFile]):
             raise ConfigError(f"IcebergSink: table must be 'namespace.name' (got {self.table!r})")
         for entry in self.partition_by:
             parse_partition(entry)
-        if self.schema_mode not in SCHEMA_MODES:
-            raise ConfigError(
-                f"IcebergSink: schema_mode must be one of {', '.join(SCHEMA_MODES)} (got {self.schema_mode!r})"
-            )
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"IcebergSink: compression must be one of {', '.join(COMPRESSIONS)} (got {self.compression!r})"
-            )
-        if self.schema is not None and not isinstance(self.schema, pa.Schema):
-            raise ConfigError(
-                f"IcebergSink: schema must be a pyarrow.Schema (got {type(self.schema).__name__})"
-            )
-        if not isinstance(self.compaction, bool):
-            raise ConfigError(f"IcebergSink: compaction must be True or False (got {self.compaction!r})")
+        self.validate_table_options()
         catalog_properties(self)
 
     def validate_schema(self, schema: pa.Schema) -> None:
@@ -129,7 +114,9 @@ class IcebergSink(Sink[TableFile]):
 
         missing = [c for c in (parse_partition(e)[1] for e in self.partition_by) if c not in schema.names]
         if missing:
-            raise ConfigError(f"IcebergSink: partition_by names column(s) {missing} the stream does not have ({schema.names})")
+            raise ConfigError(
+                f"IcebergSink: partition_by names column(s) {missing} the stream does not have ({schema.names})"
+            )
 
     # -- what the shared writer and compactor need ----------------------------------------------------
     def loaded(self, schema: pa.Schema | None = None, refresh: bool = False) -> Any:
@@ -169,16 +156,6 @@ class IcebergSink(Sink[TableFile]):
         return file_stats(self.loaded(), meta)
 
     # -- Sink SPI --------------------------------------------------------------------------------------
-    @property
-    def compacts(self) -> bool:  # type: ignore[override]
-        return self.compaction
-
-    def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
-        return TableWriter(self, ctx)
-
-    def create_compactor(self, ctx: SinkContext) -> Compactor[TableFile] | None:
-        return TableCompactor(self, ctx) if self.compaction else None
-
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[TableFile] | None:
         from sluice.sinks.iceberg.committer import IcebergCommitter
 
