@@ -6,7 +6,9 @@ Starts a tansu broker (tests/kafka_broker.py), produces ``--messages`` JSON mess
 (a) ceiling: one tuned confluent-kafka consumer, ``consume()`` in batches, ``pyarrow.json`` over the joined
     values, a ``ParquetWriter`` -- no checkpoints, no guarantees;
 (b) sluice: ``KafkaSource(format="json")`` -> ``FileSink(parquet)`` on the local runtime with exactly-once
-    checkpoints every second, bounded by the end offsets, at each ``--parallelism`` (default 1 and 2).
+    checkpoints every second, bounded by the end offsets, at each ``--parallelism`` (default 1 and 2);
+(c) with parallelism 2: two ceiling loops at once in two processes, two partitions each, which share
+    nothing: what two consumers can get from this broker on this machine at all.
 
 Targets (issue 14): parallelism 1 >= 1.0x the ceiling, parallelism 2 >= 1.5x. On a shared machine the
 load changes within a run, so ``--repeat N`` measures ceiling, then sluice at each parallelism, N times in
@@ -23,12 +25,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +98,13 @@ def produce(bootstrap: str, n: int) -> None:
     print(f"produced {n:,} x ~{len(value(n))} B in {time.perf_counter() - t0:.1f}s", flush=True)
 
 
-def ceiling(bootstrap: str, n: int, out: Path) -> float:
+def ceiling(bootstrap: str, n: int, out: Path, partitions: Sequence[int] = range(PARTITIONS)) -> float:
     """The fastest loop we could write: batch consume, one JSON parse per batch, one Parquet file."""
+    return n / _ceiling_span(bootstrap, n, out, partitions)[2]
+
+
+def _ceiling_span(bootstrap: str, n: int, out: Path, partitions: Sequence[int]) -> tuple[float, float, float]:
+    """The ceiling loop over ``partitions`` until ``n`` records: (wall start, wall end, seconds)."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -105,12 +114,13 @@ def ceiling(bootstrap: str, n: int, out: Path) -> float:
             **{k: v for k, v in TUNING.items() if k != "isolation.level"},
         }
     )
-    c.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+    c.assign([TopicPartition(TOPIC, p, 0) for p in partitions])
     parse = pjson.ParseOptions(explicit_schema=SCHEMA)
     read = pjson.ReadOptions(block_size=1 << 22)
     got = 0
     t0 = time.perf_counter()
-    with pq.ParquetWriter(out / "ceiling.parquet", SCHEMA, compression="snappy") as w:
+    start = time.time()
+    with pq.ParquetWriter(out / f"ceiling-{min(partitions)}.parquet", SCHEMA, compression="snappy") as w:
         while got < n:
             msgs = c.consume(10_000, 0.05)
             if not msgs:
@@ -121,7 +131,16 @@ def ceiling(bootstrap: str, n: int, out: Path) -> float:
             got += len(values)
     dt = time.perf_counter() - t0
     c.close()
-    return got / dt
+    return start, time.time(), dt
+
+
+def two_ceilings(bootstrap: str, ends: dict[int, int], out: Path) -> float:
+    """Two ceiling loops at once in two processes, half the partitions each: what two consumers that share
+    nothing get from this broker on this machine (the most a parallelism-2 job could reach)."""
+    halves = [list(range(PARTITIONS))[: PARTITIONS // 2], list(range(PARTITIONS))[PARTITIONS // 2 :]]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        spans = pool.starmap(_ceiling_span, [(bootstrap, sum(ends[p] for p in h), out, h) for h in halves])
+    return sum(ends.values()) / (max(e for _, e, _ in spans) - min(s for s, _, _ in spans))
 
 
 def _file_sink(directory: str) -> Any:
@@ -180,6 +199,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
     runs: list[dict[str, Any]] = []
     ceilings: list[float] = []
+    pairs: list[float] = []
     load_before = os.getloadavg()[0]
     try:
         with TansuBroker() as broker:
@@ -192,6 +212,14 @@ def main() -> None:
                 c_rate = ceiling(broker.bootstrap, args.messages, work / f"ceiling-{rnd}")
                 ceilings.append(c_rate)
                 print(f"(a) round {rnd + 1}: ceiling {c_rate:,.0f} rec/s", flush=True)
+                if 2 in args.parallelism:
+                    pair = two_ceilings(broker.bootstrap, ends, work / f"ceiling-{rnd}")
+                    pairs.append(pair)
+                    print(
+                        f"(c) round {rnd + 1}: two ceiling loops at once (2 processes, 2 partitions each): "
+                        f"{pair:,.0f} rec/s = {pair / c_rate:.2f}x one loop",
+                        flush=True,
+                    )
                 for par in args.parallelism:
                     out = work / f"sluice-{rnd}-{par}"
                     s_rate = sluice_job(broker.bootstrap, args.messages, out, ends, par, not args.no_fetch_thread)
@@ -217,6 +245,7 @@ def main() -> None:
                 "messages": args.messages,
                 "fetch_thread": not args.no_fetch_thread,
                 "ceiling_rec_s": round(statistics.median(ceilings)),
+                "two_loops_rec_s": round(statistics.median(pairs)) if pairs else None,
                 "runs": runs,
                 "median_ratio": medians,
                 "loadavg": [round(load_before, 1), round(os.getloadavg()[0], 1)],

@@ -6,8 +6,8 @@ local runtime, checkpoints every second, bounded by the end offsets) ``--rounds`
 alternating:
 
 (a) without: ``Pipeline(metrics=False)``, ``control_endpoint=None`` (no counting at all, no server);
-(b) with: metrics on, the endpoint serving, and a scraper fetching ``/metrics`` and ``/api/v1/metrics``
-    every second, as Prometheus and an open dashboard would.
+(b) with: metrics on, the endpoint serving, and a scraper (another process, as Prometheus and a browser
+    are) fetching ``/metrics`` and ``/api/v1/metrics`` every second.
 
 Target (issue 13): (b) >= 0.97x (a). Each round runs (a) and (b) back to back (in alternating order), so
 a round's ratio compares runs under the same load; ``ratio`` is the median of the rounds' ratios of
@@ -26,11 +26,10 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +44,31 @@ from sluice.config import NoRestart
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.files import FileSink
 
+#: the scraper: another process, as Prometheus and a browser are; prints how many requests it made
+SCRAPER = """
+import sys, time, urllib.request
+url, token, n = sys.argv[1], sys.argv[2], 0
+headers = {"Authorization": "Bearer " + token}
+while True:
+    time.sleep(1.0)
+    for path in ("/metrics", "/api/v1/metrics"):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url + path, headers=headers), timeout=10).read()
+            n += 1
+            print(n, flush=True)
+        except OSError:
+            pass
+"""
 
-def _scrape(url: str, token: str, stop: threading.Event, counts: list[int]) -> None:
-    headers = {"Authorization": f"Bearer {token}"}
-    while not stop.wait(1.0):
-        for path in ("/metrics", "/api/v1/metrics"):
-            try:
-                urllib.request.urlopen(urllib.request.Request(url + path, headers=headers), timeout=10).read()
-                counts[0] += 1
-            except OSError:
-                pass  # the job ended between two scrapes
+
+def _scraper(url: str, token: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", SCRAPER, url, token], stdout=subprocess.PIPE, text=True)
+
+
+def _scrapes(proc: subprocess.Popen[str]) -> int:
+    proc.terminate()
+    out, _ = proc.communicate(timeout=10)
+    return int(out.split()[-1]) if out.split() else 0
 
 
 def _cpu() -> float:
@@ -82,17 +96,14 @@ def run(
         stopping_offsets={(TOPIC, q): off for q, off in ends.items()},
     )
     p.source(src).sink(FileSink(str(out / "parquet"), format="parquet", compression="snappy"))
-    stop, scrapes = threading.Event(), [0]
     t0, c0 = time.perf_counter(), _cpu()
     client = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0" if with_metrics else None)
     scraper = None
-    if with_metrics:
-        token = Path(client.control.token_file).read_text()
-        scraper = threading.Thread(target=_scrape, args=(client.control.url, token, stop, scrapes), daemon=True)
-        scraper.start()
+    if client.control is not None:
+        scraper = _scraper(client.control.url, Path(client.control.token_file).read_text())
     result = client.wait()
     dt, cpu = time.perf_counter() - t0, _cpu() - c0
-    stop.set()
+    scrapes = _scrapes(scraper) if scraper is not None else 0
     if client.control is not None:
         client.control.close()
     rows = sum(
@@ -104,7 +115,7 @@ def run(
     if rows != n or result.status != "finished":
         raise RuntimeError(f"committed {rows} rows ({result.status}), expected {n}")
     label = "with   " if with_metrics else "without"
-    extra = f", {scrapes[0]} scrapes" if with_metrics else ""
+    extra = f", {scrapes} scrapes" if with_metrics else ""
     print(f"  {label} metrics and endpoint: {n / dt:,.0f} rec/s, {n / cpu:,.0f} rec/cpu-s ({dt:.2f}s{extra})", flush=True)
     return n / dt, n / cpu
 
