@@ -118,17 +118,34 @@ def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheel
 
 
+#: the scenarios of every finished test, gathered from test reports: under pytest-xdist (``-n 2``, for the
+#: soak) tests run in worker processes and only their reports reach this one
+_SCENARIOS: list[dict[str, Any]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    if call.when == "call" and SCENARIO_LOG:
+        report = outcome.get_result()
+        report.user_properties.extend(("fault-scenario", s) for s in SCENARIO_LOG)
+        SCENARIO_LOG.clear()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SCENARIOS.extend(v for k, v in report.user_properties if k == "fault-scenario")
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if SCENARIO_LOG:
-        fired = [s for s in SCENARIO_LOG if s["fired"]]
+    if _SCENARIOS:
+        fired = [s for s in _SCENARIOS if s["fired"]]
         terminalreporter.write_sep("=", "fault injection")
         terminalreporter.write_line(
-            f"{len(SCENARIO_LOG)} scenarios, {len(fired)} with faults fired, "
+            f"{len(_SCENARIOS)} scenarios, {len(fired)} with faults fired, "
             f"{sum(s['crashes'] for s in fired)} crashes, {sum(s['lost'] for s in fired)} lost, "
             f"{sum(s['duplicated'] for s in fired)} duplicated"
         )
-        modes = sorted({s["mode"] for s in SCENARIO_LOG})
+        modes = sorted({s["mode"] for s in _SCENARIOS})
         terminalreporter.write_line(
-            "fired by mode: "
-            + ", ".join(f"{m} {sum(1 for s in fired if s['mode'] == m)}" for m in modes)
+            "fired by mode: " + ", ".join(f"{m} {sum(1 for s in fired if s['mode'] == m)}" for m in modes)
         )
