@@ -53,7 +53,7 @@ class FakeSlot:
         self.got.set()
 
     def hello(self) -> FakeSlot:
-        self.conn.send(m.Hello(self.attempt, self.index, 1))
+        self.conn.send(m.Hello(self.attempt, self.index, 1, ("127.0.0.1", 7000 + self.index)))
         return self
 
     def send(self, make: Callable[[int], m.SlotMessage]) -> None:
@@ -152,3 +152,17 @@ def test_ranking_and_a_failure_the_runtime_set(tmp_path: Path) -> None:
     b.failure = AttemptCancelled("cancelled")
     b.failed(T0, error)
     assert isinstance(b.failure, AttemptCancelled) and b.secondary_failures == [error]
+
+
+def test_slots_learn_their_peers_once_every_slot_said_hello(
+    control: tuple[JobAttempt, ControlServer],
+) -> None:
+    a, server = control
+    s1 = FakeSlot(server, 1, a.attempt).hello()
+    assert not s1.got.wait(0.2), "the driver sent something before every slot said hello"
+    s0 = FakeSlot(server, 0, a.attempt).hello()
+    expected = m.Peers((("127.0.0.1", 7000), ("127.0.0.1", 7001)))
+    assert s0.got.wait(10) and s1.got.wait(10)
+    assert s0.received == [expected] and s1.received == [expected]
+    late = FakeSlot(server, 1, a.attempt).hello()  # a slot that connects again gets the addresses alone
+    assert late.got.wait(10) and late.received == [expected] and s0.received == [expected]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.spark
 T = SubtaskId(1, 0)
 #: one instance of every message
 SAMPLES: list[m.Message] = [
-    m.Hello(3, 1, 4242),
+    m.Hello(3, 1, 4242, ("10.0.0.7", 40123)),
     m.Registered(3, 1, ((T, "source (1/2)"),)),
     m.Acknowledge(3, T, 7, {"path": "chk-7/1.0", "size": 12}),
     m.Decline(3, T, 7, "upload failed"),
@@ -40,6 +40,7 @@ SAMPLES: list[m.Message] = [
     m.CheckpointAborted(T, 8),
     m.AssignSplits(T, [SourceSplit("p-0", 12)]),
     m.NoMoreSplits(T),
+    m.Peers((("10.0.0.7", 40123), ("10.0.0.8", 40555))),
 ]
 
 
@@ -59,7 +60,9 @@ def test_every_message_is_sampled_documented_and_registered() -> None:
     assert {type(s) for s in SAMPLES} == classes
     for cls in m.MESSAGES:
         doc = inspect.getdoc(cls) or ""
-        assert len(doc) > 40 and doc != inspect.getdoc(m.Message), f"{cls.__name__} has no docstring of its own"
+        assert len(doc) > 40 and doc != inspect.getdoc(m.Message), (
+            f"{cls.__name__} has no docstring of its own"
+        )
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
         assert issubclass(cls, (m.SlotMessage, m.DriverMessage))
 

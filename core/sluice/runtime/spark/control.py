@@ -118,6 +118,9 @@ class ControlServer:
         self._conns: dict[int, rpc.MessageConnection] = {}
         self._live: set[_SlotConnection] = set()
         self._registered: set[int] = set()
+        #: where each slot's data plane listens (from its Hello); Peers once every slot is known
+        self._addresses: dict[int, tuple[str, int]] = {}
+        self._peers: m.Peers | None = None
         self.all_registered = threading.Event()
         #: Stop or Cancel once the attempt ends (sent to every slot, and to slots that connect later)
         self._final: m.Stop | m.Cancel | None = None
@@ -221,8 +224,8 @@ class ControlServer:
         if msg.attempt != a.attempt:
             return  # a zombie slot of an earlier attempt
         match msg:
-            case m.Hello(slot=slot):
-                self._hello(sc, slot)
+            case m.Hello(slot=slot, address=address):
+                self._hello(sc, slot, address)
             case m.Registered(slot=slot):
                 with self._lock:
                     self._registered.add(slot)
@@ -258,11 +261,20 @@ class ControlServer:
             case _:
                 raise m.ProtocolError(f"the driver does not handle {type(msg).__name__}")
 
-    def _hello(self, sc: _SlotConnection, slot: int) -> None:
+    def _hello(self, sc: _SlotConnection, slot: int, address: tuple[str, int]) -> None:
         assert sc.conn is not None
         with self._lock:
             sc.slot = slot
             self._conns[slot] = sc.conn
+            self._addresses[slot] = address
             final = self._final
+            late = self._peers  # a slot that connects after the rendezvous gets the addresses on its own
+            complete = late is None and len(self._addresses) == self.slots
+            if complete:
+                self._peers = m.Peers(tuple(self._addresses[i] for i in range(self.slots)))
         if final is not None:
             sc.conn.send(final)
+        elif late is not None:
+            sc.conn.send(late)
+        elif complete and self._peers is not None:
+            self.broadcast(self._peers)

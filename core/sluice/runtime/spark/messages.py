@@ -6,7 +6,7 @@ attempt; the driver sends :class:`DriverMessage` s. A slot's control connection 
     slot -> driver   Hello, Registered, then any of Acknowledge, Decline, EndOfInput, Finished,
                      RequestSplit, Log, FaultFired, TaskFailed, SlotFailed, Metrics (also
                      every second); last Goodbye
-    driver -> slot   Start, then any of TriggerCheckpoint, CheckpointComplete, CheckpointAborted,
+    driver -> slot   Peers, Start, then any of TriggerCheckpoint, CheckpointComplete, CheckpointAborted,
                      AssignSplits, NoMoreSplits; last Stop or Cancel
 
 A connection is FIFO, so everything a slot sent before its :class:`Goodbye` reaches the driver before the
@@ -47,6 +47,7 @@ __all__ = [
     "Message",
     "Metrics",
     "NoMoreSplits",
+    "Peers",
     "ProtocolError",
     "Registered",
     "RequestSplit",
@@ -93,11 +94,14 @@ class Hello(SlotMessage):
     """First message on a slot's control connection, sent once it is authenticated.
 
     The driver binds the connection to ``slot`` (notifications for the slot's subtasks go there); if the
-    attempt is already ending it answers with its Stop or Cancel at once.
+    attempt is already ending it answers with its Stop or Cancel at once. ``address`` is where the slot's
+    data plane listens for its peers (the host it advertises, the port); once every slot said hello, the
+    driver sends them all :class:`Peers`.
     """
 
     slot: int
     pid: int
+    address: tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +234,17 @@ class Goodbye(SlotMessage):
 
 # -- driver -> slot ------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class Peers(DriverMessage):
+    """Every slot said hello: ``addresses[i]`` is where slot ``i``'s data plane listens.
+
+    The slots' rendezvous goes through the driver rather than Spark's ``BarrierTaskContext.allGather``,
+    whose executor side polls for the answer once a second (every start and restart paid up to a second).
+    """
+
+    addresses: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Start(DriverMessage):
     """Every slot registered and the coordinator runs: start the subtasks, logging at the driver's levels
     (``log_levels``: logger name, ``""`` for the root, to level)."""
@@ -310,6 +325,7 @@ MESSAGES: tuple[type[Message], ...] = (
     CheckpointAborted,
     AssignSplits,
     NoMoreSplits,
+    Peers,
 )
 _TAGS = {cls: tag for tag, cls in enumerate(MESSAGES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES}

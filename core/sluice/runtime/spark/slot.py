@@ -1,10 +1,11 @@
 """What runs inside one Spark barrier task: a *slot* hosting subtask i of every vertex with parallelism > i.
 
-A slot connects to the driver's control server, finds its peers with one ``allGather``, links to every
-other slot (:class:`~sluice.runtime.spark.transport.DataPlane`), loads the checkpoint to restore from storage
-itself, builds its subtasks (LocalChannel between subtasks in the slot, remote channels across slots),
-registers them, and starts them when the driver says so. It stops when the driver says stop (success) or
-cancel, or when it loses the driver or a peer; a failure makes the Spark task fail, which fails the stage.
+A slot connects to the driver's control server, tells it where its data plane listens, learns its peers'
+addresses from the driver (:class:`~sluice.runtime.spark.messages.Peers`), links to every other slot
+(:class:`~sluice.runtime.spark.transport.DataPlane`), loads the checkpoint to restore from storage itself,
+builds its subtasks (LocalChannel between subtasks in the slot, remote channels across slots), registers
+them, and starts them when the driver says so. It stops when the driver says stop (success) or cancel, or
+when it loses the driver or a peer; a failure makes the Spark task fail, which fails the stage.
 
 Root cause first: before it stops, a slot tells the driver why (:mod:`~sluice.runtime.spark.messages`):
 a subtask's error (TaskFailed), or its own failure (SlotFailed), marked as a consequence when another
@@ -14,7 +15,6 @@ without one for a lost slot.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -162,6 +162,8 @@ class Slot:
         self._finished: set[SubtaskId] = set()
         self._lock = threading.Lock()
         self._started = threading.Event()
+        self._peers: list[tuple[str, int]] | None = None
+        self._peers_known = threading.Event()
         self._end = threading.Event()
         self._stop_ok = False
         self._failure: BaseException | None = None
@@ -190,6 +192,7 @@ class Slot:
             self.send(m.SlotFailed(self.spec.attempt, self.index, _portable(error, self.index), consequence))
         self._end.set()
         self._started.set()
+        self._peers_known.set()
 
     def task_finished(self, task: SubtaskId) -> None:
         with self._lock:
@@ -228,6 +231,9 @@ class Slot:
 
     def _on_control(self, msg: m.Message) -> None:
         match msg:
+            case m.Peers(addresses=addresses):
+                self._peers = [(str(h), int(p)) for h, p in addresses]
+                self._peers_known.set()
             case m.Start(log_levels=levels):
                 self._levels = levels
                 self._started.set()
@@ -235,6 +241,7 @@ class Slot:
                 self._stop_ok = True
                 self._end.set()
                 self._started.set()
+                self._peers_known.set()
             case m.Cancel():
                 self.fail(SlotError(f"slot {self.index} was cancelled by the driver"))
             case m.TriggerCheckpoint(task=task, barrier=barrier):
@@ -267,25 +274,29 @@ class Slot:
             self.fail(lost, report=True, consequence=True)
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def run(self, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:
+    def run(self, host: str) -> dict[str, Any]:
         """Run the slot to its end; raises SlotError (failing the Spark task) unless stopped by the driver."""
         spec = self.spec
-        sock = rpc.connect(spec.driver[0], spec.driver[1], spec.secret, spec.tls, spec.connect_timeout)
-        self._ctl = rpc.MessageConnection(
-            sock, self._on_control, self._on_driver_closed, f"slot-{self.index}"
-        )
-        self._ctl.start()
-        self.send(m.Hello(spec.attempt, self.index, os.getpid()))
-        handler = SlotLogHandler(self)
-        root = logging.getLogger()
-        saved = (root.level, logging.getLogger("sluice").level)
-        root.addHandler(handler)
         host = spec.host or host
         plane = DataPlane(
             self.index, spec.slots, spec.secret, spec.tls, bind_address(host), self._on_peer_lost
         )
         try:
-            self._set_up(plane, all_gather, host)
+            sock = rpc.connect(spec.driver[0], spec.driver[1], spec.secret, spec.tls, spec.connect_timeout)
+        except BaseException:
+            plane.close(orderly=False)
+            raise
+        self._ctl = rpc.MessageConnection(
+            sock, self._on_control, self._on_driver_closed, f"slot-{self.index}"
+        )
+        self._ctl.start()
+        self.send(m.Hello(spec.attempt, self.index, os.getpid(), (host, plane.port)))
+        handler = SlotLogHandler(self)
+        root = logging.getLogger()
+        saved = (root.level, logging.getLogger("sluice").level)
+        root.addHandler(handler)
+        try:
+            self._set_up(plane)
             subtasks = tuple((sid, t.name) for sid, t in self.tasks.items())
             self.send(m.Registered(spec.attempt, self.index, subtasks))
             self._started.wait()
@@ -322,13 +333,20 @@ class Slot:
             self.send(m.Goodbye(spec.attempt, self.index))
             self._ctl.close(flush_timeout=2.0)
 
-    def _set_up(self, plane: DataPlane, all_gather: Callable[[str], list[str]], host: str) -> None:
+    def _set_up(self, plane: DataPlane) -> None:
         """Reach the peers, then build the subtasks; a failure is reported to the driver before it is raised."""
+        timeout = self.spec.connect_timeout
+        if not self._peers_known.wait(timeout):
+            self._raise(
+                SlotError(f"slot {self.index} did not learn its peers within {timeout:.0f}s"), None, True
+            )
+        if self._end.is_set():
+            raise self._failure or SlotError(f"slot {self.index} stopped before it started")
+        assert self._peers is not None
         try:
-            peers = [tuple(json.loads(a)) for a in all_gather(json.dumps([host, plane.port]))]
-            plane.connect([(str(h), int(p)) for h, p in peers], self.spec.connect_timeout)
+            plane.connect(self._peers, timeout)
         except Exception as exc:
-            # a peer that failed first makes allGather or its link fail here
+            # a peer that failed first makes its link fail here
             self._raise(SlotError(f"slot {self.index} could not reach its peers: {exc}"), exc, True)
         try:
             self._build(plane)
@@ -401,12 +419,12 @@ class Slot:
             self._ctl.send_sync(m.FaultFired(self.spec.attempt, self.index, desc), timeout=1.0)
 
 
-def run_slot(spec: SlotSpec, index: int, all_gather: Callable[[str], list[str]], host: str) -> dict[str, Any]:
-    """Run slot ``index`` of ``spec`` (outside Spark too, e.g. in tests: ``all_gather`` exchanges addresses).
+def run_slot(spec: SlotSpec, index: int, host: str) -> dict[str, Any]:
+    """Run slot ``index`` of ``spec`` (outside Spark too, e.g. in tests).
 
     The slot listens where ``spec.host`` (else ``host``, the executor's address) reaches it and tells its
-    peers that address."""
-    return Slot(spec, index).run(all_gather, host)
+    peers that address, through the driver."""
+    return Slot(spec, index).run(host)
 
 
 def slot_function(spec: SlotSpec) -> Callable[[Iterator[Any]], Iterator[dict[str, Any]]]:
@@ -418,6 +436,6 @@ def slot_function(spec: SlotSpec) -> Callable[[Iterator[Any]], Iterator[dict[str
         ctx = BarrierTaskContext.get()
         me = ctx.partitionId()
         host = ctx.getTaskInfos()[me].address.rsplit(":", 1)[0]
-        yield run_slot(spec, me, ctx.allGather, host)
+        yield run_slot(spec, me, host)
 
     return run
