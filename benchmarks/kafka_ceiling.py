@@ -10,7 +10,9 @@ Starts a tansu broker (tests/kafka_broker.py), produces ``--messages`` JSON mess
 (c) with parallelism 2: two ceiling loops at once in two processes, two partitions each, which share
     nothing: what two consumers can get from this broker on this machine at all.
 
-Targets (issue 14): parallelism 1 >= 1.0x the ceiling, parallelism 2 >= 1.5x. On a shared machine the
+Targets (issue 14): parallelism 1 >= 1.0x the ceiling, parallelism 2 >= 1.5x. Each run also prints how
+many cores the machine kept busy over it (``benchmarks/cpu.py``): a run that leaves cores idle is held
+back by something other than CPU. On a shared machine the
 load changes within a run, so ``--repeat N`` measures ceiling, then sluice at each parallelism, N times in
 turn; each ratio is against the ceiling of its own round, and the median ratio per parallelism is
 reported with every round's, and the load average before and after. The last line is
@@ -40,6 +42,7 @@ import pyarrow as pa
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Producer, TopicPartition
+from cpu import CpuSampler  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kafka_broker import TansuBroker
@@ -209,9 +212,11 @@ def main() -> None:
             assert sum(ends.values()) == args.messages, ends
             for rnd in range(args.repeat):
                 (work / f"ceiling-{rnd}").mkdir()
-                c_rate = ceiling(broker.bootstrap, args.messages, work / f"ceiling-{rnd}")
+                with CpuSampler() as cpu:
+                    c_rate = ceiling(broker.bootstrap, args.messages, work / f"ceiling-{rnd}")
                 ceilings.append(c_rate)
-                print(f"(a) round {rnd + 1}: ceiling {c_rate:,.0f} rec/s", flush=True)
+                busy = cpu.cores_busy(0, float("inf"))
+                print(f"(a) round {rnd + 1}: ceiling {c_rate:,.0f} rec/s, {busy:.2f} cores busy", flush=True)
                 if 2 in args.parallelism:
                     pair = two_ceilings(broker.bootstrap, ends, work / f"ceiling-{rnd}")
                     pairs.append(pair)
@@ -222,15 +227,25 @@ def main() -> None:
                     )
                 for par in args.parallelism:
                     out = work / f"sluice-{rnd}-{par}"
-                    s_rate = sluice_job(broker.bootstrap, args.messages, out, ends, par, not args.no_fetch_thread)
+                    with CpuSampler() as cpu:
+                        s_rate = sluice_job(
+                            broker.bootstrap, args.messages, out, ends, par, not args.no_fetch_thread
+                        )
+                    busy = cpu.cores_busy(0, float("inf"))
                     shutil.rmtree(out, ignore_errors=True)
                     print(
                         f"(b) round {rnd + 1}: sluice exactly-once, parallelism {par}, checkpoints every 1s: "
-                        f"{s_rate:,.0f} rec/s = {s_rate / c_rate:.2f}x the ceiling",
+                        f"{s_rate:,.0f} rec/s = {s_rate / c_rate:.2f}x the ceiling, {busy:.2f} cores busy",
                         flush=True,
                     )
                     runs.append(
-                        {"round": rnd + 1, "parallelism": par, "sluice_rec_s": round(s_rate), "ratio": round(s_rate / c_rate, 3)}
+                        {
+                            "round": rnd + 1,
+                            "parallelism": par,
+                            "sluice_rec_s": round(s_rate),
+                            "ratio": round(s_rate / c_rate, 3),
+                            "cores_busy": round(busy, 2),
+                        }
                     )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -8,7 +8,8 @@ partitions (the data of ``kafka_ceiling.py``) and runs the same exactly-once job
    2 slots. A probe between source and sink logs the time of every batch; steady-state throughput is the
    records over the span from the first to the last batch, so stage submission, slot start-up and the
    final commit are left out (they are figures 2 and 3). Targets: Spark 2 slots >= 0.9x in-process,
-   2 slots >= 1.7x 1 slot.
+   2 slots >= 1.7x 1 slot. Each run also reports how many cores the whole machine kept busy over that
+   span (``benchmarks/cpu.py``): what a second slot can add is bounded by what the first left idle.
 2. **start**: from ``run()`` to the first record through the probe (the context is up already), read
    against the floor Spark itself sets: an empty barrier stage of 2 tasks, from submission to a function
    that imports what a slot imports running in every task.
@@ -43,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 from confluent_kafka import Producer
+from cpu import CpuSampler  # type: ignore[import-not-found]
 from kafka_ceiling import PARTITIONS, SCHEMA, TOPIC, produce, value  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -103,20 +105,22 @@ def build(
 
 def run(p: Pipeline, runtime: str, out: Path, n: int, **kw: Any) -> dict[str, float]:
     t0 = time.time()
-    result = p.run(runtime=runtime, restore="none", **kw)
+    with CpuSampler() as cpu:
+        result = p.run(runtime=runtime, restore="none", **kw)
     wall = time.time() - t0
     rows = ds.dataset(str(out / "parquet"), format="parquet").count_rows()
     batches = [b for log in probes(out / "probe").values() for b in log]
     first, last = min(t for t, _ in batches), max(t for t, _ in batches)
     steady = n / (last - first)
+    busy = cpu.cores_busy(first, last)
     print(
         f"  {out.name}: {result.status} after {result.attempts} attempt(s) in {wall:.1f}s; first record "
-        f"{first - t0:.2f}s after run(); steady {steady:,.0f} rec/s; {rows:,} rows",
+        f"{first - t0:.2f}s after run(); steady {steady:,.0f} rec/s with {busy:.2f} cores busy; {rows:,} rows",
         flush=True,
     )
     if rows != n:
         raise RuntimeError(f"{out.name}: committed {rows} rows, expected {n}")
-    return {"steady": steady, "wall": n / wall, "start": first - t0, "t0": t0}
+    return {"steady": steady, "wall": n / wall, "start": first - t0, "t0": t0, "cores_busy": busy}
 
 
 def restart_gap(logs: dict[str, list[tuple[float, int]]], killed_at: float | None = None) -> float:
@@ -278,6 +282,7 @@ def main() -> None:
                 "source": "kafka",
                 "cores": os.cpu_count(),
                 "steady_rec_s": {k: round(v) for k, v in steady.items()},
+                "steady_cores_busy": {k: round(v["cores_busy"], 2) for k, v in figures.items()},
                 "wall_rec_s": {k: round(v["wall"]) for k, v in figures.items()},
                 "spark_2slots_vs_in_process": round(two / base, 3),
                 "spark_2slots_vs_1slot": round(two / one, 3),
