@@ -220,6 +220,9 @@ class CheckpointCoordinator:
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
+                if opts.terminate and self.terminal_path is not None:
+                    # an end-of-input request took the terminal checkpoint (these options) while we waited
+                    return self.terminal_path
                 if self._stopped.is_set() or all(t in self.finished for t in self.tasks):
                     raise CheckpointError(CheckpointFailureReason.FINISHED, "the job is not running")
                 if not self.pending:
