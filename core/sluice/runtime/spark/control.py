@@ -269,12 +269,12 @@ class ControlServer:
             self._addresses[slot] = address
             final = self._final
             late = self._peers  # a slot that connects after the rendezvous gets the addresses on its own
-            complete = late is None and len(self._addresses) == self.slots
-            if complete:
-                self._peers = m.Peers(tuple(self._addresses[i] for i in range(self.slots)))
+            fresh = None
+            if late is None and len(self._addresses) == self.slots:
+                fresh = self._peers = m.Peers(tuple(self._addresses[i] for i in range(self.slots)))
         if final is not None:
             sc.conn.send(final)
         elif late is not None:
             sc.conn.send(late)
-        elif complete and self._peers is not None:
-            self.broadcast(self._peers)
+        elif fresh is not None:
+            self.broadcast(fresh)
