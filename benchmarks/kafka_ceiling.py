@@ -8,7 +8,12 @@ Starts a tansu broker (tests/kafka_broker.py), produces ``--messages`` JSON mess
 (b) sluice: ``KafkaSource(format="json")`` -> ``FileSink(parquet)`` on the local runtime with exactly-once
     checkpoints every second, bounded by the end offsets, at each ``--parallelism`` (default 1 and 2);
 (c) with parallelism 2: two ceiling loops at once in two processes, two partitions each, which share
-    nothing: what two consumers can get from this broker on this machine at all.
+    nothing: what two consumers can get from this broker on this machine at all;
+(d) with parallelism 2: the same two loops as two threads of one process: what two consumers get in one
+    process, where they share the GIL (confluent-kafka builds a Python ``Message`` per record with it held);
+(e) with parallelism 2, a design probe: two child processes consume and parse (a ceiling loop without its
+    writer) and send each Arrow batch over a pipe (Arrow IPC) to one process that writes both Parquet
+    files in two threads: what readers that fetch in a process of their own could reach.
 
 Targets (issue 14): parallelism 1 >= 1.0x the ceiling, parallelism 2 >= 1.5x. Each run also prints how
 many cores the machine kept busy over it (``benchmarks/cpu.py``): a run that leaves cores idle is held
@@ -35,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +143,72 @@ def _ceiling_span(bootstrap: str, n: int, out: Path, partitions: Sequence[int]) 
     return start, time.time(), dt
 
 
-def two_ceilings(bootstrap: str, ends: dict[int, int], out: Path) -> float:
-    """Two ceiling loops at once in two processes, half the partitions each: what two consumers that share
-    nothing get from this broker on this machine (the most a parallelism-2 job could reach)."""
+def two_ceilings(bootstrap: str, ends: dict[int, int], out: Path, *, threads: bool = False) -> float:
+    """Two ceiling loops at once, half the partitions each: in two processes, what two consumers that share
+    nothing get from this broker on this machine (the most a parallelism-2 job could reach); with
+    ``threads``, in two threads of this process (the most two readers sharing one GIL could reach)."""
     halves = [list(range(PARTITIONS))[: PARTITIONS // 2], list(range(PARTITIONS))[PARTITIONS // 2 :]]
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
-        spans = pool.starmap(_ceiling_span, [(bootstrap, sum(ends[p] for p in h), out, h) for h in halves])
+    jobs = [(bootstrap, sum(ends[p] for p in h), out, h) for h in halves]
+    pool = ThreadPool(2) if threads else multiprocessing.get_context("spawn").Pool(2)
+    with pool:
+        spans = pool.starmap(_ceiling_span, jobs)
     return sum(ends.values()) / (max(e for _, e, _ in spans) - min(s for s, _, _ in spans))
+
+
+def _fetch_child(bootstrap: str, n: int, partitions: Sequence[int], conn: Any) -> None:
+    """(e)'s child: the ceiling loop's consume and parse, each table sent as one Arrow IPC stream."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "ceiling",
+            "enable.auto.commit": False,
+            "log_level": 0,
+            **{k: v for k, v in TUNING.items() if k != "isolation.level"},
+        }
+    )
+    c.assign([TopicPartition(TOPIC, p, 0) for p in partitions])
+    parse = pjson.ParseOptions(explicit_schema=SCHEMA)
+    read = pjson.ReadOptions(block_size=1 << 22)
+    got = 0
+    while got < n:
+        msgs = c.consume(10_000, 0.05)
+        if not msgs:
+            continue
+        values = [m.value() for m in msgs]
+        table = pjson.read_json(io.BytesIO(b"\n".join(values)), read_options=read, parse_options=parse)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, SCHEMA) as w:
+            w.write_table(table)
+        conn.send_bytes(sink.getvalue())
+        got += len(values)
+    conn.send_bytes(b"")
+    c.close()
+
+
+def fetch_processes(bootstrap: str, ends: dict[int, int], out: Path) -> float:
+    """(e): two fetching child processes, one writing process (this one, a thread per child)."""
+    ctx = multiprocessing.get_context("spawn")
+    halves = [list(range(PARTITIONS))[: PARTITIONS // 2], list(range(PARTITIONS))[PARTITIONS // 2 :]]
+
+    def write(conn: Any, name: str) -> None:
+        with pq.ParquetWriter(out / name, SCHEMA, compression="snappy") as w:
+            while buf := conn.recv_bytes():
+                w.write_table(pa.ipc.open_stream(buf).read_all())
+
+    t0 = time.perf_counter()
+    children = []
+    for h in halves:
+        mine, theirs = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_fetch_child, args=(bootstrap, sum(ends[p] for p in h), h, theirs))
+        proc.start()
+        theirs.close()
+        children.append((proc, mine, f"probe-{min(h)}.parquet"))
+    with ThreadPool(2) as pool:
+        pool.starmap(write, [(conn, name) for _, conn, name in children])
+    dt = time.perf_counter() - t0
+    for proc, _, _ in children:
+        proc.join()
+    return sum(ends.values()) / dt
 
 
 def _file_sink(directory: str) -> Any:
@@ -203,6 +268,8 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     ceilings: list[float] = []
     pairs: list[float] = []
+    thread_pairs: list[float] = []
+    probes: list[float] = []
     load_before = os.getloadavg()[0]
     try:
         with TansuBroker() as broker:
@@ -223,6 +290,20 @@ def main() -> None:
                     print(
                         f"(c) round {rnd + 1}: two ceiling loops at once (2 processes, 2 partitions each): "
                         f"{pair:,.0f} rec/s = {pair / c_rate:.2f}x one loop",
+                        flush=True,
+                    )
+                    thread_pair = two_ceilings(broker.bootstrap, ends, work / f"ceiling-{rnd}", threads=True)
+                    thread_pairs.append(thread_pair)
+                    print(
+                        f"(d) round {rnd + 1}: two ceiling loops at once (2 threads of one process): "
+                        f"{thread_pair:,.0f} rec/s = {thread_pair / c_rate:.2f}x one loop",
+                        flush=True,
+                    )
+                    probe = fetch_processes(broker.bootstrap, ends, work / f"ceiling-{rnd}")
+                    probes.append(probe / c_rate)
+                    print(
+                        f"(e) round {rnd + 1}: two fetching processes, one writing process: "
+                        f"{probe:,.0f} rec/s = {probe / c_rate:.2f}x one loop",
                         flush=True,
                     )
                 for par in args.parallelism:
@@ -261,6 +342,13 @@ def main() -> None:
                 "fetch_thread": not args.no_fetch_thread,
                 "ceiling_rec_s": round(statistics.median(ceilings)),
                 "two_loops_rec_s": round(statistics.median(pairs)) if pairs else None,
+                "two_threads_rec_s": round(statistics.median(thread_pairs)) if thread_pairs else None,
+                "two_threads_ratio": (
+                    round(statistics.median(t / c for t, c in zip(thread_pairs, ceilings, strict=True)), 3)
+                    if thread_pairs
+                    else None
+                ),
+                "fetch_processes_ratio": round(statistics.median(probes), 3) if probes else None,
                 "runs": runs,
                 "median_ratio": medians,
                 "loadavg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
