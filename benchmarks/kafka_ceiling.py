@@ -39,7 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
@@ -112,8 +112,8 @@ def ceiling(bootstrap: str, n: int, out: Path, partitions: Sequence[int] = range
     return n / _ceiling_span(bootstrap, n, out, partitions)[2]
 
 
-def _ceiling_span(bootstrap: str, n: int, out: Path, partitions: Sequence[int]) -> tuple[float, float, float]:
-    """The ceiling loop over ``partitions`` until ``n`` records: (wall start, wall end, seconds)."""
+def _ceiling_consumer(bootstrap: str, partitions: Sequence[int]) -> Consumer:
+    """A tuned consumer assigned ``partitions`` from their start."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -124,20 +124,31 @@ def _ceiling_span(bootstrap: str, n: int, out: Path, partitions: Sequence[int]) 
         }
     )
     c.assign([TopicPartition(TOPIC, p, 0) for p in partitions])
+    return c
+
+
+def _ceiling_tables(c: Consumer, n: int) -> Iterator[pa.Table]:
+    """The ceiling loop's reading half: batch consume, one JSON parse per batch, until ``n`` records."""
     parse = pjson.ParseOptions(explicit_schema=SCHEMA)
     read = pjson.ReadOptions(block_size=1 << 22)
     got = 0
+    while got < n:
+        msgs = c.consume(10_000, 0.05)
+        if not msgs:
+            continue
+        values = [m.value() for m in msgs]
+        yield pjson.read_json(io.BytesIO(b"\n".join(values)), read_options=read, parse_options=parse)
+        got += len(values)
+
+
+def _ceiling_span(bootstrap: str, n: int, out: Path, partitions: Sequence[int]) -> tuple[float, float, float]:
+    """The ceiling loop over ``partitions`` until ``n`` records: (wall start, wall end, seconds)."""
+    c = _ceiling_consumer(bootstrap, partitions)
     t0 = time.perf_counter()
     start = time.time()
     with pq.ParquetWriter(out / f"ceiling-{min(partitions)}.parquet", SCHEMA, compression="snappy") as w:
-        while got < n:
-            msgs = c.consume(10_000, 0.05)
-            if not msgs:
-                continue
-            values = [m.value() for m in msgs]
-            table = pjson.read_json(io.BytesIO(b"\n".join(values)), read_options=read, parse_options=parse)
+        for table in _ceiling_tables(c, n):
             w.write_table(table)
-            got += len(values)
     dt = time.perf_counter() - t0
     c.close()
     return start, time.time(), dt
@@ -157,30 +168,12 @@ def two_ceilings(bootstrap: str, ends: dict[int, int], out: Path, *, threads: bo
 
 def _fetch_child(bootstrap: str, n: int, partitions: Sequence[int], conn: Any) -> None:
     """(e)'s child: the ceiling loop's consume and parse, each table sent as one Arrow IPC stream."""
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "ceiling",
-            "enable.auto.commit": False,
-            "log_level": 0,
-            **{k: v for k, v in TUNING.items() if k != "isolation.level"},
-        }
-    )
-    c.assign([TopicPartition(TOPIC, p, 0) for p in partitions])
-    parse = pjson.ParseOptions(explicit_schema=SCHEMA)
-    read = pjson.ReadOptions(block_size=1 << 22)
-    got = 0
-    while got < n:
-        msgs = c.consume(10_000, 0.05)
-        if not msgs:
-            continue
-        values = [m.value() for m in msgs]
-        table = pjson.read_json(io.BytesIO(b"\n".join(values)), read_options=read, parse_options=parse)
+    c = _ceiling_consumer(bootstrap, partitions)
+    for table in _ceiling_tables(c, n):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, SCHEMA) as w:
             w.write_table(table)
         conn.send_bytes(sink.getvalue())
-        got += len(values)
     conn.send_bytes(b"")
     c.close()
 
