@@ -68,6 +68,8 @@ SCHEMA = pa.schema(
     ]
 )
 PARTITIONS = 4
+#: the partitions of each of the two loops in (c), (d) and (e)
+HALVES = (list(range(PARTITIONS // 2)), list(range(PARTITIONS // 2, PARTITIONS)))
 TOPIC = "bench"
 
 
@@ -158,8 +160,7 @@ def two_ceilings(bootstrap: str, ends: dict[int, int], out: Path, *, threads: bo
     """Two ceiling loops at once, half the partitions each: in two processes, what two consumers that share
     nothing get from this broker on this machine (the most a parallelism-2 job could reach); with
     ``threads``, in two threads of this process (the most two readers sharing one GIL could reach)."""
-    halves = [list(range(PARTITIONS))[: PARTITIONS // 2], list(range(PARTITIONS))[PARTITIONS // 2 :]]
-    jobs = [(bootstrap, sum(ends[p] for p in h), out, h) for h in halves]
+    jobs = [(bootstrap, sum(ends[p] for p in h), out, h) for h in HALVES]
     pool = ThreadPool(2) if threads else multiprocessing.get_context("spawn").Pool(2)
     with pool:
         spans = pool.starmap(_ceiling_span, jobs)
@@ -181,7 +182,6 @@ def _fetch_child(bootstrap: str, n: int, partitions: Sequence[int], conn: Any) -
 def fetch_processes(bootstrap: str, ends: dict[int, int], out: Path) -> float:
     """(e): two fetching child processes, one writing process (this one, a thread per child)."""
     ctx = multiprocessing.get_context("spawn")
-    halves = [list(range(PARTITIONS))[: PARTITIONS // 2], list(range(PARTITIONS))[PARTITIONS // 2 :]]
 
     def write(conn: Any, name: str) -> None:
         with pq.ParquetWriter(out / name, SCHEMA, compression="snappy") as w:
@@ -190,7 +190,7 @@ def fetch_processes(bootstrap: str, ends: dict[int, int], out: Path) -> float:
 
     t0 = time.perf_counter()
     children = []
-    for h in halves:
+    for h in HALVES:
         mine, theirs = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_fetch_child, args=(bootstrap, sum(ends[p] for p in h), h, theirs))
         proc.start()
@@ -261,8 +261,8 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     ceilings: list[float] = []
     pairs: list[float] = []
-    thread_pairs: list[float] = []
-    probes: list[float] = []
+    thread_ratios: list[float] = []
+    probe_ratios: list[float] = []
     load_before = os.getloadavg()[0]
     try:
         with TansuBroker() as broker:
@@ -286,14 +286,14 @@ def main() -> None:
                         flush=True,
                     )
                     thread_pair = two_ceilings(broker.bootstrap, ends, work / f"ceiling-{rnd}", threads=True)
-                    thread_pairs.append(thread_pair)
+                    thread_ratios.append(thread_pair / c_rate)
                     print(
                         f"(d) round {rnd + 1}: two ceiling loops at once (2 threads of one process): "
                         f"{thread_pair:,.0f} rec/s = {thread_pair / c_rate:.2f}x one loop",
                         flush=True,
                     )
                     probe = fetch_processes(broker.bootstrap, ends, work / f"ceiling-{rnd}")
-                    probes.append(probe / c_rate)
+                    probe_ratios.append(probe / c_rate)
                     print(
                         f"(e) round {rnd + 1}: two fetching processes, one writing process: "
                         f"{probe:,.0f} rec/s = {probe / c_rate:.2f}x one loop",
@@ -335,13 +335,8 @@ def main() -> None:
                 "fetch_thread": not args.no_fetch_thread,
                 "ceiling_rec_s": round(statistics.median(ceilings)),
                 "two_loops_rec_s": round(statistics.median(pairs)) if pairs else None,
-                "two_threads_rec_s": round(statistics.median(thread_pairs)) if thread_pairs else None,
-                "two_threads_ratio": (
-                    round(statistics.median(t / c for t, c in zip(thread_pairs, ceilings, strict=True)), 3)
-                    if thread_pairs
-                    else None
-                ),
-                "fetch_processes_ratio": round(statistics.median(probes), 3) if probes else None,
+                "two_threads_ratio": round(statistics.median(thread_ratios), 3) if thread_ratios else None,
+                "fetch_processes_ratio": round(statistics.median(probe_ratios), 3) if probe_ratios else None,
                 "runs": runs,
                 "median_ratio": medians,
                 "loadavg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
