@@ -22,7 +22,12 @@ __all__ = ["new"]
 @click.option("--dir", "directory", default=".", show_default=True, help="Where to create the job or package.")
 @click.option("--list", "list_templates", is_flag=True, help="List the templates and exit.")
 def new(name: str | None, template: str, directory: str, list_templates: bool) -> None:
-    """Scaffold a job file NAME.py, or a plugin package NAME/ (--template source|sink)."""
+    """Scaffold a job file NAME.py, or a plugin package NAME/ (--template source|sink).
+
+    NAME is words of letters and digits joined by - or _, starting with a letter, for jobs and plugins
+    alike: a job my-job is written to my_job.py, a plugin my_plugin to the package my-plugin/ (distribution
+    sluice-my-plugin, import package sluice_my_plugin).
+    """
     from sluice.cli.scaffold import PLUGIN_TEMPLATES, describe_templates, render_template
 
     if list_templates:
