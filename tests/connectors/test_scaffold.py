@@ -88,6 +88,9 @@ def _check_installed(python: Path, cwd: Path) -> None:
 
 def test_plugin_depends_on_sluice_etl(tmp_path: Path) -> None:
     source, sink = _scaffold(tmp_path)
+    # sluice-etl is not on the package index: the printed commands install it from where this one came from
+    r = CliRunner().invoke(main, ["new", "other", "--template", "sink", "--dir", str(tmp_path)])
+    assert f".venv/bin/pip install {ROOT} && .venv/bin/pip install -e '.[test]'" in r.output, r.output
     for pkg in (source, sink):
         text = (pkg / "pyproject.toml").read_text()
         assert 'dependencies = ["sluice-etl>=0.1.0"]' in text, text

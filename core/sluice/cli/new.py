@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+from importlib.metadata import distributions
+from urllib.parse import unquote, urlparse
+
 import click
 
 from sluice.cli.main import main
@@ -41,9 +46,28 @@ def new(name: str | None, template: str, directory: str, list_templates: bool) -
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     if template in PLUGIN_TEMPLATES:
+        local = _local_sluice()
+        first = f".venv/bin/pip install {shlex.quote(local)} && " if local else ""
         click.echo(
             f"created the {template} plugin package {path}; test it with:\n"
-            f"  cd {path} && python -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+            f"  cd {path} && python -m venv .venv && {first}.venv/bin/pip install -e '.[test]' && "
+            ".venv/bin/python -m pytest"
         )
     else:
         click.echo(f"created {path}; run it with: sluice run {path}")
+
+
+def _local_sluice() -> str | None:
+    """Where this sluice was installed from, if from a local checkout or wheel (PEP 610 ``direct_url.json``):
+    a plugin's new virtualenv installs sluice-etl from there (it is not on the package index)."""
+    # every copy on the path: a source checkout on sys.path also holds build metadata (sluice_etl.egg-info)
+    for dist in distributions(name="sluice-etl"):
+        try:
+            url = str(json.loads(dist.read_text("direct_url.json") or "{}").get("url", ""))
+        except ValueError:
+            continue
+        parsed = urlparse(url)
+        if parsed.scheme == "file":
+            return unquote(parsed.path)
+    return None
+
