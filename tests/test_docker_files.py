@@ -279,7 +279,7 @@ def test_files_the_containers_run_exist_and_compile(services: dict[str, dict[str
                     compile(path.read_text(), str(path), "exec")
                 seen.add(path.relative_to(ROOT).as_posix())
     assert "docker/jobs/kafka_to_minio.py" in seen
-    job, args = submitter(services)
+    _, args = submitter(services)
     assert repo_path(job_script(args)).as_posix().endswith("docker/jobs/kafka_to_minio.py")
 
 
