@@ -95,3 +95,13 @@ def test_executor_cause_prefers_the_python_exception_over_its_wrappers() -> None
     java = java.replace("ModuleNotFoundError: No module named 'sluice'\n", "")
     assert executor_cause(java) == "java.io.IOException: Broken pipe"
     assert executor_cause("org.apache.spark.SparkException: Job aborted") is None
+
+
+def test_executor_cause_keeps_sparks_own_messages_that_are_causes() -> None:
+    crashed = (
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: barrier task finished unsuccessfully.\n"
+        "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.read(PythonRunner.scala:1)\n"
+        "Caused by: java.io.EOFException\n"
+    )
+    assert executor_cause(crashed) == "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"

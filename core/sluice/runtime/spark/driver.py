@@ -325,10 +325,19 @@ class SparkRuntime:
                 a.failed(None, SparkStageError(f"the slots of attempt {spec.attempt} ended early"))
 
 
-#: an exception line of a Java stack trace or a Python traceback: ``[Caused by: ]pkg.Type[: message]``
+#: an exception line of a Java stack trace or a Python traceback: ``pkg.Type[: message]``
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.$]*(?:Exception|Error|Exit|Interrupt))(?::\s*(?P<msg>.*))?$")
-#: exceptions that only wrap the executor's (the job abort, py4j's call failure, a Python worker's traceback)
-_WRAPPERS = ("SparkException", "Py4JJavaError", "PythonException", "SparkRuntimeException")
+
+
+def _wrapper(kind: str, message: str) -> bool:
+    """Whether an exception line only wraps the executor's: py4j's call failure, Spark's job abort, a
+    Python worker's traceback (its last line is the exception)."""
+    name = kind.rsplit(".", 1)[-1]
+    return (
+        name == "Py4JJavaError"
+        or (name == "SparkException" and message.startswith("Job aborted"))
+        or (name == "PythonException" and message.startswith("Traceback"))
+    )
 
 
 def executor_cause(text: str) -> str | None:
@@ -336,18 +345,20 @@ def executor_cause(text: str) -> str | None:
     stack trace with the failed task's exception in it), as ``Type: message``; None if there is none.
 
     A Python exception (the last line of a traceback a Python worker sent) is preferred over the Java
-    exceptions around it; wrappers (the job abort, ``PythonException``) are skipped.
+    exceptions around it; wrappers (the job abort, a ``PythonException`` holding a traceback) are skipped,
+    and so are ``Caused by:`` lines (the exception they explain comes first).
     """
     python: list[str] = []
     java: list[str] = []
     for raw in text.splitlines():
-        m = _EXCEPTION_LINE.match(raw.strip())
-        if m is None or m["type"].rsplit(".", 1)[-1] in _WRAPPERS:
+        line = raw.strip().removeprefix(": ")
+        m = _EXCEPTION_LINE.match(line)
+        if m is None or _wrapper(m["type"], m["msg"] or ""):
             continue
         if m["type"].startswith(("java.", "javax.", "org.", "py4j.", "scala.")):
-            java.append(raw.strip())
+            java.append(line)
         else:
-            python.append(raw.strip())
+            python.append(line)
     found = python or java
     return found[0] if found else None
 
