@@ -655,12 +655,16 @@ def test_the_job_command_reports_to_the_cli_and_stops_with_a_savepoint_on_sigter
     def log() -> str:
         return (tmp_path / "job.out").read_text() + (tmp_path / "job.err").read_text()[-5000:]
 
-    def status() -> dict[str, Any] | None:
-        r = subprocess.run(
-            [str(bin_dir / "sluice"), "status", "kafka-to-minio", "--storage", env["SLUICE_CHECKPOINTS"],
+    def cli(verb: str) -> subprocess.CompletedProcess[str]:
+        """`sluice VERB kafka-to-minio` as from the host: the registry in S3, the token from the volume."""
+        return subprocess.run(
+            [str(bin_dir / "sluice"), verb, "kafka-to-minio", "--storage", env["SLUICE_CHECKPOINTS"],
              "--token-file", str(token), "--json"],
-            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
         )  # fmt: skip
+
+    def status() -> dict[str, Any] | None:
+        r = cli("status")
         return _json.loads(r.stdout)["job"] if r.returncode == 0 else None  # type: ignore[no-any-return]
 
     try:
@@ -672,6 +676,8 @@ def test_the_job_command_reports_to_the_cli_and_stops_with_a_savepoint_on_sigter
             if s is not None and s["status"] == "running" and s.get("last_checkpoint"):
                 break
             time.sleep(1)
+        r = cli("savepoint")
+        assert r.returncode == 0 and "/kafka-to-minio/savepoint-" in _json.loads(r.stdout)["path"], r.stdout + r.stderr
         stopped = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # docker compose stop
         grace = _seconds(svc["stop_grace_period"])
