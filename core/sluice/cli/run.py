@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import runpy
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import click
 
-from sluice.api import Pipeline
+from sluice.cli.jobfile import load_pipeline
 from sluice.cli.main import main
 from sluice.client import JobClient
 from sluice.control.progress import Progress
@@ -20,22 +18,6 @@ from sluice.runtime.job import JobResult
 from sluice.settings import configure, load_settings, parse_overrides
 
 __all__ = ["load_pipeline", "run"]
-
-
-def load_pipeline(path: str) -> Pipeline:
-    """Load a job file: it defines ``pipeline`` (a Pipeline) or ``build_pipeline() -> Pipeline``."""
-    if not Path(path).is_file():
-        raise click.BadParameter(f"no such job file: {path}", param_hint="JOB")
-    ns = runpy.run_path(path, run_name="__sluice_job__")
-    if isinstance(ns.get("pipeline"), Pipeline):
-        return ns["pipeline"]  # type: ignore[no-any-return]
-    if callable(ns.get("build_pipeline")):
-        p = ns["build_pipeline"]()
-        if isinstance(p, Pipeline):
-            return p
-    raise click.ClickException(
-        f"{path} defines neither `pipeline = Pipeline(...)` nor `build_pipeline() -> Pipeline`"
-    )
 
 
 @main.command()

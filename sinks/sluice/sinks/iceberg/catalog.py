@@ -1,7 +1,7 @@
 """The Iceberg catalog and table as the sink sees them: the catalog loaded from its properties (an embedded
 SqlCatalog on SQLite by default), the table created if missing with its partition spec, the schema checked.
 
-Everything here imports ``pyiceberg`` lazily (the ``sluice[iceberg]`` extra)."""
+Everything here imports ``pyiceberg`` lazily (the ``sluice-etl[iceberg]`` extra)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def import_pyiceberg() -> Any:
         import pyiceberg.transforms
     except ImportError as exc:
         raise ConfigError(
-            f"IcebergSink needs the pyiceberg package: pip install 'sluice[iceberg]' ({exc})"
+            f"IcebergSink needs the pyiceberg package: pip install 'sluice-etl[iceberg]' ({exc})"
         ) from None
     return pyiceberg
 
