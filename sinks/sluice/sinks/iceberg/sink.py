@@ -161,6 +161,14 @@ class IcebergSink(TableSink):
 
         return IcebergCommitter(self, ctx)
 
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """``sluice.max-committed-checkpoint-id`` of this job and sink's newest snapshot (0 if none, or no
+        table yet)."""
+        from sluice.sinks.iceberg.layout import max_committed_checkpoint
+
+        table = self.loaded(refresh=True)
+        return 0 if table is None else max_committed_checkpoint(table, job_id, sink_uid)
+
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
         """Create the table if ``schema`` was given; delete data files of ``job_id`` that no completed
         checkpoint names: files of checkpoints after the last one the job committed (and after the restored
