@@ -159,3 +159,21 @@ def test_a_rerun_after_stop_with_savepoint_restores_the_savepoint_or_is_refused(
     assert files(local_target) == before
     pipeline(local_target, tmp_path, records=1000)[1].run(runtime="local", restore=stopped.stopped_at)
     assert ids(local_target.read()) == ids(src.expected())
+
+
+@pytest.mark.spark
+def test_wiped_checkpoint_storage_on_the_spark_runtime(spark: Any, tmp_path: Path) -> None:
+    """The driver refuses before the Spark stage; allowed, the run's checkpoint ids start above the table's."""
+    target = Target("delta", str(tmp_path / "lake"), {}, str(tmp_path))
+    src, p = pipeline(target, tmp_path)
+    first = p.run(runtime="spark", restore="none")
+    shutil.rmtree(tmp_path / "chk")
+    before = files(target)
+    with pytest.raises(RestoreError, match="already holds checkpoint"):
+        pipeline(target, tmp_path)[1].run(runtime="spark")
+    assert files(target) == before
+    held = target.sink().committed_checkpoint("lineage", "delta-sink")
+    assert held and held <= (first.last_checkpoint or 0)
+    again = pipeline(target, tmp_path)[1].run(runtime="spark", allow_reprocessing=True)
+    assert again.checkpoints and min(s.checkpoint_id for s in again.checkpoints) > held
+    assert counts(target.read()) == collections.Counter({i: 2 for i in ids(src.expected())})

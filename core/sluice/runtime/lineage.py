@@ -55,13 +55,13 @@ def check_sink_lineage(
             )
         log.warning(
             "sink %r %r already holds checkpoint %d of job %r and this run %s is written again "
-            "(allow_reprocessing: duplicates); its checkpoints start at %d",
+            "(allow_reprocessing: duplicates); its checkpoint ids start above %d",
             node.name,
             sink,
             committed,
             cfg.job_id,
             what,
-            committed + 1,
+            committed,
         )
         floor = max(floor, committed)
     return floor
