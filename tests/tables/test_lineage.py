@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pytest
-from sluice import CheckpointConfig, NoRestart, Pipeline, RestoreError
+from sluice import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline, RestoreError
 from sluice.checkpoint.storage import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.tables.storage import arrow_filesystem
@@ -177,3 +178,38 @@ def test_wiped_checkpoint_storage_on_the_spark_runtime(spark: Any, tmp_path: Pat
     again = pipeline(target, tmp_path)[1].run(runtime="spark", allow_reprocessing=True)
     assert again.checkpoints and min(s.checkpoint_id for s in again.checkpoints) > held
     assert counts(target.read()) == collections.Counter({i: 2 for i in ids(src.expected())})
+
+
+def test_a_crash_right_after_a_savepoint_is_refused_naming_the_savepoint(local_target: Target, tmp_path: Path) -> None:
+    """A savepoint taken while the job runs commits its rows; a crash before the next checkpoint makes the
+    restart restore an older checkpoint (or none): refused at once, naming the savepoint, which restores
+    exactly once (before: the rows between them came twice)."""
+    crash = threading.Event()
+    seen: list[int] = []
+
+    def crash_when_told(batch: pa.RecordBatch) -> pa.RecordBatch:
+        seen.append(batch.num_rows)
+        if crash.is_set():
+            crash.clear()
+            raise RuntimeError("a crash after the savepoint")
+        return batch
+
+    src = GeneratorSource(num_splits=2, records_per_split=1000, batch_size=50, rows_per_second=400)
+    p = Pipeline(
+        "lineage", checkpoint=CheckpointConfig(interval=3600, storage=str(tmp_path / "chk")),
+        restart=FixedDelayRestart(attempts=3, delay=0),
+    )
+    p.source(src).map_batches(crash_when_told).map_batches(with_bucket).sink(local_target.sink(partition_by=["b"]))
+    assert not local_target.exists()  # (creates the SQLite catalog's tables before the job's threads race to)
+    client = p.start(runtime="local", restore="none", control_endpoint=None)
+    deadline = time.monotonic() + 120
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)  # rows went by: the savepoint commits them
+    savepoint = client.trigger_savepoint()
+    while local_target.versions() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the savepoint's table commit landed (it runs after the savepoint completed)
+    crash.set()
+    with pytest.raises(RestoreError, match=f"Restore {savepoint} "):
+        client.wait()
+    pipeline(local_target, tmp_path, records=1000)[1].run(runtime="local", restore=savepoint)
+    assert ids(local_target.read()) == ids(src.expected())
