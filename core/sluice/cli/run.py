@@ -84,6 +84,13 @@ __all__ = ["load_pipeline", "run"]
     help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
     "is dropped. Without it such a restore fails, naming the uids.",
 )
+@click.option(
+    "--allow-reprocessing",
+    is_flag=True,
+    help="Run even if a sink's output already holds checkpoints newer than the one restored (an older "
+    "checkpoint, or none after the checkpoint storage was lost): the data after it is written again "
+    "(duplicates). Without it such a run is refused before it writes anything.",
+)
 def run(
     job: str,
     runtime: str,
@@ -91,6 +98,7 @@ def run(
     restore: str,
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
+    allow_reprocessing: bool,
     conf: str | None,
     overrides: tuple[str, ...],
     control_endpoint: str,
@@ -112,6 +120,7 @@ def run(
         spark_master=master,
         recover_without_channel_state=recover_without_channel_state,
         allow_non_restored_state=allow_non_restored_state,
+        allow_reprocessing=allow_reprocessing,
         control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
     )
     if client.control is not None:
