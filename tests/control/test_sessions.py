@@ -76,6 +76,7 @@ def test_a_session_is_not_the_token_and_a_code_works_once(tmp_path: Path, caplog
         assert grant["login_url"] == f"{ep.url}/login#code={code}" and token not in grant["login_url"]
         assert _login(ep.url, {"code": code}, JSON)[0] == 403  # not from the login page
         assert _login(ep.url, {"code": code}, {**PAGE, "Origin": "http://127.0.0.1:1"})[0] == 403
+        assert _login(ep.url, {"code": code}, {**PAGE, "Origin": "null"})[0] == 403  # a file:// page
         status, answer, cookie = _login(ep.url, {"code": code})
         assert status == 200 and answer["dashboard"].startswith("/s/")
         path = answer["dashboard"]

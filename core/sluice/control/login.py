@@ -41,7 +41,8 @@ def from_this_page(request: web.Request) -> bool:
     another origin can only send after a CORS preflight that this endpoint never answers) and, if the
     browser names one, this endpoint's ``Origin``."""
     origin = request.headers.get("Origin")
-    same = origin is None or origin == f"{request.scheme}://{request.host}"
+    # host and port only: behind a TLS proxy the page's scheme is https, the endpoint's http
+    same = origin is None or origin.partition("://")[2] == request.host
     return same and request.headers.get("X-Sluice-Request") == "1"
 
 
