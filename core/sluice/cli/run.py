@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import signal
 import sys
 import threading
@@ -136,10 +137,13 @@ def run(
     finally:
         if client.control is not None:
             client.control.close()  # answers in flight (a stop) go out before the process ends
-    click.echo(
-        f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
-        f"last checkpoint {result.last_checkpoint}"
+    # a stopped job ended at its stop's savepoint or checkpoint, which is not the last periodic checkpoint
+    ended = (
+        f" at {posixpath.basename(result.stopped_at.rstrip('/'))}"
+        if result.stopped_at
+        else f"; last checkpoint {result.last_checkpoint}"
     )
+    click.echo(f"job {result.job_id}: {result.status} after {result.attempts} attempt(s){ended}")
     if result.stopped_at:
         click.echo(f"stopped at {result.stopped_at}; resume with: sluice run {job} --restore {result.stopped_at}")
 
