@@ -77,6 +77,12 @@ class KafkaSplitEnumerator(SplitEnumerator):
     Partitions found at start begin at ``starting_offsets``; partitions and topics found later begin at the
     earliest offset (they are new, so everything in them is new). A bounded enumerator resolves each
     split's stop offset at discovery and signals "no more splits" once its splits are assigned.
+
+    Bounds belong to the run, not to the checkpoint: the splits a run restores (from its own checkpoint
+    after a failover, or from an earlier run's) get this run's stop offsets, resolved once when the run
+    starts (attempt 0) and kept by its failover attempts, so a restart never moves a ``"latest"`` stop. An
+    unbounded run drops the stop offsets of an earlier bounded run. A bounded run that restores another
+    run's checkpoint also discovers the partitions created since (from their earliest offset).
     """
 
     def __init__(self, source: KafkaSource, ctx: EnumeratorContext, restored: dict[str, Any] | None) -> None:
@@ -87,6 +93,10 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self._discovered: set[str] = set()
         self._signalled: set[int] = set()
         self._restored = restored is not None
+        #: the first attempt of a run (a ctx without attempts, e.g. a test harness: every enumerator is)
+        self._run_starts = getattr(ctx, "attempt", 0) == 0
+        if self._run_starts:
+            source.run_stops.clear()
         self._schema: Any = None
         if restored is not None:
             self._pending = {s.split_id: _copy(s) for s in restored["pending"]}
@@ -105,8 +115,10 @@ class KafkaSplitEnumerator(SplitEnumerator):
             src.request_timeout_s,
         )
         topics = self._list_topics()
-        if self._restored and self.bounded:
-            return  # every split of a bounded run was discovered before the checkpoint
+        if self._pending:
+            self._pending = {s.split_id: s for s in self._bounded(list(self._pending.values()))}
+        if self._restored and self.bounded and not self._run_starts:
+            return  # a failover: every split of this bounded run was discovered before
         self._discover(topics, initial=not self._restored)
 
     def poll(self) -> None:
@@ -171,12 +183,11 @@ class KafkaSplitEnumerator(SplitEnumerator):
             return
         assert self._lookup is not None
         start = src.starting_offsets if initial else OffsetsInitializer.earliest()
-        stop = src.stopping_offsets
         try:
             starts = resolve_offsets(start, new, self._lookup)
-            stops = resolve_offsets(stop, new, self._lookup) if stop is not None else {}
+            stops = self._run_stops(new)
         except (KafkaException, TimeoutError) as exc:
-            if not initial:  # e.g. metadata of a just-created partition not propagated yet: next poll
+            if not initial and not self.bounded:  # e.g. a just-created partition's metadata: next poll
                 log.warning(
                     "%s: offsets of new partitions not available yet, retrying later: %s", src.name, exc
                 )
@@ -202,10 +213,56 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self._assign()
 
     def add_splits_back(self, splits: list[SourceSplit]) -> None:
-        for s in splits:
-            self._pending[s.split_id] = _copy(s)
+        for s in self._bounded(splits):
+            self._pending[s.split_id] = s
             self._discovered.add(s.split_id)
         self._assign()
+
+    # -- bounds ----------------------------------------------------------------------------------------
+    def _run_stops(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """This run's stop offset of each partition (empty when unbounded), resolved once per run."""
+        stop = self.source.stopping_offsets
+        if stop is None:
+            return {}
+        known = self.source.run_stops
+        missing = [tp for tp in tps if tp not in known]
+        if missing:
+            assert self._lookup is not None
+            known.update(resolve_offsets(stop, missing, self._lookup))
+        return {tp: known[tp] for tp in tps}
+
+    def _bounded(self, splits: list[SourceSplit]) -> list[KafkaSplit]:
+        """Copies of restored ``splits`` ending where this run ends (see the class docstring)."""
+        tps = [parse_split_id(s.split_id) for s in splits]
+        try:
+            stops = self._run_stops(tps)
+        except (KafkaException, TimeoutError) as exc:
+            raise KafkaSourceError(
+                f"KafkaSource {self.source.name!r}: cannot look up the stopping offsets of {len(tps)} "
+                f"restored partition(s) on {self.source.bootstrap_servers!r}: {exc}"
+            ) from None
+        out: list[KafkaSplit] = []
+        changed: list[str] = []
+        for s, tp in zip(splits, tps, strict=True):
+            end = stops.get(tp)
+            if end != s.end:
+                changed.append(f"{s.split_id} {s.end} -> {end}")
+            if end is not None and s.position is not None and int(s.position) > end:
+                log.warning(
+                    "%s: partition %s resumes at offset %s, past this run's stop offset %d: nothing to read",
+                    self.source.name,
+                    s.split_id,
+                    s.position,
+                    end,
+                )
+            out.append(KafkaSplit(s.split_id, s.position, end, value_schema=getattr(s, "value_schema", None)))
+        if changed:
+            log.info(
+                "%s: this run's stop offsets replace those of the restored checkpoint: %s",
+                self.source.name,
+                ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else ""),
+            )
+        return out
 
     def _owner(self, sid: str) -> int:
         return owner_of(*parse_split_id(sid), int(self.ctx.parallelism))

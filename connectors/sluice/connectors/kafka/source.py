@@ -112,6 +112,8 @@ class KafkaSource(Source):
         self.bootstrap_servers = bootstrap_servers
         #: set once an enumerator of this source reached the brokers (unreachable after that: an outage)
         self.brokers_reached = False
+        #: this run's stop offsets, resolved when the run starts (its failover attempts keep them)
+        self.run_stops: dict[tuple[str, int], int] = {}
         self.topics = [topics] if isinstance(topics, str) else list(topics) if topics is not None else None
         self.topic_pattern = topic_pattern
         self.format = format
