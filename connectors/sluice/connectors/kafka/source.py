@@ -16,7 +16,12 @@ from sluice.source import Boundedness, EnumeratorContext, ReaderContext, Source,
 __all__ = ["FORMATS", "KafkaSource"]
 
 FORMATS = ("raw", "json", "csv", "avro")
+_RECEIVE_MAX_DEFAULT = 100_000_000  # librdkafka's receive.message.max.bytes
 ON_BAD_RECORD = ("fail", "dead_letter")
+#: Kafka's default ``message.max.bytes`` (1 MiB): the largest value decoded unless ``max_record_bytes`` says
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
+#: what librdkafka can receive at most (``receive.message.max.bytes`` is capped at 2^31 - 1), less a margin
+MAX_RECORD_BYTES_CAP = 1024 * 1024 * 1024
 #: the side output dead letters go to
 DEAD_LETTERS = "dead_letters"
 
@@ -58,6 +63,9 @@ class KafkaSource(Source):
         commit_offsets_on_checkpoint: commit each completed checkpoint's offsets to the group.
         on_bad_record: ``"fail"`` (raise BadRecordError) or ``"dead_letter"`` (emit the raw record and the
             error to the ``"dead_letters"`` side output: ``stream.side_output("dead_letters").sink(...)``).
+        max_record_bytes: the largest value json/csv/avro decode (default 1 MiB, Kafka's default
+            ``message.max.bytes``); a larger one is a bad record (``on_bad_record``). Raise it with the
+            brokers' ``message.max.bytes`` (and the topic's ``max.message.bytes``).
         event_time: ``"kafka"`` (the message timestamp) or the name of a decoded column (int64 ms or
             timestamp); None = no watermarks.
         max_out_of_orderness_ms: watermark = max timestamp seen in a partition minus this.
@@ -96,6 +104,7 @@ class KafkaSource(Source):
         group_id: str | None = None,
         commit_offsets_on_checkpoint: bool = True,
         on_bad_record: str = "fail",
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         event_time: str | None = None,
         max_out_of_orderness_ms: int = 0,
         idle_timeout_s: float | None = None,
@@ -128,6 +137,7 @@ class KafkaSource(Source):
         self.group_id = group_id
         self.commit_offsets_on_checkpoint = commit_offsets_on_checkpoint
         self.on_bad_record = on_bad_record
+        self.max_record_bytes = max_record_bytes
         self.event_time = event_time
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
         self.idle_timeout_s = idle_timeout_s
@@ -231,6 +241,9 @@ class KafkaSource(Source):
             )
         if self.format == "raw" and self.event_time not in (None, "kafka", "timestamp"):
             raise bad("event_time", "'kafka' or None for format 'raw'", self.event_time)
+        limit = self.max_record_bytes
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RECORD_BYTES_CAP:
+            raise bad("max_record_bytes", f"an integer in 1..{MAX_RECORD_BYTES_CAP} (bytes)", limit)
         for opt, val in (
             ("max_out_of_orderness_ms", self.max_out_of_orderness_ms),
             ("batch_size", self.batch_size),
@@ -336,6 +349,9 @@ class KafkaSource(Source):
                 conf["max.partition.fetch.bytes"] = min(
                     int(conf["max.partition.fetch.bytes"]), int(conf["fetch.max.bytes"])
                 )
+        if "receive.message.max.bytes" not in self.consumer_config:  # a fetch response holds >= 1 record
+            needed = self.max_record_bytes + int(conf["fetch.max.bytes"]) + 1024 * 1024
+            conf["receive.message.max.bytes"] = max(_RECEIVE_MAX_DEFAULT, min(needed, 2**31 - 1))
         conf.setdefault("logger", LIBRDKAFKA_LOG)
         return conf
 
