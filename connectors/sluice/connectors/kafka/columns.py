@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import numpy as np
@@ -110,16 +111,37 @@ def with_metadata(
     return batch
 
 
+def _text_or_base64(raw: list[bytes | None]) -> tuple[pa.Array, pa.Array]:
+    """Each value as UTF-8 text, or (not valid UTF-8) as base64 in the second column; null stays null."""
+    text: list[str | None] = []
+    b64: list[str | None] = []
+    for v in raw:
+        try:
+            text.append(None if v is None else v.decode("utf-8"))
+            b64.append(None)
+        except UnicodeDecodeError:
+            text.append(None)
+            b64.append(base64.b64encode(v).decode("ascii"))  # type: ignore[arg-type]
+    return pa.array(text, pa.string()), pa.array(b64, pa.string())
+
+
 def dead_letters(msgs: list[Any], values: list[bytes | None], bad: list[tuple[int, str]]) -> pa.RecordBatch:
-    """The ``dead_letters`` rows of the bad records ``(index, error)``."""
+    """The ``dead_letters`` rows of the bad records ``(index, error)`` (bad records are rare: per record)."""
     picked = [msgs[i] for i, _ in bad]
+    raw_values = [values[i] for i, _ in bad]
+    key_text, key_b64 = _text_or_base64([m.key() for m in picked])
+    value_text, value_b64 = _text_or_base64(raw_values)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([m.topic() for m in picked], pa.string()),
             pa.array([m.partition() for m in picked], pa.int32()),
             pa.array([m.offset() for m in picked], pa.int64()),
-            pa.array([m.key() for m in picked], pa.binary()),
-            pa.array([values[i] for i, _ in bad], pa.binary()),
+            timestamps(message_timestamps(picked)) if picked else pa.array([], _TS),
+            key_text,
+            key_b64,
+            value_text,
+            value_b64,
+            pa.array([None if v is None else len(v) for v in raw_values], pa.int64()),
             pa.array([e for _, e in bad], pa.string()),
         ],
         schema=DEAD_LETTER_SCHEMA,

@@ -39,14 +39,20 @@ __all__ = [
     "make_decoder",
 ]
 
-#: columns of the ``dead_letters`` side output
+#: columns of the ``dead_letters`` side output: where the record was, its key and value as UTF-8 text
+#: (``*_text``) or, when they are not valid UTF-8, as base64 (``*_base64``; the other column is null then),
+#: the value's size and why it is a dead letter (docs/kafka.md, "Dead letters")
 DEAD_LETTER_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
+        ("timestamp", pa.timestamp("ms", tz="UTC")),
+        ("key_text", pa.string()),
+        ("key_base64", pa.string()),
+        ("value_text", pa.string()),
+        ("value_base64", pa.string()),
+        ("value_bytes", pa.int64()),
         ("error", pa.string()),
     ]
 )
