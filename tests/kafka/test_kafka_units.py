@@ -353,14 +353,22 @@ def test_dead_letters_carry_binary_values_as_base64_and_text_as_text(monkeypatch
     reader, consumer, _ = make_reader(monkeypatch, on_bad_record="dead_letter")
     reader.add_splits([SourceSplit("t:0", 0)])
     binary = b"\x00\xff\xfe{"
-    consumer.batches = [[FakeMessage("t", 0, 0, binary, k=b"\xc3("), FakeMessage("t", 0, 1, "{é".encode())]]
+    wire = b"\x00\x00\x00\x00\x01{"  # valid UTF-8, but control characters: binary
+    consumer.batches = [
+        [
+            FakeMessage("t", 0, 0, binary, k=b"\xc3("),
+            FakeMessage("t", 0, 1, "{é".encode()),
+            FakeMessage("t", 0, 2, wire),
+        ]
+    ]
     out = CollectingOutput()
     reader.poll_next(out)
     dead = out.side["dead_letters"][0].to_pydict()
-    assert dead["value_text"] == [None, "{é"] and dead["value_base64"] == [base64.b64encode(binary).decode(), None]
-    assert dead["key_text"] == [None, None] and dead["key_base64"] == [base64.b64encode(b"\xc3(").decode(), None]
-    assert dead["value_bytes"] == [4, 3]
-    assert [t.timestamp() for t in dead["timestamp"]] == [1_700_000_000.0, 1_700_000_000.0]
+    b64 = [base64.b64encode(binary).decode(), None, base64.b64encode(wire).decode()]
+    assert dead["value_text"] == [None, "{é", None] and dead["value_base64"] == b64
+    assert dead["key_text"] == [None] * 3 and dead["key_base64"] == [base64.b64encode(b"\xc3(").decode(), None, None]
+    assert dead["value_bytes"] == [4, 3, 6]
+    assert [t.timestamp() for t in dead["timestamp"]] == [1_700_000_000.0] * 3
 
 
 def test_commit_uses_the_checkpoints_offsets(monkeypatch: pytest.MonkeyPatch) -> None:

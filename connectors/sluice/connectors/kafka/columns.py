@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 import numpy as np
@@ -111,17 +112,30 @@ def with_metadata(
     return batch
 
 
+#: control characters other than tab and line breaks: a value holding them is binary, not text
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def _text_or_base64(raw: list[bytes | None]) -> tuple[pa.Array, pa.Array]:
-    """Each value as UTF-8 text, or (not valid UTF-8) as base64 in the second column; null stays null."""
+    """Each value as text (valid UTF-8 without control characters), or else as base64 in the second
+    column; null stays null."""
     text: list[str | None] = []
     b64: list[str | None] = []
     for v in raw:
-        try:
-            text.append(None if v is None else v.decode("utf-8"))
-            b64.append(None)
-        except UnicodeDecodeError:
+        if v is None:
             text.append(None)
-            b64.append(base64.b64encode(v).decode("ascii"))  # type: ignore[arg-type]
+            b64.append(None)
+            continue
+        try:
+            s: str | None = v.decode("utf-8")
+        except UnicodeDecodeError:
+            s = None
+        if s is not None and not _CONTROL.search(s):
+            text.append(s)
+            b64.append(None)
+        else:
+            text.append(None)
+            b64.append(base64.b64encode(v).decode("ascii"))
     return pa.array(text, pa.string()), pa.array(b64, pa.string())
 
 
