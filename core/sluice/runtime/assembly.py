@@ -141,3 +141,6 @@ class _ReaderCtx:
 
     def gauge(self, name: str, value: float) -> None:
         self._op_ctx.gauge(name, value)
+
+    def stalled(self, reason: str | None) -> None:
+        self._op_ctx.stalled(reason)

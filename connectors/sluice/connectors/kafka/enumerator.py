@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
@@ -104,6 +106,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
             self._schema = restored.get("schema")
         self._admin: AdminClient | None = None
         self._lookup: BrokerOffsetLookup | None = None
+        self._discovery: Future[list[KafkaSplit]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,17 +125,36 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self._discover(topics, initial=not self._restored)
 
     def poll(self) -> None:
+        """Take the result of the last discovery round and start the next, in a thread of its own: its
+        broker requests wait up to ``request_timeout_s`` when no broker answers, and the coordinator
+        calls this under the lock its checkpoints need."""
         if self.bounded or self._admin is None:
             return
-        try:
-            topics = self._list_topics()
-        except KafkaSourceError as exc:
-            log.warning("%s: partition discovery failed, retrying later: %s", self.source.name, exc)
+        done = self._discovery
+        if done is not None and not done.done():
             return
-        self._discover(topics, initial=False)
-        self._assign()
+        if done is not None:
+            self._discovery = None
+            try:
+                self._adopt(done.result(), initial=False)
+            except KafkaSourceError as exc:
+                log.warning("%s: partition discovery failed, retrying later: %s", self.source.name, exc)
+            self._assign()
+        known = frozenset(self._discovered)
+        fut: Future[list[KafkaSplit]] = Future()
+        self._discovery = fut
+        threading.Thread(
+            target=self._discover_in_background, args=(fut, known), name="kafka-discovery", daemon=True
+        ).start()
+
+    def _discover_in_background(self, fut: Future[list[KafkaSplit]], known: frozenset[str]) -> None:
+        try:
+            fut.set_result(self._find(self._list_topics(), initial=False, known=known))
+        except BaseException as exc:
+            fut.set_exception(exc)
 
     def close(self) -> None:
+        self._discovery = None  # a round under way ends by itself within request_timeout_s
         if self._lookup is not None:
             self._lookup.close()
             self._lookup = None
@@ -169,6 +191,10 @@ class KafkaSplitEnumerator(SplitEnumerator):
         return out
 
     def _discover(self, topics: dict[str, list[int]], initial: bool) -> None:
+        self._adopt(self._find(topics, initial, frozenset(self._discovered)), initial)
+
+    def _find(self, topics: dict[str, list[int]], initial: bool, known: frozenset[str]) -> list[KafkaSplit]:
+        """Splits of the partitions in ``topics`` not ``known`` yet, with their start and stop offsets."""
         src = self.source
         if initial and src.topics is not None:
             missing = sorted(set(src.topics) - set(topics))
@@ -178,9 +204,9 @@ class KafkaSplitEnumerator(SplitEnumerator):
                     f"{src.bootstrap_servers!r}. Create them first, or fix the topics option.",
                     recoverable=False,
                 )
-        new = [(t, p) for t in sorted(topics) for p in topics[t] if split_id(t, p) not in self._discovered]
+        new = [(t, p) for t in sorted(topics) for p in topics[t] if split_id(t, p) not in known]
         if not new:
-            return
+            return []
         assert self._lookup is not None
         start = src.starting_offsets if initial else OffsetsInitializer.earliest()
         try:
@@ -191,21 +217,24 @@ class KafkaSplitEnumerator(SplitEnumerator):
                 log.warning(
                     "%s: offsets of new partitions not available yet, retrying later: %s", src.name, exc
                 )
-                return
+                return []
             raise KafkaSourceError(
                 f"KafkaSource {src.name!r}: cannot look up offsets of {len(new)} partition(s) on "
                 f"{src.bootstrap_servers!r}: {exc}"
             ) from None
         if initial and self._schema is None:
             self._schema = sample_schema(src, starts, stops)
-        for tp in new:
-            sid = split_id(*tp)
-            self._discovered.add(sid)
-            self._pending[sid] = KafkaSplit(sid, starts[tp], stops.get(tp), value_schema=self._schema)
-        if not initial:
-            log.info(
-                "%s: discovered %d new partition(s): %s", src.name, len(new), [split_id(*tp) for tp in new]
-            )
+        return [KafkaSplit(split_id(*tp), starts[tp], stops.get(tp)) for tp in new]
+
+    def _adopt(self, splits: list[KafkaSplit], initial: bool) -> None:
+        """Take newly discovered ``splits`` (those found meanwhile by another round are skipped)."""
+        new = [s for s in splits if s.split_id not in self._discovered]
+        for s in new:
+            s.value_schema = self._schema
+            self._discovered.add(s.split_id)
+            self._pending[s.split_id] = s
+        if new and not initial:
+            log.info("%s: discovered %d new partition(s): %s", self.source.name, len(new), [s.split_id for s in new])
 
     # -- assignment ------------------------------------------------------------------------------------
     def add_reader(self, subtask: int) -> None:

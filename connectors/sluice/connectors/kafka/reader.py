@@ -28,6 +28,7 @@ from sluice.connectors.kafka.columns import (
 from sluice.connectors.kafka.decoding import Decoded, make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
 from sluice.connectors.kafka.fetcher import Fetcher
+from sluice.connectors.kafka.health import BrokerHealth
 from sluice.connectors.kafka.metrics import ReaderMetrics
 from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
 from sluice.connectors.kafka.prepared import Prepared, Preparer
@@ -86,6 +87,8 @@ class KafkaSourceReader(SourceReader):
         self._committed: dict[TopicPartitionKey, int] = {}
         self._timeout_s = source.poll_timeout_ms / 1000
         self._warned: dict[tuple[int, str], float] = {}
+        self._health = BrokerHealth()
+        self._stall: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -93,7 +96,9 @@ class KafkaSourceReader(SourceReader):
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
             conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
-            ReaderMetrics(self.ctx, self._live_positions).configure(conf)  # lag and fetch rates
+            conf.setdefault("error_cb", self._health.on_error)
+            # lag, fetch rates and the brokers' connection states
+            ReaderMetrics(self.ctx, self._live_positions, self._health.on_stats).configure(conf)
             self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
             if self.source.fetch_thread:
@@ -151,15 +156,18 @@ class KafkaSourceReader(SourceReader):
     # -- reading ---------------------------------------------------------------------------------------
     def poll_next(self, output: ReaderOutput) -> InputStatus:
         if not any(not sp.done for sp in self._splits.values()):
+            self._report_stall(None)  # nothing to read: nothing stalls
             if self.bounded and self._no_more:
                 return InputStatus.END_OF_INPUT
             return InputStatus.NOTHING_AVAILABLE
         self._report_commit_failures()
+        self._check_brokers()
         item = self._next_fetched()
         if item is None:
             self._emit_watermark(output)
             return InputStatus.NOTHING_AVAILABLE
         if item.msgs:  # data first: an EOF or reset event follows the messages before it
+            self._health.on_records()
             self._process(item, output)
         for m in item.events:
             self._on_error(m, m.error())
@@ -291,6 +299,38 @@ class KafkaSourceReader(SourceReader):
         if wm is not None and (self._last_wm is None or wm > self._last_wm):
             self._last_wm = wm
             output.emit_watermark(wm)
+
+    # -- broker outages ---------------------------------------------------------------------------------
+    def _check_brokers(self) -> None:
+        """Report an outage as stalled; fail over to a restart once it lasted broker_unavailable_timeout_s."""
+        outage = self._health.outage()
+        if outage is None:
+            self._report_stall(None)
+            return
+        lasted, since, why = outage
+        src = self.source
+        self._report_stall(f"no Kafka broker reachable at {src.bootstrap_servers}: {why}")
+        timeout = src.broker_unavailable_timeout_s
+        if timeout is not None and lasted >= timeout:
+            raise KafkaSourceError(
+                f"KafkaSource {src.name!r}: no Kafka broker at {src.bootstrap_servers!r} reachable for "
+                f"{lasted:.0f}s (since {time.strftime('%H:%M:%S', time.localtime(since))}): {why}. Failing "
+                f"over to a restart (broker_unavailable_timeout_s={timeout}); check the brokers and the "
+                "network between them and this reader.",
+                recoverable=True,
+            )
+
+    def _report_stall(self, reason: str | None) -> None:
+        if reason == self._stall:
+            return
+        if reason is not None and self._stall is None:
+            log.warning("%s[%d]: stalled: %s", self.source.name, self.ctx.subtask, reason)
+        elif reason is None:
+            log.warning("%s[%d]: a broker is reachable again, reading on", self.source.name, self.ctx.subtask)
+        self._stall = reason
+        stalled = getattr(self.ctx, "stalled", None)  # contexts written before ReaderContext.stalled
+        if stalled is not None:
+            stalled(reason)
 
     # -- consumer events -------------------------------------------------------------------------------
     def _on_error(self, m: Message, err: KafkaError | None) -> None:

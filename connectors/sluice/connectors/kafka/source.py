@@ -22,6 +22,10 @@ ON_BAD_RECORD = ("fail", "dead_letter")
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
 #: what librdkafka can receive at most (``receive.message.max.bytes`` is capped at 2^31 - 1), less a margin
 MAX_RECORD_BYTES_CAP = 1024 * 1024 * 1024
+#: how long a reader waits for an unreachable broker before failing over to a restart: longer than a
+#: broker's rolling restart or a network blip, short enough that a supervisor learns of a lasting outage
+#: (once the restarts are spent) within minutes; Kafka's max.poll.interval.ms has the same default
+DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S = 300.0
 #: the side output dead letters go to
 DEAD_LETTERS = "dead_letters"
 
@@ -83,6 +87,9 @@ class KafkaSource(Source):
             fetch thread's hand-over queue, half for librdkafka's queue (``queued.max.messages.kbytes``,
             ``fetch.max.bytes``), so a slow sink stops the fetching.
         request_timeout_s: bound on metadata and offset requests (an unreachable broker fails after this).
+        broker_unavailable_timeout_s: a reader that reaches no broker shows as stalled at once, and after
+            this many seconds fails over to a restart (a recoverable error naming the brokers and the
+            cause), so an outage costs restarts instead of a job that hangs. None: wait for ever.
         name: the source's name in metrics, errors and the graph.
     """
 
@@ -116,6 +123,7 @@ class KafkaSource(Source):
         fetch_thread: bool = True,
         max_prefetch_bytes: int = 64 * 1024 * 1024,
         request_timeout_s: float = 10.0,
+        broker_unavailable_timeout_s: float | None = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
         name: str = "kafka",
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
@@ -149,6 +157,7 @@ class KafkaSource(Source):
         self.fetch_thread = fetch_thread
         self.max_prefetch_bytes = max_prefetch_bytes
         self.request_timeout_s = request_timeout_s
+        self.broker_unavailable_timeout_s = broker_unavailable_timeout_s
         self.name = name
 
     def __repr__(self) -> str:
@@ -259,6 +268,7 @@ class KafkaSource(Source):
         seconds: tuple[tuple[str, float | None], ...] = (
             ("idle_timeout_s", self.idle_timeout_s),
             ("discovery_interval_s", self.discovery_interval_s),
+            ("broker_unavailable_timeout_s", self.broker_unavailable_timeout_s),
         )
         for opt, fval in seconds:
             if fval is not None and (not isinstance(fval, int | float) or fval <= 0):
