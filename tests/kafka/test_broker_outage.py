@@ -58,13 +58,16 @@ def _completed(client: JobClient) -> int:
     return int(client.monitor.overview()["checkpoint_counts"]["completed"])
 
 
+@pytest.mark.parametrize("runtime", ["local", pytest.param("spark", marks=pytest.mark.spark)])
 def test_an_outage_shows_as_stalled_and_the_job_reads_on_after_it(
-    proxied_broker: ProxiedBroker, tmp_path: Path
+    proxied_broker: ProxiedBroker, tmp_path: Path, runtime: str, request: pytest.FixtureRequest
 ) -> None:
+    if runtime == "spark":
+        request.getfixturevalue("spark")  # the slots report their readers' stalls to the driver
     pb, t = proxied_broker, "outage"
     pb.broker.create_topic(t, 2)
     ids = produce_json(pb.broker, t, {0: range(0, 300), 1: range(1000, 1300)})
-    client = _job(pb, t, tmp_path, "outage").start(runtime="local", restore="none")
+    client = _job(pb, t, tmp_path, "outage").start(runtime=runtime, restore="none")  # type: ignore[arg-type]
     chk = str(tmp_path / "chk")
     try:
         _until_committed(client, tmp_path, ids)
@@ -91,7 +94,7 @@ def test_an_outage_shows_as_stalled_and_the_job_reads_on_after_it(
     finally:
         client.cancel()
     got = _committed(tmp_path)
-    record("broker-outage", "stalled-then-back", "kafka->test-sink", "proxy-cut", pb.proxy.cuts > 0, 0, got, ids)
+    record("broker-outage", f"stalled-then-back-{runtime}", "kafka->test-sink", "proxy-cut", pb.proxy.cuts > 0, 0, got, ids)
     assert got == sorted(ids)
 
 

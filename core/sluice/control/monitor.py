@@ -269,7 +269,7 @@ class JobMonitor:
         completed = [c for c in checkpoints if c.status is CheckpointStatus.COMPLETED]
         failed = [c for c in checkpoints if c.status is CheckpointStatus.FAILED]
         a = self._attempt
-        stalled = self.stalled_sources()
+        stalled = [] if self.lifecycle.status.is_terminal else self.stalled_sources()
         last_failed = checkpoint_dict(failed[-1]) if failed else None
         if last_failed is not None and last_failed.get("failure_reason") == "EXPIRED":
             ended = float(last_failed.get("trigger_time") or 0) + float(self.config.checkpoint.timeout)
