@@ -159,3 +159,19 @@ def test_a_failover_keeps_the_runs_latest_stop_and_a_new_run_resolves_it_again()
 
 def test_an_unbounded_run_drops_restored_stop_offsets() -> None:
     assert _ends(KafkaSource("localhost:9092", "t"), 0, _Lookup(100), 60) is None
+
+
+def test_stopping_at_latest_on_tansu_warns_once(
+    broker: TansuBroker, topic: Callable[..., str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tansu's ListOffsets(LATEST) under-reports (tests/broker_quirks/high_watermark.py): a run that stops at
+    "latest" there says so, on one line, instead of finishing short in silence."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="sluice.kafka")
+    t = topic(2)
+    produce_json(broker, t, {0: range(0, 50), 1: range(100, 150)})
+    _finishes(_start(broker, t, tmp_path / "out", tmp_path, stopping_offsets="latest"))
+    warned = [r.getMessage() for r in caplog.records if "tansu" in r.getMessage()]
+    assert len(warned) == 1 and "stopping_offsets='latest' on a tansu broker" in warned[0], warned
+    assert "give explicit stop offsets" in warned[0]
