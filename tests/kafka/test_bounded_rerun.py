@@ -16,6 +16,7 @@ from sluice.api import JobClient
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
+from tests.faults.shapes import record
 from tests.kafka.helpers import committed_ids, json_values, produce_json
 from tests.kafka.test_kafka_e2e import SCHEMA, pipeline, produce_singly, stops, wait_for
 from tests.kafka_broker import TansuBroker
@@ -43,6 +44,11 @@ def _finishes(client: JobClient, limit_s: float = 90.0) -> None:
     assert client.wait().status == "finished"
 
 
+def _record(scenario: str, out: Path, ids: list[int]) -> None:
+    """Count the rerun in the fault summary (tests/conftest.py): the restore from another run's checkpoint."""
+    record("bounded-rerun", scenario, "kafka->test-sink", "rerun", True, 0, committed_ids(read_committed(str(out))), ids)
+
+
 def _unbounded_until(client: JobClient, out: Path, ids: list[int]) -> None:
     try:
         wait_for(lambda: committed_ids(read_committed(str(out))) == sorted(ids), client, limit_s=120)
@@ -65,6 +71,7 @@ def test_bounded_rerun_after_an_unbounded_run_ends_with_the_input(
     produce_singly(broker, t, json_values(3, 1200, 1), partition=1)
     ids += [*range(300, 305), *range(1200, 1203)]
     _finishes(_start(broker, t, out, tmp_path, runtime, stopping_offsets="latest"))
+    _record(f"unbounded-then-latest-{runtime}", out, ids)
     assert committed_ids(read_committed(str(out))) == sorted(ids)
 
 
@@ -77,6 +84,7 @@ def test_bounded_rerun_with_an_explicit_stop_map_reads_up_to_it(
     _unbounded_until(_start(broker, t, out, tmp_path), out, ids)
     ids += produce_json(broker, t, {0: range(200, 250), 1: range(1100, 1120)})
     _finishes(_start(broker, t, out, tmp_path, stopping_offsets=stops(broker, t)))
+    _record("unbounded-then-stop-map", out, ids)
     assert committed_ids(read_committed(str(out))) == sorted(ids)
 
 
@@ -89,6 +97,7 @@ def test_bounded_run_then_another_bounded_run_reads_what_came_since(
     _finishes(_start(broker, t, out, tmp_path, stopping_offsets=stops(broker, t)))
     ids += produce_json(broker, t, {0: range(100, 130), 1: range(1050, 1060)})
     _finishes(_start(broker, t, out, tmp_path, stopping_offsets=stops(broker, t)))
+    _record("bounded-then-bounded", out, ids)
     assert committed_ids(read_committed(str(out))) == sorted(ids)
 
 
@@ -102,6 +111,7 @@ def test_unbounded_rerun_after_a_bounded_run_reads_on(
     _finishes(_start(broker, t, out, tmp_path, stopping_offsets=stops(broker, t)))
     ids += produce_json(broker, t, {0: range(100, 160), 1: range(1050, 1070)})
     _unbounded_until(_start(broker, t, out, tmp_path), out, ids)
+    _record("bounded-then-unbounded", out, ids)
     assert committed_ids(read_committed(str(out))) == sorted(ids)
 
 

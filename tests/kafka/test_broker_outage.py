@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +192,7 @@ def test_broker_health_from_errors_and_statistics() -> None:
 
 
 @pytest.mark.parametrize("bad", [0, -5, "60"])
-def test_broker_unavailable_timeout_is_checked(bad: object, topic: Callable[..., str]) -> None:
+def test_broker_unavailable_timeout_is_checked(bad: object) -> None:
     from sluice.errors import ConfigError
 
     with pytest.raises(ConfigError, match="broker_unavailable_timeout_s must be"):
