@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import base64
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA
+from sluice.connectors.kafka.decoding import DEAD_LETTER_SCHEMA, Decoded
+from sluice.errors import BadRecordError
+from sluice.source import ReaderContext, ReaderOutput
+
+if TYPE_CHECKING:
+    from sluice.connectors.kafka.source import KafkaSource
+
+#: the side output dead letters go to
+DEAD_LETTERS = "dead_letters"
 
 __all__ = [
+    "DEAD_LETTERS",
     "METADATA_FIELDS",
     "RAW_SCHEMA",
     "dead_letters",
     "message_timestamps",
     "raw_batch",
+    "route_bad_records",
     "timestamps",
     "topic_column",
     "with_metadata",
@@ -160,3 +170,26 @@ def dead_letters(msgs: list[Any], values: list[bytes | None], bad: list[tuple[in
         ],
         schema=DEAD_LETTER_SCHEMA,
     )
+
+
+def route_bad_records(
+    source: KafkaSource, ctx: ReaderContext, decoded: Decoded, msgs: list[Any], values: list[bytes | None], output: ReaderOutput
+) -> None:
+    """Count tombstones and bad records; fail on the first bad one (``on_bad_record="fail"``: a
+    BadRecordError naming topic, partition and offset) or emit them all as dead letters."""
+    if decoded.tombstones:
+        ctx.metric("tombstones", decoded.tombstones)
+    if not decoded.bad:
+        return
+    ctx.metric("bad_records", len(decoded.bad))
+    if source.on_bad_record == "fail":
+        i, err = decoded.bad[0]
+        m = msgs[i]
+        raise BadRecordError(
+            f"KafkaSource {source.name!r}: cannot decode a record as {source.format}: {err}",
+            topic=m.topic() or "",
+            partition=m.partition() or 0,
+            offset=m.offset() or 0,
+            snippet=values[i] or b"",
+        )
+    output.emit_side(DEAD_LETTERS, dead_letters(msgs, values, decoded.bad))

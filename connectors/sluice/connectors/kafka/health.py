@@ -11,15 +11,23 @@ and, once it lasted ``broker_unavailable_timeout_s``, fails over to a restart.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError
+from sluice.connectors.kafka.errors import KafkaSourceError
+from sluice.source import ReaderContext
 
-__all__ = ["GRACE_S", "BrokerHealth"]
+if TYPE_CHECKING:
+    from sluice.connectors.kafka.source import KafkaSource
+
+__all__ = ["GRACE_S", "BrokerHealth", "OutageGuard"]
+
+log = logging.getLogger("sluice.kafka")
 
 #: an outage shorter than this is not reported (a reconnect between two statistics reports)
 GRACE_S = 2.0
@@ -106,3 +114,54 @@ class BrokerHealth:
         if lasted < GRACE_S:
             return None
         return lasted, down[1], why or "no connection to any broker is up"
+
+
+class OutageGuard:
+    """A reader's broker outages as the job sees them: reported as stalled (``ctx.stalled``, and the log)
+    once they lasted :data:`GRACE_S`, failed over to a restart once they lasted the source's
+    ``broker_unavailable_timeout_s``.
+
+    Args:
+        source: the reader's source (its servers, name and timeout).
+        ctx: the reader's context.
+    """
+
+    def __init__(self, source: KafkaSource, ctx: ReaderContext) -> None:
+        self.source = source
+        self.ctx = ctx
+        #: what the consumer's callbacks feed
+        self.health = BrokerHealth()
+        self._stall: str | None = None
+
+    def check(self) -> None:
+        """Report an outage as stalled; raise a recoverable KafkaSourceError once it lasted the timeout."""
+        outage = self.health.outage()
+        if outage is None:
+            self.report(None)
+            return
+        lasted, since, why = outage
+        src = self.source
+        self.report(f"no Kafka broker reachable at {src.bootstrap_servers}: {why}")
+        timeout = src.broker_unavailable_timeout_s
+        if timeout is not None and lasted >= timeout:
+            raise KafkaSourceError(
+                f"KafkaSource {src.name!r}: no Kafka broker at {src.bootstrap_servers!r} reachable for "
+                f"{lasted:.0f}s (since {time.strftime('%H:%M:%S', time.localtime(since))}): {why}. Failing "
+                f"over to a restart (broker_unavailable_timeout_s={timeout}); check the brokers and the "
+                "network between them and this reader.",
+                recoverable=True,
+            )
+
+    def report(self, reason: str | None) -> None:
+        """Say the reader is stalled for ``reason``, or (None) that it is not, when that changes."""
+        if reason == self._stall:
+            return
+        name, subtask = self.source.name, self.ctx.subtask
+        if reason is not None and self._stall is None:
+            log.warning("%s[%d]: stalled: %s", name, subtask, reason)
+        elif reason is None:
+            log.warning("%s[%d]: a broker is reachable again, reading on", name, subtask)
+        self._stall = reason
+        stalled = getattr(self.ctx, "stalled", None)  # contexts written before ReaderContext.stalled
+        if stalled is not None:
+            stalled(reason)

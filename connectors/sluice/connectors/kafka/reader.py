@@ -20,20 +20,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sluice.connectors.kafka.columns import (
-    dead_letters,
-    topic_column,
-    with_metadata,
-)
-from sluice.connectors.kafka.decoding import Decoded, make_decoder
+from sluice.connectors.kafka.columns import route_bad_records, topic_column, with_metadata
+from sluice.connectors.kafka.decoding import make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
 from sluice.connectors.kafka.fetcher import Fetcher
-from sluice.connectors.kafka.health import BrokerHealth
+from sluice.connectors.kafka.health import OutageGuard
 from sluice.connectors.kafka.metrics import ReaderMetrics
 from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
 from sluice.connectors.kafka.prepared import Prepared, Preparer
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
-from sluice.errors import BadRecordError, ConfigError
+from sluice.errors import ConfigError
 from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
 if TYPE_CHECKING:
@@ -42,8 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["KafkaSourceReader"]
 
 log = logging.getLogger("sluice.kafka")
-
-DEAD_LETTERS = "dead_letters"
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 _WARN_EVERY_S = 30.0
 
@@ -87,8 +81,7 @@ class KafkaSourceReader(SourceReader):
         self._committed: dict[TopicPartitionKey, int] = {}
         self._timeout_s = source.poll_timeout_ms / 1000
         self._warned: dict[tuple[int, str], float] = {}
-        self._health = BrokerHealth()
-        self._stall: str | None = None
+        self._outages = OutageGuard(source, ctx)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -96,9 +89,9 @@ class KafkaSourceReader(SourceReader):
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
             conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
-            conf.setdefault("error_cb", self._health.on_error)
+            conf.setdefault("error_cb", self._outages.health.on_error)
             # lag, fetch rates and the brokers' connection states
-            ReaderMetrics(self.ctx, self._live_positions, self._health.on_stats).configure(conf)
+            ReaderMetrics(self.ctx, self._live_positions, self._outages.health.on_stats).configure(conf)
             self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
             if self.source.fetch_thread:
@@ -156,18 +149,18 @@ class KafkaSourceReader(SourceReader):
     # -- reading ---------------------------------------------------------------------------------------
     def poll_next(self, output: ReaderOutput) -> InputStatus:
         if not any(not sp.done for sp in self._splits.values()):
-            self._report_stall(None)  # nothing to read: nothing stalls
+            self._outages.report(None)  # nothing to read: nothing stalls
             if self.bounded and self._no_more:
                 return InputStatus.END_OF_INPUT
             return InputStatus.NOTHING_AVAILABLE
         self._report_commit_failures()
-        self._check_brokers()
+        self._outages.check()
         item = self._next_fetched()
         if item is None:
             self._emit_watermark(output)
             return InputStatus.NOTHING_AVAILABLE
         if item.msgs:  # data first: an EOF or reset event follows the messages before it
-            self._health.on_records()
+            self._outages.health.on_records()
             self._process(item, output)
         for m in item.events:
             self._on_error(m, m.error())
@@ -222,7 +215,7 @@ class KafkaSourceReader(SourceReader):
         rows: np.ndarray | None = None
         batch = item.raw
         if item.decoded is not None:
-            self._handle_bad(item.decoded, item.msgs, item.values, output)
+            route_bad_records(self.source, self.ctx, item.decoded, item.msgs, item.values, output)
             batch, rows = item.decoded.batch, item.decoded.rows
             if batch is not None and self.source.include_metadata:
                 assert item.ts is not None
@@ -232,27 +225,6 @@ class KafkaSourceReader(SourceReader):
             output.emit(batch)
         if self._wm is not None:
             self._track_event_time(batch, rows, item.keys, item.ts, by_key)
-
-    # -- bad records -----------------------------------------------------------------------------------
-    def _handle_bad(
-        self, decoded: Decoded, msgs: list[Message], values: list[bytes | None], output: ReaderOutput
-    ) -> None:
-        if decoded.tombstones:
-            self.ctx.metric("tombstones", decoded.tombstones)
-        if not decoded.bad:
-            return
-        self.ctx.metric("bad_records", len(decoded.bad))
-        if self.source.on_bad_record == "fail":
-            i, err = decoded.bad[0]
-            m = msgs[i]
-            raise BadRecordError(
-                f"KafkaSource {self.source.name!r}: cannot decode a record as {self.source.format}: {err}",
-                topic=m.topic() or "",
-                partition=m.partition() or 0,
-                offset=m.offset() or 0,
-                snippet=values[i] or b"",
-            )
-        output.emit_side(DEAD_LETTERS, dead_letters(msgs, values, decoded.bad))
 
     # -- event time ------------------------------------------------------------------------------------
     def _track_event_time(
@@ -299,38 +271,6 @@ class KafkaSourceReader(SourceReader):
         if wm is not None and (self._last_wm is None or wm > self._last_wm):
             self._last_wm = wm
             output.emit_watermark(wm)
-
-    # -- broker outages ---------------------------------------------------------------------------------
-    def _check_brokers(self) -> None:
-        """Report an outage as stalled; fail over to a restart once it lasted broker_unavailable_timeout_s."""
-        outage = self._health.outage()
-        if outage is None:
-            self._report_stall(None)
-            return
-        lasted, since, why = outage
-        src = self.source
-        self._report_stall(f"no Kafka broker reachable at {src.bootstrap_servers}: {why}")
-        timeout = src.broker_unavailable_timeout_s
-        if timeout is not None and lasted >= timeout:
-            raise KafkaSourceError(
-                f"KafkaSource {src.name!r}: no Kafka broker at {src.bootstrap_servers!r} reachable for "
-                f"{lasted:.0f}s (since {time.strftime('%H:%M:%S', time.localtime(since))}): {why}. Failing "
-                f"over to a restart (broker_unavailable_timeout_s={timeout}); check the brokers and the "
-                "network between them and this reader.",
-                recoverable=True,
-            )
-
-    def _report_stall(self, reason: str | None) -> None:
-        if reason == self._stall:
-            return
-        if reason is not None and self._stall is None:
-            log.warning("%s[%d]: stalled: %s", self.source.name, self.ctx.subtask, reason)
-        elif reason is None:
-            log.warning("%s[%d]: a broker is reachable again, reading on", self.source.name, self.ctx.subtask)
-        self._stall = reason
-        stalled = getattr(self.ctx, "stalled", None)  # contexts written before ReaderContext.stalled
-        if stalled is not None:
-            stalled(reason)
 
     # -- consumer events -------------------------------------------------------------------------------
     def _on_error(self, m: Message, err: KafkaError | None) -> None:

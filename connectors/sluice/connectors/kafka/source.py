@@ -7,7 +7,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from sluice.connectors.kafka.config import LIBRDKAFKA_LOG, RESERVED, TUNING, check_files, redact, redact_text
+from sluice.connectors.kafka.config import (
+    DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
+    DEFAULT_MAX_RECORD_BYTES,
+    LIBRDKAFKA_LOG,
+    MAX_RECORD_BYTES_CAP,
+    TUNING,
+    check_consumer_config,
+    receive_max_bytes,
+    redact,
+)
 from sluice.connectors.kafka.offsets import OffsetsInitializer
 from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.errors import ConfigError
@@ -16,16 +25,7 @@ from sluice.source import Boundedness, EnumeratorContext, ReaderContext, Source,
 __all__ = ["FORMATS", "KafkaSource"]
 
 FORMATS = ("raw", "json", "csv", "avro")
-_RECEIVE_MAX_DEFAULT = 100_000_000  # librdkafka's receive.message.max.bytes
 ON_BAD_RECORD = ("fail", "dead_letter")
-#: Kafka's default ``message.max.bytes`` (1 MiB): the largest value decoded unless ``max_record_bytes`` says
-DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
-#: what librdkafka can receive at most (``receive.message.max.bytes`` is capped at 2^31 - 1), less a margin
-MAX_RECORD_BYTES_CAP = 1024 * 1024 * 1024
-#: how long a reader waits for an unreachable broker before failing over to a restart: longer than a
-#: broker's rolling restart or a network blip, short enough that a supervisor learns of a lasting outage
-#: (once the restarts are spent) within minutes; Kafka's max.poll.interval.ms has the same default
-DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S = 300.0
 #: the side output dead letters go to
 DEAD_LETTERS = "dead_letters"
 
@@ -286,7 +286,7 @@ class KafkaSource(Source):
                 raise bad(opt, "True or False", getattr(self, opt))
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
             raise bad("group_id", "a non-empty string or None", self.group_id)
-        self._validate_consumer_config()
+        check_consumer_config(self.consumer_config, self.group_id, self.consumer_conf("sluice-validate", bounded=False))
 
     def _validate_schemas(self) -> None:
         if self.schema_registry is not None:
@@ -315,26 +315,6 @@ class KafkaSource(Source):
         """Whether the value schema is inferred from the data (json/csv without schema or registry)."""
         return self.format in ("json", "csv") and self.schema is None and self.schema_registry is None
 
-    def _validate_consumer_config(self) -> None:
-        from confluent_kafka import Consumer, KafkaException
-
-        for key in self.consumer_config:
-            if not isinstance(key, str):
-                raise ConfigError(
-                    f"KafkaSource: consumer_config keys must be librdkafka setting names (got {key!r})"
-                )
-            if key in RESERVED:
-                raise ConfigError(f"KafkaSource: consumer_config must not set {key!r}: use {RESERVED[key]}")
-        if self.group_id is not None and "group.id" in self.consumer_config:
-            raise ConfigError("KafkaSource: give group_id or consumer_config['group.id'], not both")
-        check_files(self.consumer_config)
-        try:  # librdkafka checks names and values when a client is created (no network needed)
-            Consumer(self.consumer_conf("sluice-validate", bounded=False)).close()
-        except (KafkaException, ValueError, TypeError) as exc:
-            raise ConfigError(
-                "KafkaSource: consumer_config: " + redact_text(str(exc), self.consumer_config)
-            ) from None
-
     # -- librdkafka ------------------------------------------------------------------------------------
     def consumer_conf(self, default_group: str, *, bounded: bool, reader: bool = False) -> dict[str, Any]:
         """The full librdkafka configuration of a reader (``reader=True``: within the prefetch budget) or the
@@ -359,9 +339,8 @@ class KafkaSource(Source):
                 conf["max.partition.fetch.bytes"] = min(
                     int(conf["max.partition.fetch.bytes"]), int(conf["fetch.max.bytes"])
                 )
-        if "receive.message.max.bytes" not in self.consumer_config:  # a fetch response holds >= 1 record
-            needed = self.max_record_bytes + int(conf["fetch.max.bytes"]) + 1024 * 1024
-            conf["receive.message.max.bytes"] = max(_RECEIVE_MAX_DEFAULT, min(needed, 2**31 - 1))
+        if "receive.message.max.bytes" not in self.consumer_config:
+            conf["receive.message.max.bytes"] = receive_max_bytes(self.max_record_bytes, conf)
         conf.setdefault("logger", LIBRDKAFKA_LOG)
         return conf
 
