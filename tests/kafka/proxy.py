@@ -82,8 +82,17 @@ class TcpProxy:
         if self._thread.is_alive():
             if self._server is not None:
                 self.cut()
+
+            async def drain() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            self._run(drain())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+            self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

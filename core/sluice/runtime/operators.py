@@ -67,9 +67,7 @@ class OperatorContext:
     fault_hook: Callable[[str], None] = lambda point: None
     #: values set with :meth:`gauge` (the last one counts)
     gauges: dict[str, float] = field(default_factory=dict)
-    #: ``(since, reason)`` while the operator (a source reader) reports it cannot make progress: since is
-    #: epoch seconds
-    stall: tuple[float, str] | None = None
+    stall: tuple[float, str] | None = None  #: (since, epoch s; reason) while a source reader is stalled
 
     def metric(self, name: str, increment: int = 1) -> None:
         """Add ``increment`` to the counter ``name``."""
@@ -78,11 +76,6 @@ class OperatorContext:
     def gauge(self, name: str, value: float) -> None:
         """Set the gauge ``name`` to ``value`` (e.g. a reader's lag)."""
         self.gauges[name] = value
-
-    def stalled(self, reason: str | None) -> None:
-        """Report that no progress is possible because of ``reason`` (kept with the time it began), or clear
-        it (None)."""
-        self.stall = None if reason is None else (self.stall[0] if self.stall else time.time(), reason)
 
 
 @dataclass
