@@ -69,8 +69,8 @@ class ReaderOutput(Protocol):
 class ReaderContext(Protocol):
     """What a reader knows of its subtask, and where it reports its metrics.
 
-    ``metric(name, n)`` adds to a counter, ``gauge(name, value)`` sets a value (the last one counts); both
-    are cheap (a dict update, no lock), may be called from a reader's own threads, and show on the control
+    ``metric(name, n)`` adds to a counter, ``gauge(name, value)`` sets a value (the last one counts),
+    ``stalled(reason)`` reports that the reader cannot make progress (None: it can again); all are cheap (a dict update, no lock), may be called from a reader's own threads, and show on the control
     endpoint as ``sluice_<name>_total`` and ``sluice_<name>`` per vertex and subtask (see
     docs/operations.md). Call them per batch or less often, never per record.
     """
@@ -84,6 +84,10 @@ class ReaderContext(Protocol):
     def request_split(self) -> None: ...
     def metric(self, name: str, increment: int = 1) -> None: ...
     def gauge(self, name: str, value: float) -> None: ...
+    def stalled(self, reason: str | None) -> None:
+        """Say the reader cannot make progress and why (e.g. no broker reachable), or with None that it can
+        again. ``sluice status``, the live progress and ``sluice_source_stalled_seconds`` show it with the
+        time it began; call it when the state changes (any thread)."""
 
 
 class EnumeratorContext(Protocol):

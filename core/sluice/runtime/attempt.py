@@ -72,6 +72,11 @@ class _EnumeratorCtx:
     def parallelism(self) -> int:
         return self._v.parallelism
 
+    @property
+    def attempt(self) -> int:
+        """The attempt's number (0: the run starts; a source resolves run-wide bounds then)."""
+        return self._a.attempt
+
     def assign_splits(self, assignment: dict[int, list[SourceSplit]]) -> None:
         for i, splits in assignment.items():
             if splits:

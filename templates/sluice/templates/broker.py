@@ -134,13 +134,17 @@ class LocalBroker:
                 raise
         raise AssertionError("unreachable")
 
+    #: the port the broker tells clients to connect to, if not its own (a test's fault proxy in front of it)
+    advertised_port: int | None = None
+
     def _launch(self, binary: Path) -> None:
         self._port = _free_port()
         url = f"tcp://127.0.0.1:{self._port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}" if self.advertised_port else url
         cmd = [
             str(binary), "broker",
             "--listener-url", url,
-            "--advertised-listener-url", url,
+            "--advertised-listener-url", advertised,
             "--storage-engine", "memory://tansu/",
         ]  # fmt: skip
         # tansu reads CLUSTER_ID/LISTENER_URL/... from the environment; the flags win, but nothing leaks in

@@ -113,6 +113,9 @@ class _ReaderCtx:
     def gauge(self, name: str, value: float) -> None:
         self._run.gauges[name] = value
 
+    def stalled(self, reason: str | None) -> None:
+        pass
+
 
 class _EnumeratorCtx:
     def __init__(self, run: SourceRun) -> None:
