@@ -109,7 +109,7 @@ def _load(cfg: JobConfig, storage: CheckpointStorage, path: str) -> RestoredChec
     )
     if drop:
         log.warning("restoring checkpoint %s WITHOUT its channel state: its in-flight data is lost", path)
-    return RestoredCheckpoint.load(storage, path, drop_channel_state=drop)
+    return RestoredCheckpoint.load(storage, path, drop_channel_state=drop, key=cfg.checkpoint.resolved_key())
 
 
 def run_job(
