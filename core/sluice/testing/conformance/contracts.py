@@ -134,12 +134,17 @@ def _same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__") and _same(vars(a), vars(b))
+    return not _has_eq(a) and hasattr(a, "__dict__") and _same(vars(a), vars(b))
+
+
+def _has_eq(value: Any) -> bool:
+    """Whether ``value``'s class (or a base other than ``object``) defines ``==``."""
+    return any("__eq__" in vars(c) for c in type(value).__mro__[:-1])
 
 
 def _no_eq(value: Any) -> bool:
     """An object with neither its own ``==`` nor a ``__dict__`` (only its bytes can be compared)."""
-    return type(value).__eq__ is object.__eq__ and not hasattr(value, "__dict__")
+    return not _has_eq(value) and not hasattr(value, "__dict__")
 
 
 def _canonical(row: dict[str, Any]) -> str:
