@@ -110,7 +110,7 @@ class ControlEndpoint:
         token = write_token(path)
         endpoint = cls(client, sock, token, str(path))
         endpoint._serve()
-        entry = RegistryEntry.new(cfg.job_id, endpoint.url, client.monitor.runtime, str(path))
+        entry = RegistryEntry.new(cfg.job_id, endpoint.url, client.monitor.runtime, str(path), token)
         try:
             entry.write(storage)
             endpoint._entry = entry
@@ -184,7 +184,7 @@ class ControlEndpoint:
                 storage = checkpoint_storage(
                     cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options
                 )
-                self._entry.ended(self.client.status.value).write(storage)
+                self._entry.ended(self.client.status.value, self._token.decode()).write(storage)
         except Exception as exc:
             log.warning("could not mark the job's registry entry as ended: %s", exc)
         try:
