@@ -214,3 +214,10 @@ def test_the_cli_prints_one_line_and_runs_nothing(crashed: tuple[Path, Path], tm
     errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and str(victim) in errors[0] and "Traceback" not in r.stderr, r.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("garbage", [b"\x80\x05not json", b"[1, 2]", b'{"checkpoint_id": "x"}'])
+def test_garbage_metadata_is_refused_by_name(crashed: tuple[Path, Path], garbage: bytes) -> None:
+    tmp, latest = crashed
+    (latest / "_metadata").write_bytes(garbage)
+    restore_fails(tmp, latest, latest / "_metadata")

@@ -75,6 +75,8 @@ def seal_metadata(metadata: dict[str, Any], key: bytes) -> dict[str, Any]:
 
 def verify_metadata(metadata: dict[str, Any], key: bytes, name: str) -> None:
     """Refuse (RestoreError naming ``name``, one line) metadata the job's key did not seal."""
+    if not isinstance(metadata, dict):
+        raise RestoreError(f"{name} is not a sluice checkpoint metadata file (not a JSON object)")
     tag = metadata.get("mac")
     if not isinstance(tag, str):
         raise RestoreError(

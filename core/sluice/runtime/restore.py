@@ -46,8 +46,12 @@ class RestoredCheckpoint:
     ) -> RestoredCheckpoint:
         """Read the checkpoint at ``path``; every file must verify with the job's checkpoint ``key``
         (:mod:`sluice.checkpoint.codec`, :mod:`sluice.checkpoint.payload`) before anything of it is decoded."""
-        meta = storage.read_metadata_at(path)
-        verify_metadata(meta, key, f"{path.rstrip('/')}/{METADATA}")
+        name = f"{path.rstrip('/')}/{METADATA}"
+        try:
+            meta = storage.read_metadata_at(path)
+        except ValueError as exc:  # not JSON (UnicodeDecodeError is a ValueError too)
+            raise RestoreError(f"{name} is not a sluice checkpoint metadata file: {exc}") from None
+        verify_metadata(meta, key, name)
         rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
         seen: set[str] = set()
         for task, handle in meta["tasks"].items():
