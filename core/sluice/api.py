@@ -382,7 +382,7 @@ class Pipeline:
     ) -> JobConfig:
         return JobConfig(
             job_id=job_id or _job_id(self.name),
-            checkpoint=self.checkpoint,
+            checkpoint=self.checkpoint.with_resolved_key(),  # resolved here, on the driver: travels with the job
             restart=self.restart,
             buffers_per_channel=self.buffers_per_channel,
             max_batch_rows=self.max_batch_rows,

@@ -8,6 +8,8 @@
 * On restore, the splits of every reader of the restored checkpoint are handed back to the enumerator
   (:meth:`SplitEnumerator.add_splits_back`), which assigns them again; the same deterministic assignment
   gives the same splits to the same subtask at the same parallelism, and spreads them at another one.
+* Splits and the enumerator's state go into checkpoints through the source's versioned serializers
+  (:meth:`Source.split_serializer`, :meth:`Source.enumerator_state_serializer`; :mod:`sluice.serializers`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
+
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
 
 __all__ = [
     "Boundedness",
@@ -48,7 +52,8 @@ class InputStatus(enum.Enum):
 
 @dataclass
 class SourceSplit:
-    """A unit of source work with its position (picklable). ``split_id`` must be stable across runs."""
+    """A unit of source work with its position. ``split_id`` must be stable across runs; the source's
+    :meth:`~Source.split_serializer` writes it into checkpoints."""
 
     split_id: str
     position: Any = None
@@ -151,7 +156,8 @@ class SplitEnumerator(ABC):
 
     @abstractmethod
     def snapshot_state(self, checkpoint_id: int) -> Any:
-        """Picklable state: splits known but not yet assigned, discovery progress."""
+        """State for the checkpoint (splits known but not yet assigned, discovery progress), written by the
+        source's :meth:`~Source.enumerator_state_serializer`."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
@@ -198,3 +204,17 @@ class Source(ABC):
     def discovery_interval(self) -> float | None:
         """Seconds between calls of :meth:`SplitEnumerator.poll`, or None."""
         return None
+
+    def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
+        """How this source's splits (with their positions) are written into checkpoints.
+
+        The default pickles (safe only because checkpoint files are signed with the job's key: see
+        docs/security.md); return a :class:`~sluice.serializers.JsonSerializer` to store plain data
+        (:class:`~sluice.serializers.SourceSplitSerializer` for plain ``SourceSplit`` objects).
+        """
+        return PickleSerializer()
+
+    def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """How this source's enumerator state (:meth:`SplitEnumerator.snapshot_state`) is written into
+        checkpoints. Default: pickle, as :meth:`split_serializer`."""
+        return PickleSerializer()

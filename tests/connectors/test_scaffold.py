@@ -111,9 +111,9 @@ def test_generated_plugin_installs_and_passes_its_tests_in_a_new_venv(
             tmp_path,
         )  # fmt: skip
     _check_installed(python, tmp_path)
-    # every contract of the kit ran: 8 source checks + the entry point; 10 sink checks + the entry point
+    # every contract of the kit ran: 9 source checks + the entry point; 11 sink checks + the entry point
     # (the global-commit check does not apply to a per-subtask committer)
-    for pkg, summary in zip(packages, ("9 passed", "10 passed, 1 skipped"), strict=True):
+    for pkg, summary in zip(packages, ("10 passed", "11 passed, 1 skipped"), strict=True):
         out = _run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", str(pkg / "tests")], pkg)
         assert summary in out and "failed" not in out, out
     # the plugins are installed in the new venv only: this environment does not see them

@@ -84,8 +84,11 @@ def test_status_dashboard_errors_and_cancel(running: tuple[subprocess.Popen[str]
     r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "job.py"), check=False)
     assert r.returncode == 1 and "does not hold a job token" in r.stderr
     (tmp_path / "wrong.token").write_text("x" * 43)
-    r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "wrong.token"), check=False)
+    r = sluice("savepoint", "verbs", "--url", url, "--token-file", str(tmp_path / "wrong.token"), check=False)
     assert r.returncode == 1 and "unauthorized" in r.stderr and "Traceback" not in r.stderr
+    # through the registry, a token that did not sign the job's entry is not even sent
+    r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "wrong.token"), check=False)
+    assert r.returncode == 1 and "is not signed with the job's token" in r.stderr and "Traceback" not in r.stderr
     r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "missing"), check=False)
     assert r.returncode == 1 and "cannot read the job's token file" in r.stderr
 

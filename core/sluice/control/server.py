@@ -125,7 +125,7 @@ class ControlEndpoint:
         token = write_token(path)
         endpoint = cls(client, sock, token, str(path))
         endpoint._serve()
-        entry = RegistryEntry.new(cfg.job_id, endpoint.url, client.monitor.runtime, str(path))
+        entry = RegistryEntry.new(cfg.job_id, endpoint.url, client.monitor.runtime, str(path), token)
         try:
             entry.write(storage)
             endpoint._entry = entry
@@ -209,7 +209,8 @@ class ControlEndpoint:
                 )
                 job = self.client.monitor.overview()
                 last = (job.get("last_checkpoint") or {}).get("checkpoint_id")
-                self._entry.ended(self.client.status.value, job.get("attempt"), last).write(storage)
+                token = self._token.decode()
+                self._entry.ended(self.client.status.value, token, job.get("attempt"), last).write(storage)
         except Exception as exc:
             log.warning("could not mark the job's registry entry as ended: %s", exc)
         try:

@@ -106,6 +106,8 @@ def build_task(
         restore=restored.for_subtask(job, vertex, index) if restored is not None else None,
         max_batch_rows=cfg.max_batch_rows,
         metrics=cfg.metrics,
+        checkpoint_key=cfg.checkpoint.resolved_key(),
+        split_serializer=head.spec.split_serializer() if head.kind is NodeKind.SOURCE else None,
     )
     return Task(spec, gateway, storage, faults)
 

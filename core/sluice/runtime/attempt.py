@@ -20,6 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from sluice.checkpoint.codec import MetadataCodec
 from sluice.checkpoint.coordinator import CheckpointCoordinator
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.storage import CheckpointStorage
@@ -138,7 +139,7 @@ class JobAttempt:
             if node.kind is not NodeKind.SINK:
                 continue
             sink: Sink[Any] = node.spec
-            comms = r.sink_committables(node.uid) if r is not None else []
+            comms = r.sink_committables(node.uid, sink) if r is not None else []
             sink.recover(self.cfg.job_id, comms)
             gc = (
                 sink.create_global_committer(_GlobalCommitterCtx(self, node.uid))
@@ -149,7 +150,7 @@ class JobAttempt:
                 continue
             self.global_committers[node.uid] = gc
             if r is not None:  # every checkpoint whose commit the restored one could not see return, in order
-                for cid, comms in r.global_committables().get(node.uid, []):
+                for cid, comms in r.global_committables(node.uid, sink.committable_serializer()):
                     self._global_commit(node.uid, gc, cid, comms)
 
     def metric(self, name: str, increment: int = 1) -> None:
@@ -174,7 +175,8 @@ class JobAttempt:
             src: Source = node.spec
             ctx = _EnumeratorCtx(self, v)
             self._enum_ctx[v.id] = ctx
-            enum = src.create_enumerator(ctx, r.enumerator_state(node.uid) if r else None)
+            state = r.enumerator_state(node.uid, src.enumerator_state_serializer()) if r else None
+            enum = src.create_enumerator(ctx, state)
             self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
         self.global_commits = GlobalCommitQueue(
@@ -215,6 +217,7 @@ class JobAttempt:
             on_fatal=lambda exc: self.failed(None, exc),
             completed=completed,
             committed_upto=r.checkpoint_id if r is not None else 0,
+            codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
         )
         with self.lock:
             for v in self.job.vertices.values():
@@ -223,7 +226,7 @@ class JobAttempt:
                 enum = self.enumerators[v.chain[0].uid]
                 enum.start()
                 if r is not None:
-                    splits = r.reader_splits(v.chain[0].uid)
+                    splits = r.reader_splits(v.chain[0].uid, v.chain[0].spec.split_serializer())
                     if splits:
                         enum.add_splits_back(splits)
                 for i in range(v.parallelism):

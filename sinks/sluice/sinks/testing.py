@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import CommitError
+from sluice.serializers import JsonSerializer, SimpleVersionedSerializer
 from sluice.sink import (
     CommitOutcome,
     Committer,
@@ -76,6 +77,16 @@ class _Committer(Committer[str], GlobalCommitter[str]):
         return CommitOutcome.COMMITTED if published or not committables else CommitOutcome.ALREADY_COMMITTED
 
 
+class _NameSerializer(JsonSerializer[str]):
+    def to_json(self, obj: str) -> Any:
+        return str(obj)
+
+    def from_json(self, version: int, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError("a committable of the test sink is a file name")
+        return value
+
+
 class TwoPhaseCommitTestSink(Sink[str]):
     """Arrow files in ``directory``: pending at pre-commit, committed when the checkpoint completes.
 
@@ -108,6 +119,10 @@ class TwoPhaseCommitTestSink(Sink[str]):
         names = os.listdir(os.path.join(self.directory, "committed"))
         tails = [n[len(head) :] for n in names if n.startswith(head)]
         return max((int(m.group(1)) for t in tails if (m := _COMMITTED.match(t))), default=0)
+
+    def committable_serializer(self) -> SimpleVersionedSerializer[str]:
+        """Committables (pending file names) go into checkpoints as JSON strings."""
+        return _NameSerializer()
 
     def recover(self, job_id: str, committables: Sequence[str]) -> None:
         keep = set(committables)

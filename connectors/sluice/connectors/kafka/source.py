@@ -20,7 +20,16 @@ from sluice.connectors.kafka.config import (
 from sluice.connectors.kafka.offsets import OffsetsInitializer
 from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.errors import ConfigError
-from sluice.source import Boundedness, EnumeratorContext, ReaderContext, Source, SourceReader, SplitEnumerator
+from sluice.serializers import SimpleVersionedSerializer
+from sluice.source import (
+    Boundedness,
+    EnumeratorContext,
+    ReaderContext,
+    Source,
+    SourceReader,
+    SourceSplit,
+    SplitEnumerator,
+)
 
 __all__ = ["FORMATS", "KafkaSource"]
 
@@ -385,3 +394,15 @@ class KafkaSource(Source):
         from sluice.connectors.kafka.reader import KafkaSourceReader
 
         return KafkaSourceReader(self, ctx)
+
+    def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
+        """Splits go into checkpoints as JSON (:mod:`sluice.connectors.kafka.serializers`)."""
+        from sluice.connectors.kafka.serializers import KafkaSplitSerializer
+
+        return KafkaSplitSerializer()
+
+    def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """The enumerator's state goes into checkpoints as JSON."""
+        from sluice.connectors.kafka.serializers import KafkaEnumeratorStateSerializer
+
+        return KafkaEnumeratorStateSerializer()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import ConfigError
+from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Committer, Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.files.buckets import BucketAssigner
 from sluice.sinks.files.committable import FileCommittable
@@ -17,6 +18,7 @@ from sluice.sinks.files.compaction import CompactionPolicy, FileCompactor
 from sluice.sinks.files.filesystem import FileSystem, filesystem_for
 from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions, unwritable_columns
 from sluice.sinks.files.rolling import RollingPolicy
+from sluice.sinks.files.serializers import FileCommittableSerializer, FileWriterStateSerializer
 from sluice.sinks.files.writer import FileSinkWriter
 
 __all__ = ["FileSink"]
@@ -203,6 +205,14 @@ class FileSink(Sink[FileCommittable]):
 
     def create_committer(self, ctx: SinkContext) -> Committer[FileCommittable] | None:
         return FileCommitter(self, ctx)
+
+    def committable_serializer(self) -> SimpleVersionedSerializer[FileCommittable]:
+        """Committables go into checkpoints as JSON (:mod:`sluice.sinks.files.serializers`)."""
+        return FileCommittableSerializer()
+
+    def writer_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """The writers' held files go into checkpoints as JSON."""
+        return FileWriterStateSerializer()
 
     @property
     def compacts(self) -> bool:  # type: ignore[override]
