@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, KeyedProcessFunction, NoRestart, Pipeline, ValueStateDescriptor
 from sluice.connectors.generator import GeneratorSource
+from sluice.errors import RestoreError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.faults.shapes import RunningCount, rows_of, with_key
@@ -60,14 +61,20 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Any, ...]]
     return committed(tmp)
 
 
-def test_a_savepoint_without_stop_duplicates_on_restore(tmp_path: Path, reference: list) -> None:  # type: ignore[type-arg]
-    """Why stop-with-savepoint exists: the job ran on after the savepoint and committed more."""
+def test_a_savepoint_without_stop_is_refused_on_restore(tmp_path: Path, reference: list) -> None:  # type: ignore[type-arg]
+    """Why stop-with-savepoint exists: the job ran on after the savepoint and committed more, so restoring
+    the savepoint would write that range again. The sink's lineage check refuses it before anything is
+    written; only an explicit ``allow_reprocessing`` accepts the duplicates."""
     client = build(tmp_path).start(runtime="local", restore="none")
     wait_for_checkpoints(client, 1)
     savepoint = client.trigger_savepoint()
     wait_for_checkpoints(client, 4)
     client.cancel()
-    build(tmp_path, rate=None).run(runtime="local", restore=savepoint)
+    before = committed(tmp_path)
+    with pytest.raises(RestoreError, match="already holds checkpoint"):
+        build(tmp_path, rate=None).run(runtime="local", restore=savepoint)
+    assert committed(tmp_path) == before, "a refused restore writes nothing"
+    build(tmp_path, rate=None).run(runtime="local", restore=savepoint, allow_reprocessing=True)
     assert len(committed(tmp_path)) > len(reference)
 
 
