@@ -19,6 +19,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.checkpoint.storage import storage_for
 from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.errors import ConfigError, GraphError
@@ -424,13 +425,15 @@ class Pipeline:
         if runtime not in RUNTIMES:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
+        cfg = self.job_config(
+            restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
+        )
+        # refused at once, as one line, if it cannot be written (before anything writes next to it)
+        storage_for(cfg.checkpoint, cfg.job_id).check_writable()
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint
             sock = ControlEndpoint.bind(control_endpoint)
-        cfg = self.job_config(
-            restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
-        )
         if runtime == "local":
             from sluice.runtime.local import LocalRuntime
 

@@ -78,6 +78,9 @@ class CheckpointConfig(_Frozen):
         storage_options: options for the storage (for ``s3://``: endpoint_url, region_name, credentials).
         unaligned: barriers overtake in-flight data, which is persisted as channel state.
         aligned_checkpoint_timeout: seconds; start aligned and switch to unaligned once alignment takes longer.
+        storage_retry_timeout: seconds a checkpoint storage operation is retried (with backoff) while it
+            fails transiently (an I/O error, a timeout, an S3 connection failure, throttling or 5xx);
+            0 tries once. A longer outage fails the checkpoint (or the attempt, which then restarts).
     """
 
     interval: float | None = 10.0
@@ -92,6 +95,7 @@ class CheckpointConfig(_Frozen):
     unaligned: bool = False
     aligned_checkpoint_timeout: float | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)  # may hold credentials
+    storage_retry_timeout: float = 30.0
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointConfig:
@@ -112,6 +116,8 @@ class CheckpointConfig(_Frozen):
             raise bad("tolerable_failed_checkpoints", "an integer >= 0", self.tolerable_failed_checkpoints)
         if self.num_retained < 1:
             raise bad("num_retained", "an integer >= 1", self.num_retained)
+        if not 0 <= self.storage_retry_timeout < float("inf"):
+            raise bad("storage_retry_timeout", "a finite number of seconds >= 0", self.storage_retry_timeout)
         if not self.storage:
             raise bad("storage", "a local path, file:// or s3:// URI", self.storage)
         scheme = self.storage.split("://", 1)[0] if "://" in self.storage else "file"

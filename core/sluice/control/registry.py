@@ -2,14 +2,17 @@
 
 A job that serves a control endpoint writes ``<checkpoint storage>/<job id>/_control.json`` (atomically,
 on any checkpoint storage: local or S3) with its URL, its process and where its token file is; when it
-ends it rewrites the entry with its final status, so ``sluice jobs`` never lists a job that ended. The
-token lives in a file only the user can read (mode 0600): next to the entry for local storage, else in
-``~/.sluice/tokens/``. The entry never holds the token.
+ends it rewrites the entry with its final status, so ``sluice jobs`` never lists a job that ended. If
+that rewrite fails (a full disk), the entry is deleted instead; and an entry whose process is gone from
+this host (killed) reads as ended (status ``gone``). The token lives in a file only the user can read
+(mode 0600): next to the entry for local storage, else in ``~/.sluice/tokens/``. The entry never holds
+the token.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -30,6 +33,8 @@ __all__ = [
     "token_path",
     "write_token",
 ]
+
+log = logging.getLogger("sluice.control")
 
 #: the registry entry's name in a job's checkpoint directory
 ENTRY = "_control.json"
@@ -83,13 +88,25 @@ class RegistryEntry:
         return RegistryEntry(**{**asdict(self), "ended_at": time.time(), "status": status})
 
     def write(self, storage: CheckpointStorage) -> None:
-        """Write (or replace) the entry in the job's directory of ``storage``, atomically: a rename on a
-        file system, a plain put on an object store (whose atomic put of metadata refuses to replace)."""
+        """Write (or replace) the entry in the job's directory of ``storage``, atomically
+        (:meth:`~sluice.checkpoint.storage.CheckpointStorage.replace`: a rename on a file system, a put on
+        an object store).
+
+        An ended entry that cannot be written is deleted instead, so it never reads as running; only if
+        that fails too is the write's error raised.
+        """
         path, data = f"{storage.job_dir()}/{ENTRY}", json.dumps(asdict(self), indent=1).encode()
-        if isinstance(storage, LocalCheckpointStorage):
-            storage.write_atomic(path, data)
-        else:
-            storage.write_file(path, data)
+        try:
+            storage.replace(path, data)
+        except Exception:
+            if self.running:
+                raise
+            try:
+                storage.delete_file(path)
+            except Exception:
+                log.warning("could not delete the registry entry %s either", path, exc_info=True)
+                raise
+            log.warning("could not mark the registry entry %s ended: deleted it instead", path, exc_info=True)
 
     @staticmethod
     def new(job_id: str, url: str, runtime: str, token_file: str) -> RegistryEntry:
@@ -106,11 +123,24 @@ def read_entries(storage_uri: str, storage_options: dict[str, Any] | None = None
         if not st.exists(path):
             continue
         try:
-            data = json.loads(st.read_file(path))
-            out.append(RegistryEntry(**data))
-        except (ValueError, TypeError):
-            continue  # a half-written or foreign file: not an entry
+            entry = RegistryEntry(**json.loads(st.read_file(path)))
+        except (ValueError, TypeError, FileNotFoundError):
+            continue  # a half-written or foreign file (or deleted meanwhile): not an entry
+        if entry.running and entry.host == socket.gethostname() and not _alive(entry.pid):
+            entry = RegistryEntry(**{**asdict(entry), "ended_at": entry.started_at, "status": "gone"})
+        out.append(entry)
     return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def token_path(storage: CheckpointStorage) -> Path:

@@ -11,7 +11,7 @@ from sluice.checkpoint.channel_state import read_ipc
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import CheckpointStorage
-from sluice.errors import RestoreError
+from sluice.errors import RestoreError, SluiceError, StorageError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.runtime.partitioners import HashPartitioner
 from sluice.runtime.task_spec import TaskRestore
@@ -42,19 +42,33 @@ class RestoredCheckpoint:
     def load(
         cls, storage: CheckpointStorage, path: str, drop_channel_state: bool = False
     ) -> RestoredCheckpoint:
+        """Load the checkpoint or savepoint at ``path`` (wherever its folder was copied).
+
+        Raises:
+            RestoreError: it is not a completed checkpoint, or a file of it is missing or corrupt (named).
+        """
+        path = path.rstrip("/")
         meta = storage.read_metadata_at(path)
-        rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
+        try:
+            rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
+            handles = [(key, handle.get("path")) for key, handle in meta["tasks"].items()]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RestoreError(f"{path}/_metadata is corrupt (not checkpoint metadata: {exc!r})") from None
         seen: set[str] = set()
-        for key, handle in meta["tasks"].items():
-            file = handle.get("path")
+        for key, file in handles:
             if not file or file in seen:
                 continue
             seen.add(file)
             v, i = (int(x) for x in key.split("."))
+            data, where = _read_state(storage, path, file)
             try:
-                payload = decode_task_state(storage.read_file(file))
-            except FileNotFoundError as exc:
-                raise RestoreError(f"checkpoint {path}: state file {file} is missing") from exc
+                payload = decode_task_state(data)
+            except SluiceError:
+                raise
+            except Exception as exc:
+                raise RestoreError(
+                    f"checkpoint {path}: state file {where} is corrupt ({type(exc).__name__}: {exc})"
+                ) from None
             rc.tasks.append(_OldTask(v, i, payload))
         return rc
 
@@ -207,6 +221,22 @@ class RestoredCheckpoint:
         for _, comms in self.global_committables().get(node_name, []):
             out.extend(comms)
         return out
+
+
+def _read_state(storage: CheckpointStorage, checkpoint: str, file: str) -> tuple[bytes, str]:
+    """A task's state file, and where it was read. ``file`` is relative to the checkpoint's folder; an
+    absolute path (written before paths were relative) is read there, else in the folder (a copy)."""
+    absolute = file.startswith("/") or "://" in file
+    candidates = [file, f"{checkpoint}/{file.rsplit('/', 1)[-1]}"] if absolute else [f"{checkpoint}/{file}"]
+    for where in candidates:
+        try:
+            return storage.retrying("read task state", storage.read_file, where), where
+        except FileNotFoundError:
+            continue
+        except StorageError as exc:  # a path outside an S3 storage's bucket: try the copy in the folder
+            if exc.operation != "resolve":
+                raise
+    raise RestoreError(f"checkpoint {checkpoint}: state file {candidates[-1]} is missing")
 
 
 def _empty(value: Any) -> bool:
