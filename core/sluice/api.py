@@ -19,7 +19,6 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.checkpoint.storage import storage_for
 from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.errors import ConfigError, GraphError
@@ -428,8 +427,7 @@ class Pipeline:
         cfg = self.job_config(
             restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
         )
-        # refused at once, as one line, if it cannot be written (before anything writes next to it)
-        storage_for(cfg.checkpoint, cfg.job_id).check_writable()
+        cfg.check_at_start()  # unwritable storage, a lost newest checkpoint: refused before anything runs
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint

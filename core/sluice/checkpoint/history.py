@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ __all__ = [
     "CompletedCheckpointStore",
     "expected_latest",
     "forget_checkpoints",
+    "highest_id",
     "latest_checkpoint",
     "read_index",
     "refused",
@@ -87,6 +89,19 @@ def expected_latest(storage: CheckpointStorage) -> int | None:
     ]
     ids = [i for i in ids if i > cleared]
     return max(ids, default=None)
+
+
+def highest_id(storage: CheckpointStorage) -> int:
+    """The highest checkpoint id the job's storage knows of (folders, complete or not, stats, index), or 0:
+    ids go on above it, so no checkpoint is ever written into an older one's folder."""
+    names = storage.retrying("list checkpoints", storage.list_dirs, storage.job_dir())
+    ids = [int(m.group(1)) for n in names if (m := re.match(r"^(?:chk|savepoint)-(\d+)$", n))]
+    ids += [int(s["checkpoint_id"]) for s in storage.read_stats()]
+    try:
+        ids += [int(e["id"]) for e in (read_index(storage) or {}).get("checkpoints", [])]
+    except RestoreError:
+        pass  # a corrupt index: the coordinator rewrites it
+    return max(ids, default=0)
 
 
 _HINT = (

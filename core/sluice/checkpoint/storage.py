@@ -52,20 +52,10 @@ METADATA = "_metadata"
 _DIR = re.compile(r"^(chk|savepoint)-(\d+)$")
 #: file system errors a retry may cure: I/O errors, timeouts, stale or busy handles, a lost network mount
 _TRANSIENT_ERRNOS = {
-    errno.EIO,
-    errno.EAGAIN,
-    errno.EBUSY,
-    errno.EINTR,
-    errno.ETIMEDOUT,
-    errno.ESTALE,
-    errno.ECONNRESET,
-    errno.ECONNABORTED,
-    errno.ECONNREFUSED,
-    errno.ENETDOWN,
-    errno.ENETUNREACH,
-    errno.EHOSTDOWN,
-    errno.EHOSTUNREACH,
-}
+    getattr(errno, name)
+    for name in ("EIO", "EAGAIN", "EBUSY", "EINTR", "ETIMEDOUT", "ESTALE", "ECONNRESET", "ECONNABORTED",
+                 "ECONNREFUSED", "ENETDOWN", "ENETUNREACH", "EHOSTDOWN", "EHOSTUNREACH")
+}  # fmt: skip
 
 
 class CheckpointStorage(ABC):
@@ -187,28 +177,19 @@ class CheckpointStorage(ABC):
 
     def completed(self) -> list[tuple[int, str, bool]]:
         """Completed checkpoints and savepoints of the job: (id, path, is_savepoint), oldest first."""
-        return self.retrying("list checkpoints", self._completed)
-
-    def _completed(self) -> list[tuple[int, str, bool]]:
-        out = []
-        for name in self.list_dirs(self.job_dir()):
-            m = _DIR.match(name)
-            if m and self.exists(f"{self.job_dir()}/{name}/{METADATA}"):
-                out.append((int(m.group(2)), f"{self.job_dir()}/{name}", m.group(1) == "savepoint"))
-        return sorted(out)
+        return self.retrying("list checkpoints", self._folders, True)
 
     def incomplete(self) -> list[tuple[int, str, bool]]:
         """Checkpoint and savepoint folders without metadata (being written, or left by a failed one)."""
+        return self.retrying("list checkpoints", self._folders, False)
 
-        def scan() -> list[tuple[int, str, bool]]:
-            out = []
-            for name in self.list_dirs(self.job_dir()):
-                m = _DIR.match(name)
-                if m and not self.exists(f"{self.job_dir()}/{name}/{METADATA}"):
-                    out.append((int(m.group(2)), f"{self.job_dir()}/{name}", m.group(1) == "savepoint"))
-            return sorted(out)
-
-        return self.retrying("list checkpoints", scan)
+    def _folders(self, complete: bool) -> list[tuple[int, str, bool]]:
+        out = []
+        for name in self.list_dirs(self.job_dir()):
+            m = _DIR.match(name)
+            if m and self.exists(f"{self.job_dir()}/{name}/{METADATA}") == complete:
+                out.append((int(m.group(2)), f"{self.job_dir()}/{name}", m.group(1) == "savepoint"))
+        return sorted(out)
 
     def latest(self) -> str | None:
         """Path of the latest completed checkpoint (not savepoint), or None."""
@@ -271,7 +252,8 @@ class CheckpointStorage(ABC):
 
     def jobs(self) -> list[str]:
         """Job ids with checkpoint data under ``base`` (other folders there are not counted)."""
-        return sorted(j for j in self.list_dirs(self.base) if self._for_job(j).holds_job())
+        names = self.retrying("list jobs", self.list_dirs, self.base)
+        return sorted(j for j in names if self._for_job(j).holds_job())
 
     def _for_job(self, job_id: str) -> CheckpointStorage:
         """The same storage for another job (shares clients where the implementation has them)."""

@@ -97,7 +97,7 @@ class RegistryEntry:
         """
         path, data = f"{storage.job_dir()}/{ENTRY}", json.dumps(asdict(self), indent=1).encode()
         try:
-            storage.replace(path, data)
+            storage.retrying("write the registry entry", storage.replace, path, data)
         except Exception:
             if self.running:
                 raise
@@ -117,14 +117,13 @@ def read_entries(storage_uri: str, storage_options: dict[str, Any] | None = None
     """Every job's registry entry under checkpoint storage ``storage_uri`` (running or ended), by job id."""
     root = checkpoint_storage(storage_uri, "_", **(storage_options or {}))
     out = []
-    for job_id in root.list_dirs(root.base):  # not jobs(): a job registers before its first checkpoint
+    # not jobs(): a job registers before its first checkpoint
+    for job_id in root.retrying("list jobs", root.list_dirs, root.base):
         st = checkpoint_storage(storage_uri, job_id, **(storage_options or {}))
         path = f"{st.job_dir()}/{ENTRY}"
-        if not st.exists(path):
-            continue
         try:
-            entry = RegistryEntry(**json.loads(st.read_file(path)))
-        except (ValueError, TypeError, FileNotFoundError):
+            entry = RegistryEntry(**json.loads(st.retrying("read the registry entry", st.read_file, path)))
+        except (ValueError, TypeError, FileNotFoundError, NotADirectoryError):
             continue  # a half-written or foreign file (or deleted meanwhile): not an entry
         if entry.running and entry.host == socket.gethostname() and not _alive(entry.pid):
             entry = RegistryEntry(**{**asdict(entry), "ended_at": entry.started_at, "status": "gone"})

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.checkpoint.coordinator import CheckpointCoordinator
 from sluice.checkpoint.global_commit import GlobalCommitQueue
-from sluice.checkpoint.history import read_index
+from sluice.checkpoint.history import highest_id
 from sluice.checkpoint.storage import CheckpointStorage
-from sluice.errors import CheckpointFailureReason, RestoreError, SluiceError
+from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.restore import RestoredCheckpoint
@@ -196,7 +196,7 @@ class JobAttempt:
             },
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
-        prior = self._latest_id()
+        prior = highest_id(self.storage)
         next_id = max(next_id, prior + 1)
         completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
         self.coordinator = CheckpointCoordinator(
@@ -240,15 +240,6 @@ class JobAttempt:
     def _commit_latency(self, uid: str, seconds: float) -> None:
         with self.lock:
             self.commit_latencies.setdefault(uid, []).append(seconds)
-
-    def _latest_id(self) -> int:
-        ids = [cid for cid, _, _ in self.storage.completed()]
-        ids += [int(s["checkpoint_id"]) for s in self.storage.read_stats()]
-        try:
-            ids += [int(e["id"]) for e in (read_index(self.storage) or {}).get("checkpoints", [])]
-        except RestoreError:
-            pass  # a corrupt index is rewritten by the coordinator
-        return max(ids, default=0)
 
     def _poll_enumerators(self) -> None:
         last: dict[str, float] = {}

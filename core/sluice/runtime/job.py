@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.checkpoint.history import expected_latest, latest_checkpoint, refused
+from sluice.checkpoint.history import expected_latest, highest_id, latest_checkpoint, refused
 from sluice.checkpoint.stats import CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage, storage_for
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
@@ -53,6 +53,19 @@ class JobConfig:
     allow_non_restored_state: bool = False
     #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
     metrics: bool = True
+
+    def check_at_start(self) -> None:
+        """What is checked before the job starts: its checkpoint storage can be written (a file is written
+        and deleted), and a restore of ``latest`` finds the newest checkpoint the job completed.
+
+        Raises:
+            StorageError: the storage cannot be written (not recoverable; names the location).
+            RestoreError: the newest completed checkpoint is missing or its metadata unreadable.
+        """
+        storage = storage_for(self.checkpoint, self.job_id)
+        storage.check_writable()
+        if self.restore == "latest":
+            _latest(storage, expected_latest(storage))
 
     def alignment(self) -> AlignmentMode:
         """How the job's tasks align their (non-savepoint) checkpoints."""
@@ -108,15 +121,15 @@ def resolve_restore(
     after a failure the newest checkpoint this run completed, else what the first attempt restored."""
     run = run or RunRestore()
     if attempt == 0:
-        run.floor = _first_new_id(storage)
+        run.floor = highest_id(storage) + 1
         if cfg.restore == "none":
             return None
         if cfg.restore != "latest":
             return _load(cfg, storage, cfg.restore)
-        path, older = latest_checkpoint(storage, expected_latest(storage))
+        path, older = _latest(storage, expected_latest(storage))
     else:
         expected = run.latest if run.latest is not None and run.latest >= run.floor else None
-        path, older = latest_checkpoint(storage, expected, floor=run.floor)
+        path, older = _latest(storage, expected, floor=run.floor)
         if path is None:
             return _load(cfg, storage, run.first) if run.first is not None else None
     if path is None:
@@ -127,10 +140,15 @@ def resolve_restore(
         raise refused(f"the job's newest completed checkpoint {path} cannot be restored: {exc}", older) from None
 
 
-def _first_new_id(storage: CheckpointStorage) -> int:
-    """The lowest checkpoint id this run can write: above every id the job's storage knows of."""
-    ids = [cid for cid, _, _ in storage.completed()] + [int(s["checkpoint_id"]) for s in storage.read_stats()]
-    return max(ids, default=0) + 1
+def _latest(storage: CheckpointStorage, expected: int | None, floor: int = 0) -> tuple[str | None, str | None]:
+    """:func:`~sluice.checkpoint.history.latest_checkpoint`, its metadata read (a refusal names it)."""
+    path, older = latest_checkpoint(storage, expected, floor)
+    if path is not None:
+        try:
+            storage.read_metadata_at(path)
+        except RestoreError as exc:
+            raise refused(f"the job's newest completed checkpoint {path} cannot be restored: {exc}", older) from None
+    return path, older
 
 
 def _load(cfg: JobConfig, storage: CheckpointStorage, path: str) -> RestoredCheckpoint:
