@@ -87,7 +87,7 @@ class CheckpointCoordinator:
         self.on_cleanup_failure = on_cleanup_failure or _log_cleanup_failure
         #: retained completed checkpoints, the job's index of them, discards (never raising)
         self.store = CompletedCheckpointStore(
-            storage, config.num_retained, completed[-1] if completed else None, self._cleanup_failed
+            storage, config.num_retained, completed[-1] if completed else None, self.on_cleanup_failure
         )
         self._aborted: dict[int, bool] = {}  # aborted checkpoint -> savepoint: late writers are cleaned up
         self.history: list[CheckpointStats] = []
@@ -124,9 +124,6 @@ class CheckpointCoordinator:
         self.store.close(self.storage.retry_timeout + 10.0)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
-
-    def _cleanup_failed(self, what: str, error: BaseException) -> None:
-        self.on_cleanup_failure(what, error)
 
     def _loop(self) -> None:
         interval = self.config.interval if self.config.interval is not None else float("inf")
@@ -370,7 +367,7 @@ class CheckpointCoordinator:
         try:
             self.storage.record_stats(stats.to_dict())
         except Exception as exc:
-            self._cleanup_failed(f"recording stats of checkpoint {cid}", exc)
+            self.on_cleanup_failure(f"recording stats of checkpoint {cid}", exc)
         self.failures.completed()
         self.last_completed_at = time.monotonic()
         if p.barrier.options.terminate:
@@ -425,14 +422,14 @@ class CheckpointCoordinator:
         try:
             self.storage.record_stats(stats.to_dict())
         except Exception as exc:
-            self._cleanup_failed(f"recording stats of checkpoint {cid}", exc)
+            self.on_cleanup_failure(f"recording stats of checkpoint {cid}", exc)
         if notify:
             for t, handle in self.tasks.items():
                 if t not in self.finished:
                     try:
                         handle.notify_checkpoint_aborted(cid)
                     except Exception as exc:
-                        self._cleanup_failed(f"telling {t} that checkpoint {cid} was aborted", exc)
+                        self.on_cleanup_failure(f"telling {t} that checkpoint {cid} was aborted", exc)
         self.store.discard(cid, savepoint)
         self.failures.failed(cid, reason, detail, counts=not savepoint and not p.barrier.options.terminate)
 

@@ -144,7 +144,15 @@ def latest_checkpoint(
 
 def forget_checkpoints(storage: CheckpointStorage) -> None:
     """Discard every completed checkpoint (not savepoint) of the job on purpose (a cancel that does not
-    retain them): its record says so, so a later restore of "latest" starts empty instead of refusing."""
+    retain them): its record says so, so a later restore of "latest" starts empty instead of refusing.
+    A failure is logged, not raised (what is left stays restorable)."""
+    try:
+        _forget(storage)
+    except Exception as exc:
+        log.warning("could not delete the checkpoints of job %s: %s: %s", storage.job_id, type(exc).__name__, exc)
+
+
+def _forget(storage: CheckpointStorage) -> None:
     done = storage.completed()
     for cid, _, sp in done:
         if not sp:
@@ -244,14 +252,21 @@ class CompletedCheckpointStore:
     def _submit(self, what: str, fn: Callable[[], None]) -> None:
         with self._idle:
             self._busy += 1
-            if self._thread is None:
+            self._queue.put((what, fn))
+            if self._thread is None:  # one thread while there is work; it ends when idle
                 self._thread = threading.Thread(target=self._work, name="checkpoint-cleanup", daemon=True)
                 self._thread.start()
-        self._queue.put((what, fn))
 
     def _work(self) -> None:
         while True:
-            what, fn = self._queue.get()
+            try:
+                what, fn = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                with self._idle:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
             try:
                 fn()
             except Exception as exc:

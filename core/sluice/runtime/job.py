@@ -56,16 +56,19 @@ class JobConfig:
 
     def check_at_start(self) -> None:
         """What is checked before the job starts: its checkpoint storage can be written (a file is written
-        and deleted), and a restore of ``latest`` finds the newest checkpoint the job completed.
+        and deleted), and the checkpoint to restore has readable metadata (for ``latest``: the newest one
+        the job completed).
 
         Raises:
             StorageError: the storage cannot be written (not recoverable; names the location).
-            RestoreError: the newest completed checkpoint is missing or its metadata unreadable.
+            RestoreError: the checkpoint to restore is missing or its metadata unreadable (names it).
         """
         storage = storage_for(self.checkpoint, self.job_id)
         storage.check_writable()
         if self.restore == "latest":
             _latest(storage, expected_latest(storage))
+        elif self.restore != "none":
+            storage.read_metadata_at(self.restore)
 
     def alignment(self) -> AlignmentMode:
         """How the job's tasks align their (non-savepoint) checkpoints."""
