@@ -216,6 +216,18 @@ class Sink(ABC, Generic[C]):
         """The global committer (called on the coordinator, once per attempt, when ``global_commit``)."""
         return None
 
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """The highest checkpoint id of ``job_id`` (and this sink, ``sink_uid``) whose data the output already
+        holds, read from the output itself (a table's recorded checkpoint id, the file sink's file names);
+        ``0`` if none, None if this sink keeps no such record (then nothing is checked).
+
+        Called on the driver before :meth:`recover` and before any writer starts. The engine refuses to run
+        an attempt that restores an older checkpoint than this (or none), since the data after it would be
+        written a second time, unless the job allows reprocessing; then the new checkpoint ids continue
+        above it.
+        """
+        return None
+
     def recover(self, job_id: str, committables: Sequence[C]) -> None:
         """Before (re)starting: abort staged data of ``job_id`` not in ``committables`` (the restored checkpoint's)."""
 

@@ -9,7 +9,7 @@ import click
 from sluice.cli.endpoint import emit_json, fmt_duration, print_table, storage_option
 from sluice.cli.main import main
 from sluice.control.client import ControlClient, ControlError
-from sluice.control.registry import read_entries, read_token
+from sluice.control.registry import RegistryEntry, read_entries, read_token
 
 __all__ = ["jobs"]
 
@@ -23,6 +23,18 @@ def _live(url: str, token_file: str) -> dict[str, Any]:
         return {"status": "unreachable", "error": str(exc)}
 
 
+def _ended(e: RegistryEntry) -> dict[str, Any]:
+    """What the registry says of a job that ended (its endpoint is gone): ``up`` is how long it ran."""
+    last = {"checkpoint_id": e.last_checkpoint} if e.last_checkpoint is not None else None
+    return {
+        "status": e.status,
+        "attempt": e.attempt,
+        "restarts": e.attempt,
+        "uptime_s": None if e.ended_at is None else e.ended_at - e.started_at,
+        "last_checkpoint": last,
+    }
+
+
 @main.command()
 @storage_option
 @click.option("--all", "show_all", is_flag=True, help="Also list jobs that ended (as their registry entry says).")
@@ -33,7 +45,7 @@ def jobs(storage: str, show_all: bool, as_json: bool) -> None:
     for e in sorted(read_entries(storage), key=lambda e: e.job_id):
         if not e.running and not show_all:
             continue
-        live: dict[str, Any] = _live(e.url, e.token_file) if e.running else {"status": e.status}
+        live: dict[str, Any] = _live(e.url, e.token_file) if e.running else _ended(e)
         last: dict[str, Any] = live.get("last_checkpoint") or {}
         rows.append(
             {

@@ -93,10 +93,10 @@ class ControlClient:
             )
         return cls(url, token)
 
-    @property
-    def login_url(self) -> str:
-        """The dashboard's address with the token: opening it logs a browser in (keep it to yourself)."""
-        return f"{self.url}/?token={self._token}"
+    def login_code(self) -> dict[str, Any]:
+        """A new one-time login code for a browser: ``{"code", "login_url", "expires_in_s"}``; opening
+        ``login_url`` logs a browser in once, within ``expires_in_s`` seconds (the token stays here)."""
+        return self.post("/api/v1/login-codes", timeout=10.0)  # type: ignore[no-any-return]
 
     def get(self, path: str, timeout: float = 10.0) -> Any:
         """GET ``path`` (JSON)."""

@@ -67,6 +67,8 @@ class RegistryEntry:
         token_file: The file holding the endpoint's token (readable by its user only).
         ended_at: When the job ended, or None while it runs.
         status: Its final status once it ended.
+        attempt: Its last attempt (0 = no restart) once it ended.
+        last_checkpoint: The id of its last completed checkpoint once it ended, if any.
     """
 
     job_id: str
@@ -78,14 +80,19 @@ class RegistryEntry:
     token_file: str
     ended_at: float | None = None
     status: str | None = None
+    attempt: int | None = None
+    last_checkpoint: int | None = None
 
     @property
     def running(self) -> bool:
         return self.ended_at is None
 
-    def ended(self, status: str) -> RegistryEntry:
-        """The entry of the same job once it ended with ``status``."""
-        return RegistryEntry(**{**asdict(self), "ended_at": time.time(), "status": status})
+    def ended(
+        self, status: str, attempt: int | None = None, last_checkpoint: int | None = None
+    ) -> RegistryEntry:
+        """The entry of the same job once it ended with ``status`` (in ``attempt``, at ``last_checkpoint``)."""
+        ended = {"ended_at": time.time(), "status": status, "attempt": attempt, "last_checkpoint": last_checkpoint}
+        return RegistryEntry(**{**asdict(self), **ended})
 
     def write(self, storage: CheckpointStorage) -> None:
         """Write (or replace) the entry in the job's directory of ``storage``, atomically

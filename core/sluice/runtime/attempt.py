@@ -32,6 +32,7 @@ from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
+from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.sink_operator import commit_with_retry
 from sluice.sink import GlobalCommitter, Sink
@@ -126,11 +127,14 @@ class JobAttempt:
         #: seconds each global commit took, per sink uid (in checkpoint order)
         self.commit_latencies: dict[str, list[float]] = {}
         self.faults: FaultHook = NO_FAULTS
+        #: the highest checkpoint id a sink's output holds beyond the restored one (allow_reprocessing)
+        self.checkpoint_floor = 0
 
     # -- setup -----------------------------------------------------------------------------------------
     def recover_sinks(self) -> None:
         """Before tasks start: sinks abort leftovers of unfinished checkpoints; global commits are redone."""
         r = self.restored
+        self.checkpoint_floor = check_sink_lineage(self.job, self.cfg, self.storage, r)  # before any write
         for node in self.job.logical.nodes.values():
             if node.kind is not NodeKind.SINK:
                 continue
@@ -197,7 +201,7 @@ class JobAttempt:
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = highest_id(self.storage)
-        next_id = max(next_id, prior + 1)
+        next_id = max(next_id, prior + 1, self.checkpoint_floor + 1)
         completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
         self.coordinator = CheckpointCoordinator(
             self.cfg.checkpoint,

@@ -51,6 +51,8 @@ class JobConfig:
     recover_without_channel_state: int | None = None
     #: restore even if the checkpoint holds state of operator uids the job no longer has (that state is dropped)
     allow_non_restored_state: bool = False
+    #: run even if a sink's output holds checkpoints newer than the restored one (their data comes again)
+    allow_reprocessing: bool = False
     #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
     metrics: bool = True
 

@@ -44,7 +44,7 @@ class FileSink(Sink[FileCommittable]):
     """Files that become visible exactly once, when the checkpoint that staged them completes.
 
     Lifecycle: in-progress (hidden) -> pending at pre-commit (hidden, durable, named in the checkpoint) ->
-    visible under ``part-<job>-<checkpoint>-<subtask>-<seq><ext>`` when the checkpoint completes. See
+    visible under ``part-<job>-<checkpoint>-<subtask>-<seq>-<run><ext>`` when the checkpoint completes. See
     ``docs/file-sink.md``.
 
     Args:
@@ -213,6 +213,15 @@ class FileSink(Sink[FileCommittable]):
         if self.compaction is None:
             return None
         return FileCompactor(self.compaction, self.filesystem(), self.format_options(), ctx)
+
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """The newest checkpoint of ``job_id`` whose files are visible under the sink's root: their names
+        are the lineage record (``docs/file-sink.md``). One listing of the root, as :meth:`recover` does."""
+        fs = self.filesystem()
+        try:
+            return fs.committed_checkpoint(job_id)
+        finally:
+            fs.close()
 
     def recover(self, job_id: str, committables: Sequence[FileCommittable]) -> None:
         """Delete staged files and abort multipart uploads of ``job_id`` that the restored checkpoint does not
