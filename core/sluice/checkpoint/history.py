@@ -176,7 +176,8 @@ def sweep_incomplete(storage: CheckpointStorage) -> None:
 
 
 class CompletedCheckpointStore:
-    """A running coordinator's completed checkpoints: retention, the index, and discards.
+    """A running coordinator's completed checkpoints: retention, the index, and discards (the index writes
+    and discards run in order on one cleanup thread, off the coordinator's lock).
 
     Args:
         storage: The job's checkpoint storage.
@@ -238,10 +239,12 @@ class CompletedCheckpointStore:
                 if path == self.storage.checkpoint_dir(old):  # never a restored checkpoint kept elsewhere
                     entries.pop(old, None)
                     self.discard(old, False)
-        try:
-            _write_index(self.storage, entries, self._cleared)
-        except Exception as exc:
-            self._report(f"writing the checkpoint index after checkpoint {checkpoint_id}", exc)
+        # off the coordinator's path, in order with the discards (an index that lags only guards less)
+        snapshot, cleared = dict(entries), self._cleared
+        self._submit(
+            f"writing the checkpoint index after checkpoint {checkpoint_id}",
+            lambda: _write_index(self.storage, snapshot, cleared),
+        )
 
     def discard(self, checkpoint_id: int, savepoint: bool) -> None:
         """Delete a checkpoint's folder in the background (a failure is reported)."""
