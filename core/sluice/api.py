@@ -419,19 +419,19 @@ class Pipeline:
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
             control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
-                port; loopback by default), or None for none. Requests need the job's token, written to a
-                file only the user can read (docs/operations.md).
+                port; loopback by default), or None; requests need the job's token (docs/operations.md).
         """
         if runtime not in RUNTIMES:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
+        cfg = self.job_config(
+            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
+        )
+        cfg.check_at_start()  # unwritable storage, a lost newest checkpoint: refused before anything runs
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint
             sock = ControlEndpoint.bind(control_endpoint)
-        cfg = self.job_config(
-            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
-        )
         if runtime == "local":
             from sluice.runtime.local import LocalRuntime
 

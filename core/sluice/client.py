@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.history import forget_checkpoints
+from sluice.checkpoint.storage import storage_for
 from sluice.control.monitor import JobMonitor
 from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.graph import JobGraph
@@ -100,10 +101,7 @@ class JobClient:
         result = self.wait()
         cc = self.config.checkpoint
         if result.status is JobStatus.CANCELLED and not cc.retain_on_cancel:
-            st = checkpoint_storage(cc.storage, self.config.job_id, **cc.storage_options)
-            for cid, _, sp in st.completed():
-                if not sp:
-                    st.discard(cid)
+            forget_checkpoints(storage_for(cc, self.config.job_id))
         return result
 
     def trigger_savepoint(self, timeout: float = 600.0) -> str:

@@ -83,6 +83,9 @@ class CheckpointConfig(_Frozen):
             refuses files it did not sign. None: ``$SLUICE_CHECKPOINT_KEY``, else the user's key file
             ``~/.config/sluice/checkpoint.key`` (created, mode 0600). Restoring a savepoint on another host
             needs the same key (docs/security.md). Never shown or logged.
+        storage_retry_timeout: seconds a checkpoint storage operation is retried (with backoff) while it
+            fails transiently (an I/O error, a timeout, an S3 connection failure, throttling or 5xx);
+            0 tries once. A longer outage fails the checkpoint (or the attempt, which then restarts).
     """
 
     interval: float | None = 10.0
@@ -98,6 +101,7 @@ class CheckpointConfig(_Frozen):
     aligned_checkpoint_timeout: float | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)  # may hold credentials
     key: SecretStr | None = Field(default=None, repr=False)
+    storage_retry_timeout: float = 30.0
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointConfig:
@@ -118,6 +122,8 @@ class CheckpointConfig(_Frozen):
             raise bad("tolerable_failed_checkpoints", "an integer >= 0", self.tolerable_failed_checkpoints)
         if self.num_retained < 1:
             raise bad("num_retained", "an integer >= 1", self.num_retained)
+        if not 0 <= self.storage_retry_timeout < float("inf"):
+            raise bad("storage_retry_timeout", "a finite number of seconds >= 0", self.storage_retry_timeout)
         if not self.storage:
             raise bad("storage", "a local path, file:// or s3:// URI", self.storage)
         scheme = self.storage.split("://", 1)[0] if "://" in self.storage else "file"

@@ -90,7 +90,7 @@ def test_only_failures_that_say_something_about_the_job_count_toward_the_tolerab
         CheckpointFailureReason.STORAGE_FAILURE,
     )
     assert reason.counts_toward_tolerable is counts
-    assert c.consecutive_failures == int(counts)
+    assert c.failures.consecutive == int(counts)
     assert [type(e) for e in fatal] == ([CheckpointError] if counts else [])
     assert c.history[-1].status is CheckpointStatus.FAILED and c.history[-1].failure_reason == reason.name
 
@@ -104,7 +104,7 @@ def test_subsumed_and_stopped_checkpoints_do_not_fail_the_job(tmp_path) -> None:
     by_id = {s.checkpoint_id: s for s in c.history}
     assert by_id[first].failure_reason == "SUBSUMED" and by_id[third].failure_reason == "JOB_FAILOVER"
     assert by_id[second].status is CheckpointStatus.COMPLETED
-    assert not fatal and c.consecutive_failures == 0
+    assert not fatal and c.failures.consecutive == 0
 
 
 def test_a_checkpoint_completes_or_fails_once() -> None:

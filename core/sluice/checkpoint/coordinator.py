@@ -2,11 +2,12 @@
 
 Runs in the driver. A checkpoint n goes: trigger (enumerator snapshots, barriers injected at the source
 tasks and at tasks whose inputs all ended) -> every running task acknowledges with a state handle ->
-metadata written **last** and atomically -> its global committables go to the ordered commit queue
-(:mod:`sluice.checkpoint.global_commit`) -> tasks are notified ``checkpoint_complete(n)`` -> subsumed
-checkpoints beyond ``num_retained`` are deleted. A checkpoint that
-expires or is declined is aborted: tasks get ``checkpoint_aborted(n)``, its files are deleted and the
-failure with its reason goes into the stats history.
+metadata written **last** and atomically (state paths relative to its folder) -> the job's index of
+completed checkpoints (:mod:`~sluice.checkpoint.history`) -> global committables to the ordered commit
+queue (:mod:`~sluice.checkpoint.global_commit`) -> tasks notified ``checkpoint_complete(n)`` -> checkpoints
+beyond ``num_retained`` deleted. A checkpoint that expires or is declined is aborted: tasks get
+``checkpoint_aborted(n)``, its files are deleted (again after a late write) and the failure goes into the
+stats history. A failure to delete files is reported (``on_cleanup_failure``), never raised.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from sluice.checkpoint.codec import MetadataCodec
+from sluice.checkpoint.failure_manager import CheckpointFailureManager
 from sluice.checkpoint.global_commit import CommitGroups, GlobalCommitQueue
+from sluice.checkpoint.handles import AckResult, TaskHandle
+from sluice.checkpoint.history import CompletedCheckpointStore, relative_handle
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.config import CheckpointConfig
@@ -31,26 +34,6 @@ from sluice.graph import SubtaskId
 __all__ = ["AckResult", "CheckpointCoordinator", "TaskHandle"]
 
 log = logging.getLogger("sluice.checkpoint")
-
-
-class TaskHandle(Protocol):
-    """The coordinator's view of a running subtask."""
-
-    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None: ...
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
-
-
-class AckResult(Enum):
-    """What became of an acknowledgement (acknowledging never raises)."""
-
-    SUCCESS = "success"
-    #: the task already acknowledged this checkpoint
-    DUPLICATE = "duplicate"
-    #: a checkpoint that was never triggered
-    UNKNOWN = "unknown"
-    #: a checkpoint that is no longer pending (completed, aborted or subsumed)
-    DISCARDED = "discarded"
 
 
 @dataclass
@@ -83,6 +66,7 @@ class CheckpointCoordinator:
         completed: list[tuple[int, str]] | None = None,
         committed_upto: int = 0,
         codec: MetadataCodec | None = None,
+        on_cleanup_failure: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -100,11 +84,16 @@ class CheckpointCoordinator:
         self.finished: dict[SubtaskId, dict[str, Any]] = {}
         self.last_handles: dict[SubtaskId, dict[str, Any]] = {}
         self.completed_handles: dict[SubtaskId, dict[str, Any]] = {}
-        self.completed: list[tuple[int, str]] = list(completed or [])
+        self.on_cleanup_failure = on_cleanup_failure or _log_cleanup_failure
+        #: retained completed checkpoints, the job's index of them, discards (never raising)
+        self.store = CompletedCheckpointStore(
+            storage, config.num_retained, completed[-1] if completed else None, self.on_cleanup_failure
+        )
+        self._aborted: dict[int, bool] = {}  # aborted checkpoint -> savepoint: late writers are cleaned up
         self.history: list[CheckpointStats] = []
         #: the last checkpoint whose committables went to the global committers (restored one after a restore)
         self.committed_upto = committed_upto
-        self.consecutive_failures = 0
+        self.failures = CheckpointFailureManager(config.tolerable_failed_checkpoints, self.on_fatal)
         self.last_completed_at = 0.0
         self._stopped = threading.Event()
         #: while set, only the terminal checkpoint of stop-with-savepoint is triggered (with these options)
@@ -120,13 +109,19 @@ class CheckpointCoordinator:
         self._thread = threading.Thread(target=self._loop, name="checkpoint-coordinator", daemon=True)
         self._thread.start()
 
+    @property
+    def completed(self) -> list[tuple[int, str]]:  # retained, oldest first
+        return self.store.completed
+
     def stop(self, reason: CheckpointFailureReason = CheckpointFailureReason.JOB_FAILOVER) -> None:
-        """Stop triggering; pending checkpoints are aborted with ``reason``."""
+        """Stop triggering; pending checkpoints are aborted with ``reason`` and their files deleted (waiting
+        up to the storage's retry time), as are folders of earlier checkpoints that never completed."""
         self._stopped.set()
         self._wake.set()
         with self.lock:
             for cid in list(self.pending):
                 self._abort(cid, reason, "", notify=False)
+        self.store.close(self.storage.retry_timeout + 10.0)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
 
@@ -271,6 +266,8 @@ class CheckpointCoordinator:
         with self.lock:
             p = self.pending.get(checkpoint_id)
             if p is None:
+                if checkpoint_id in self._aborted:  # written after the abort deleted the folder
+                    self.store.discard(checkpoint_id, self._aborted[checkpoint_id])
                 return AckResult.UNKNOWN if checkpoint_id >= self.next_id else AckResult.DISCARDED
             if task not in p.waiting:
                 return AckResult.DUPLICATE
@@ -285,6 +282,8 @@ class CheckpointCoordinator:
         with self.lock:
             if checkpoint_id in self.pending:
                 self._abort(checkpoint_id, CheckpointFailureReason.DECLINED, reason)
+            elif checkpoint_id in self._aborted:  # a late writer may have left a file
+                self.store.discard(checkpoint_id, self._aborted[checkpoint_id])
 
     def end_of_input(self, task: SubtaskId) -> None:
         """``task``'s inputs all ended: trigger it directly from now on, also for pending checkpoints."""
@@ -302,7 +301,10 @@ class CheckpointCoordinator:
         with self.lock:
             handle = self.completed_handles.get(task) or self.last_handles.get(task) or {}
             # keep its bytes: every later checkpoint gets its own copy, so retention never breaks a restore
-            data = self.codec.without_channel_state(self.storage, handle["path"]) if handle.get("path") else None
+            path = handle.get("path")
+            data = (
+                self.storage.retrying("read", self.codec.without_channel_state, self.storage, path) if path else None
+            )
             final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
             self.finished[task] = final
             # its state no longer changes: it acknowledges pending checkpoints with its final state
@@ -319,6 +321,7 @@ class CheckpointCoordinator:
         savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
         duration = time.monotonic() - p.started
         committables: dict[str, list[Any]] = {}
+        folder = self.storage.checkpoint_dir(cid, savepoint)
         try:
             for t, h in list(p.acks.items()):
                 if h.get("data") is not None:
@@ -343,7 +346,7 @@ class CheckpointCoordinator:
             "trigger_time": p.barrier.timestamp,
             "duration_s": duration,
             "tasks": {
-                str(t): {k: v for k, v in h.items() if k != "committables"}
+                str(t): relative_handle({k: v for k, v in h.items() if k != "committables"}, folder)
                 for t, h in sorted(p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
             },
             "enumerators": p.enumerators,
@@ -361,8 +364,13 @@ class CheckpointCoordinator:
         stats = self._stats(cid)
         directory = path.rsplit("/", 1)[0]
         stats.completed(duration, directory, p.acks)
-        self.storage.record_stats(stats.to_dict())
-        self.consecutive_failures = 0
+        # the checkpoint is complete (its metadata is written): what follows never undoes that
+        self.store.add(cid, directory, savepoint)
+        try:
+            self.storage.record_stats(stats.to_dict())
+        except Exception as exc:
+            self.on_cleanup_failure(f"recording stats of checkpoint {cid}", exc)
+        self.failures.completed()
         self.last_completed_at = time.monotonic()
         if p.barrier.options.terminate:
             self.terminal_path = directory  # the job's last checkpoint: nothing is triggered after it
@@ -377,11 +385,6 @@ class CheckpointCoordinator:
                 handle.notify_checkpoint_complete(cid)
         if self.terminal_path is None and any(t not in self.finished for t in self.ended):
             self.request_checkpoint()  # tasks that ended input may still need a checkpoint taken after that
-        if not savepoint:
-            self.completed.append((cid, directory))
-            while len(self.completed) > self.config.num_retained:
-                old, _ = self.completed.pop(0)
-                self.storage.discard(old)
         p.done.set()
         self._wake.set()
         log.info("checkpoint %d completed in %.3fs (%d bytes)", cid, duration, stats.state_bytes)
@@ -409,6 +412,7 @@ class CheckpointCoordinator:
         if p is None:
             return
         savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
+        self._aborted[cid] = savepoint
         p.error = CheckpointError(reason, detail, cid)
         p.done.set()
         self._wake.set()
@@ -419,28 +423,17 @@ class CheckpointCoordinator:
         stats.duration_s = time.monotonic() - p.started
         try:
             self.storage.record_stats(stats.to_dict())
-        except Exception:
-            log.exception("recording stats of checkpoint %d failed", cid)
+        except Exception as exc:
+            self.on_cleanup_failure(f"recording stats of checkpoint {cid}", exc)
         if notify:
             for t, handle in self.tasks.items():
                 if t not in self.finished:
-                    handle.notify_checkpoint_aborted(cid)
-        self.storage.discard(cid, savepoint)
-        quiet = (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED, CheckpointFailureReason.JOB_CANCELLED)
-        if reason not in quiet:
-            log.warning("checkpoint %d failed: %s %s", cid, reason.message, detail)
-        # a failed savepoint or stop is the caller's error to handle; it never fails the job (as in Flink)
-        if reason.counts_toward_tolerable and not savepoint and not p.barrier.options.terminate:
-            self.consecutive_failures += 1
-            if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
-                self.on_fatal(
-                    CheckpointError(
-                        reason,
-                        f"{detail} ({self.consecutive_failures} consecutive failed checkpoints, "
-                        f"tolerable_failed_checkpoints={self.config.tolerable_failed_checkpoints})",
-                        cid,
-                    )
-                )
+                    try:
+                        handle.notify_checkpoint_aborted(cid)
+                    except Exception as exc:
+                        self.on_cleanup_failure(f"telling {t} that checkpoint {cid} was aborted", exc)
+        self.store.discard(cid, savepoint)
+        self.failures.failed(cid, reason, detail, counts=not savepoint and not p.barrier.options.terminate)
 
     def _expire(self, now: float) -> None:
         with self.lock:
@@ -448,3 +441,7 @@ class CheckpointCoordinator:
                 if now - p.started > self.config.timeout:
                     missing = ", ".join(sorted(str(t) for t in p.waiting))
                     self._abort(cid, CheckpointFailureReason.EXPIRED, f"no acknowledgement from {missing}")
+
+
+def _log_cleanup_failure(what: str, error: BaseException) -> None:
+    log.warning("checkpoint cleanup: %s failed: %s: %s", what, type(error).__name__, error)

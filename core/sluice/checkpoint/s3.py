@@ -3,10 +3,15 @@ of ``sluice.checkpoint_storage``).
 
 Clients come from boto3 with the standard AWS credential chain unless options name credentials; the
 endpoint can be set with ``endpoint_url`` or boto3's own ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
-environment variables (which is how an ``s3://`` checkpoint storage finds a non-AWS endpoint today, since
-``CheckpointConfig`` carries no storage options). Transient errors (throttling, 5xx, connection resets) are
-retried with tenacity; anything else becomes a :class:`~sluice.errors.StorageError` naming the
-bucket and the operation. Credentials are never logged.
+environment variables. Transient errors (throttling, 5xx, connection failures and timeouts) are retried
+with tenacity; anything else becomes a :class:`~sluice.errors.StorageError` naming the bucket and the
+operation. Credentials are never logged.
+
+How long an S3 checkpoint operation can take is bounded: the storage retries it for at most
+``CheckpointConfig.storage_retry_timeout`` seconds (:meth:`~sluice.checkpoint.storage.CheckpointStorage.retrying`),
+and its client makes one try per request (boto3's own retries are off, ``max_attempts=0``) with
+``connect_timeout`` 5 s and ``read_timeout`` 20 s (a request that sends or receives nothing for that long
+fails). Each of these three can be set in ``storage_options``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ S3_OPTIONS = (
     "aws_session_token",
     "profile_name",
     "max_attempts",
+    "connect_timeout",
+    "read_timeout",
 )
+#: client options of checkpoint storage unless ``storage_options`` say otherwise: the storage retries
+#: (for storage_retry_timeout), so the client tries once, and a request that hangs fails in bounded time
+CHECKPOINT_CLIENT_DEFAULTS = {"max_attempts": 0, "connect_timeout": 5.0, "read_timeout": 20.0}
 
 _SESSIONS: dict[str | None, Any] = {}
 _SESSIONS_LOCK = threading.Lock()
@@ -82,11 +92,12 @@ def make_client(options: dict[str, Any]) -> Any:
     opts = dict(options)
     profile = opts.pop("profile_name", None)
     retries = {"max_attempts": int(opts.pop("max_attempts", 3)), "mode": "standard"}
+    timeouts = {k: float(opts.pop(k)) for k in ("connect_timeout", "read_timeout") if k in opts}
     with _SESSIONS_LOCK:  # a session loads the service models once; creating clients is not thread-safe
         session = _SESSIONS.get(profile)
         if session is None:
             session = _SESSIONS[profile] = boto3.session.Session(profile_name=profile)
-        return session.client("s3", config=Config(retries=retries), **opts)
+        return session.client("s3", config=Config(retries=retries, **timeouts), **opts)
 
 
 def _code(exc: BaseException) -> str:
@@ -101,13 +112,15 @@ def _code(exc: BaseException) -> str:
 def _transient(exc: BaseException) -> bool:
     from botocore.exceptions import (
         ClientError,
-        ConnectionClosedError,
-        EndpointConnectionError,
-        ReadTimeoutError,
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+        SSLError,
     )
 
-    if isinstance(exc, ConnectionClosedError | EndpointConnectionError | ReadTimeoutError):
-        return True
+    # connection refused, reset or timed out, a response cut short; not a TLS error (a wrong certificate)
+    if isinstance(exc, ConnectionError | HTTPClientError | IncompleteReadError):
+        return not isinstance(exc, SSLError)
     return isinstance(exc, ClientError) and _code(exc) in _TRANSIENT
 
 
@@ -154,8 +167,13 @@ class S3CheckpointStorage(CheckpointStorage):
     def __init__(self, uri: str, job_id: str, **options: Any) -> None:
         self.bucket, prefix = parse_s3_uri(uri)
         super().__init__(f"s3://{self.bucket}/{prefix}" if prefix else f"s3://{self.bucket}", job_id)
-        self._client = make_client(options)
+        self._client = make_client({**CHECKPOINT_CLIENT_DEFAULTS, **options})
         self._conditional = True
+        #: keys whose conditional put failed transiently: the put may have gone through all the same
+        self._unsure: set[str] = set()
+
+    def transient(self, error: BaseException) -> bool:
+        return isinstance(error, StorageError) and error.__cause__ is not None and _transient(error.__cause__)
 
     def _key(self, path: str) -> str:
         bucket, key = parse_s3_uri(path)
@@ -166,19 +184,25 @@ class S3CheckpointStorage(CheckpointStorage):
         return key
 
     def _call(self, op: str, fn: Callable[..., T], **kw: Any) -> T:
-        return s3_call(op, self.bucket, fn, Bucket=self.bucket, **kw)
+        # one try: the storage's retrying() retries transient errors for a bounded time
+        return s3_call(op, self.bucket, fn, attempts=1, Bucket=self.bucket, **kw)
 
     def write_file(self, path: str, data: bytes) -> None:
         self._call("PutObject", self._client.put_object, Key=self._key(path), Body=data)
 
     def read_file(self, path: str) -> bytes:
+        def get(**kw: Any) -> bytes:
+            return self._client.get_object(**kw)["Body"].read()  # type: ignore[no-any-return]
+
         try:
-            body = self._call("GetObject", self._client.get_object, Key=self._key(path))["Body"]
+            return self._call("GetObject", get, Key=self._key(path))
         except StorageError as exc:
             if exc.code in ("NoSuchKey", "404"):
                 raise FileNotFoundError(path) from exc
             raise
-        return body.read()  # type: ignore[no-any-return]
+
+    def delete_file(self, path: str) -> None:
+        self._call("DeleteObject", self._client.delete_object, Key=self._key(path))
 
     def exists(self, path: str) -> bool:
         try:
@@ -222,8 +246,17 @@ class S3CheckpointStorage(CheckpointStorage):
         if self._conditional:
             try:
                 self._call("PutObject", self._client.put_object, Key=key, Body=data, IfNoneMatch="*")
+                self._unsure.discard(key)
                 return
             except StorageError as exc:
+                if exc.code in ("PreconditionFailed", "412") and key in self._unsure:
+                    # a retry: the put whose answer was lost went through if the object holds our bytes
+                    self._unsure.discard(key)
+                    if self.read_file(path) == data:
+                        return
+                    raise
+                if self.transient(exc):
+                    self._unsure.add(key)
                 if exc.code not in ("NotImplemented", "501"):
                     raise
                 log.warning(
@@ -234,6 +267,13 @@ class S3CheckpointStorage(CheckpointStorage):
         self._call("PutObject", self._client.put_object, Key=key, Body=data)
 
     def append_line(self, path: str, line: str) -> None:
-        """Read-modify-write (S3 has no append): fine for the small, single-writer stats file."""
-        old = self.read_file(path) if self.exists(path) else b""
-        self.write_file(path, old + line.encode() + b"\n")
+        """Read-modify-write (S3 has no append): fine for the small, single-writer stats file. A retry
+        after a put whose answer was lost does not add the line twice."""
+        try:
+            old = self.read_file(path)
+        except FileNotFoundError:
+            old = b""
+        new = line.encode() + b"\n"
+        if old.endswith(new) and (len(old) == len(new) or old[-len(new) - 1 : -len(new)] == b"\n"):
+            return
+        self.write_file(path, old + new)

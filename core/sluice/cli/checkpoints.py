@@ -8,9 +8,10 @@ from typing import Any
 
 import click
 
+from sluice.checkpoint.history import expected_latest, latest_checkpoint
 from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage, parse_checkpoint_uri
 from sluice.cli.main import main
-from sluice.errors import ConfigError, SluiceError
+from sluice.errors import ConfigError, RestoreError, SluiceError
 
 __all__ = ["checkpoints"]
 
@@ -86,6 +87,10 @@ def list_checkpoints(uri: str, job: str | None, as_json: bool) -> None:
             f"{_size(r.get('inflight_bytes', 0)):>10}  {'yes' if r['checkpoint_id'] in retained else 'no':<8}  "
             f"{(r.get('failure_reason') or '') + (': ' + r['failure_detail'] if r.get('failure_detail') else '')}"
         )
+    try:
+        latest_checkpoint(st, expected_latest(st))
+    except RestoreError as exc:  # what `sluice run --restore latest` would refuse
+        click.echo(f"warning: {exc}")
 
 
 @checkpoints.command("show")

@@ -2,9 +2,11 @@
 
 A job that serves a control endpoint writes ``<checkpoint storage>/<job id>/_control.json`` (atomically,
 on any checkpoint storage: local or S3) with its URL, its process and where its token file is; when it
-ends it rewrites the entry with its final status, so ``sluice jobs`` never lists a job that ended. The
-token lives in a file only the user can read (mode 0600): next to the entry for local storage, else in
-``~/.sluice/tokens/``. The entry never holds the token.
+ends it rewrites the entry with its final status, so ``sluice jobs`` never lists a job that ended. If
+that rewrite fails (a full disk), the entry is deleted instead; and an entry whose process is gone from
+this host (killed) reads as ended (status ``gone``). The token lives in a file only the user can read
+(mode 0600): next to the entry for local storage, else in ``~/.sluice/tokens/``. The entry never holds
+the token.
 
 Whoever can write the checkpoint storage can write an entry too, so an entry is signed: ``mac`` is an
 HMAC-SHA256 of its other fields keyed with the job's token. The CLI sends a token only to the URL of an
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import socket
@@ -38,6 +41,8 @@ __all__ = [
     "token_path",
     "write_token",
 ]
+
+log = logging.getLogger("sluice.control")
 
 #: the registry entry's name in a job's checkpoint directory
 ENTRY = "_control.json"
@@ -114,13 +119,25 @@ class RegistryEntry:
         return hmac.new(token.encode(), b"sluice registry entry\n" + body, hashlib.sha256).hexdigest()
 
     def write(self, storage: CheckpointStorage) -> None:
-        """Write (or replace) the entry in the job's directory of ``storage``, atomically: a rename on a
-        file system, a plain put on an object store (whose atomic put of metadata refuses to replace)."""
+        """Write (or replace) the entry in the job's directory of ``storage``, atomically
+        (:meth:`~sluice.checkpoint.storage.CheckpointStorage.replace`: a rename on a file system, a put on
+        an object store).
+
+        An ended entry that cannot be written is deleted instead, so it never reads as running; only if
+        that fails too is the write's error raised.
+        """
         path, data = f"{storage.job_dir()}/{ENTRY}", json.dumps(asdict(self), indent=1).encode()
-        if isinstance(storage, LocalCheckpointStorage):
-            storage.write_atomic(path, data)
-        else:
-            storage.write_file(path, data)
+        try:
+            storage.retrying("write the registry entry", storage.replace, path, data)
+        except Exception:
+            if self.running:
+                raise
+            try:
+                storage.delete_file(path)
+            except Exception:
+                log.warning("could not delete the registry entry %s either", path, exc_info=True)
+                raise
+            log.warning("could not mark the registry entry %s ended: deleted it instead", path, exc_info=True)
 
     @staticmethod
     def new(job_id: str, url: str, runtime: str, token_file: str, token: str) -> RegistryEntry:
@@ -133,17 +150,29 @@ def read_entries(storage_uri: str, storage_options: dict[str, Any] | None = None
     """Every job's registry entry under checkpoint storage ``storage_uri`` (running or ended), by job id."""
     root = checkpoint_storage(storage_uri, "_", **(storage_options or {}))
     out = []
-    for job_id in root.list_dirs(root.base):  # not jobs(): a job registers before its first checkpoint
+    # not jobs(): a job registers before its first checkpoint
+    for job_id in root.retrying("list jobs", root.list_dirs, root.base):
         st = checkpoint_storage(storage_uri, job_id, **(storage_options or {}))
         path = f"{st.job_dir()}/{ENTRY}"
-        if not st.exists(path):
-            continue
         try:
-            data = json.loads(st.read_file(path))
-            out.append(RegistryEntry(**data))
-        except (ValueError, TypeError):
-            continue  # a half-written or foreign file: not an entry
+            entry = RegistryEntry(**json.loads(st.retrying("read the registry entry", st.read_file, path)))
+        except (ValueError, TypeError, FileNotFoundError, NotADirectoryError):
+            continue  # a half-written or foreign file (or deleted meanwhile): not an entry
+        if entry.running and entry.host == socket.gethostname() and not _alive(entry.pid):
+            entry = RegistryEntry(**{**asdict(entry), "ended_at": entry.started_at, "status": "gone"})
+        out.append(entry)
     return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def token_path(storage: CheckpointStorage) -> Path:

@@ -9,6 +9,10 @@ attached (``secondary_failures``), never substituted. A runtime that learns of f
 connections cannot rely on arrival order alone, so each failure comes with a :class:`FailureKind`: an
 error a part of the job reported outranks a part that vanished without a report, which outranks a failure
 known to be a consequence of another. The root cause is the first failure of the best rank.
+
+Cleaning up never replaces the cause: a failure while discarding a checkpoint, closing an enumerator, a
+committer or the commit queue is logged and attached to the attempt's failure (``secondary_failures``);
+an attempt that succeeded only logs it. :meth:`JobAttempt.stop` never raises.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sluice.checkpoint.codec import MetadataCodec
 from sluice.checkpoint.coordinator import CheckpointCoordinator
 from sluice.checkpoint.global_commit import GlobalCommitQueue
+from sluice.checkpoint.history import highest_id
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
@@ -201,7 +207,7 @@ class JobAttempt:
             },
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
-        prior = self._latest_id()
+        prior = highest_id(self.storage)
         next_id = max(next_id, prior + 1, self.checkpoint_floor + 1)
         completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
         self.coordinator = CheckpointCoordinator(
@@ -218,6 +224,7 @@ class JobAttempt:
             completed=completed,
             committed_upto=r.checkpoint_id if r is not None else 0,
             codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
+            on_cleanup_failure=self._cleanup_failed,
         )
         with self.lock:
             for v in self.job.vertices.values():
@@ -245,12 +252,6 @@ class JobAttempt:
     def _commit_latency(self, uid: str, seconds: float) -> None:
         with self.lock:
             self.commit_latencies.setdefault(uid, []).append(seconds)
-
-    def _latest_id(self) -> int:
-        ids = [cid for cid, _, _ in self.storage.completed()]
-        stats = self.storage.read_stats()
-        ids += [int(s["checkpoint_id"]) for s in stats]
-        return max(ids, default=0)
 
     def _poll_enumerators(self) -> None:
         last: dict[str, float] = {}
@@ -354,28 +355,46 @@ class JobAttempt:
         return self.failure is None and len(self.finished_tasks) == len(self.tasks)
 
     def stop(self) -> None:
+        """End the attempt's control plane: drain commits if it succeeded, abort pending checkpoints, close
+        enumerators and committers. Never raises: a failure here is attached to the attempt's failure."""
         self.done.set()
         if self.global_commits is not None:
             if self.succeeded:
-                self.global_commits.drain()  # a finished job has committed everything (or failed here)
-            self.global_commits.close()
+                try:
+                    self.global_commits.drain()  # a finished job has committed everything (or failed here)
+                except Exception as exc:
+                    self.failed(None, exc)
+            self._cleanup("closing the global commit queue", self.global_commits.close)
         if self.coordinator is not None:
             reason = (
                 CheckpointFailureReason.FINISHED if self.succeeded else CheckpointFailureReason.JOB_FAILOVER
             )
             if self.cancelled:
                 reason = CheckpointFailureReason.JOB_CANCELLED
-            self.coordinator.stop(reason)
-        for e in self.enumerators.values():
-            try:
-                e.close()
-            except Exception:
-                log.exception("closing enumerator")
+            self._cleanup("stopping the checkpoint coordinator", functools.partial(self.coordinator.stop, reason))
+        for uid, e in self.enumerators.items():
+            self._cleanup(f"closing the enumerator of {uid}", e.close)
         for uid, gc in self.global_committers.items():
-            try:
-                gc.close()
-            except Exception:
-                log.exception("closing the global committer of %s", uid)
+            self._cleanup(f"closing the global committer of {uid}", gc.close)
+
+    def _cleanup(self, what: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self._cleanup_failed(what, exc)
+
+    def _cleanup_failed(self, what: str, error: BaseException) -> None:
+        """``what`` failed while cleaning up: attached to the attempt's failure, or only logged if it has none
+        (cleaning up after a success never fails the job)."""
+        with self.lock:
+            attach = self.failure is not None
+            if attach:  # ranked last: never the root cause
+                self.failed(None, error, FailureKind.CONSEQUENCE)
+        log.warning(
+            "attempt %d: %s failed%s: %s: %s",
+            self.attempt, what, " (attached to the attempt's failure)" if attach else "",
+            type(error).__name__, error,
+        )  # fmt: skip
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:

@@ -6,6 +6,10 @@ restore (the user's, or the latest completed one after a failure), lets sinks cl
 unfinished checkpoints left behind, re-commits the restored committables, starts the coordinator and the
 source enumerators (:class:`~sluice.runtime.attempt.JobAttempt`). The runtime (in-process or Spark) only
 supplies channels, threads or processes (:mod:`sluice.runtime.assembly` builds the tasks).
+
+Restore "latest" takes the newest completed checkpoint only if it is the newest the job's records
+(:mod:`sluice.checkpoint.history`) say completed; else it refuses, naming it. After a failure an attempt
+restores the newest checkpoint this run completed (never an older one), else what the first attempt did.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.checkpoint.history import expected_latest, highest_id, latest_checkpoint, refused
 from sluice.checkpoint.stats import CheckpointStats
-from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage
+from sluice.checkpoint.storage import CheckpointStorage, storage_for
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
 from sluice.errors import ConfigError, GraphError, JobFailedError, RestoreError, SluiceError, is_recoverable
 from sluice.events import AlignmentMode
@@ -50,6 +55,22 @@ class JobConfig:
     allow_reprocessing: bool = False
     #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
     metrics: bool = True
+
+    def check_at_start(self) -> None:
+        """What is checked before the job starts: its checkpoint storage can be written (a file is written
+        and deleted), and the checkpoint to restore has readable metadata (for ``latest``: the newest one
+        the job completed).
+
+        Raises:
+            StorageError: the storage cannot be written (not recoverable; names the location).
+            RestoreError: the checkpoint to restore is missing or its metadata unreadable (names it).
+        """
+        storage = storage_for(self.checkpoint, self.job_id)
+        storage.check_writable()
+        if self.restore == "latest":
+            _latest(storage, expected_latest(storage))
+        elif self.restore != "none":
+            storage.read_metadata_at(self.restore)
 
     def alignment(self) -> AlignmentMode:
         """How the job's tasks align their (non-savepoint) checkpoints."""
@@ -85,35 +106,62 @@ class JobResult:
     vertex_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def resolve_restore(cfg: JobConfig, storage: CheckpointStorage, attempt: int) -> RestoredCheckpoint | None:
-    """Which checkpoint an attempt restores: after a failure the latest completed one; at the start what
-    the user asked for (``latest`` resumes a previous run of the same job id)."""
-    if attempt > 0 or cfg.restore == "latest":
-        latest = storage.latest()
-        if latest is not None:
-            return _load(cfg, storage, latest)
-        if attempt > 0 and cfg.restore not in ("latest", "none"):
+@dataclass
+class RunRestore:
+    """What a run has restored and completed, so that a restart never goes back behind it."""
+
+    #: checkpoints with an id below this belong to earlier runs of the job
+    floor: int = 0
+    #: the checkpoint (or savepoint) the first attempt restored
+    first: str | None = None
+    #: the newest checkpoint this run completed (or restored), by id
+    latest: int | None = None
+
+
+def resolve_restore(
+    cfg: JobConfig, storage: CheckpointStorage, attempt: int, run: RunRestore | None = None
+) -> RestoredCheckpoint | None:
+    """Which checkpoint an attempt restores: at the start what the user asked for (``latest`` resumes a
+    previous run of the same job id, refusing if its newest completed checkpoint is missing or unreadable);
+    after a failure the newest checkpoint this run completed, else what the first attempt restored."""
+    run = run or RunRestore()
+    if attempt == 0:
+        run.floor = highest_id(storage) + 1
+        if cfg.restore == "none":
+            return None
+        if cfg.restore != "latest":
             return _load(cfg, storage, cfg.restore)
+        path, older = _latest(storage, expected_latest(storage))
+    else:
+        expected = run.latest if run.latest is not None and run.latest >= run.floor else None
+        path, older = _latest(storage, expected, floor=run.floor)
+        if path is None:
+            return _load(cfg, storage, run.first) if run.first is not None else None
+    if path is None:
         return None
-    if cfg.restore == "none":
-        return None
-    return _load(cfg, storage, cfg.restore)
+    try:
+        return _load(cfg, storage, path)
+    except RestoreError as exc:
+        raise refused(f"the job's newest completed checkpoint {path} cannot be restored: {exc}", older) from None
+
+
+def _latest(storage: CheckpointStorage, expected: int | None, floor: int = 0) -> tuple[str | None, str | None]:
+    """:func:`~sluice.checkpoint.history.latest_checkpoint`, its metadata read (a refusal names it)."""
+    path, older = latest_checkpoint(storage, expected, floor)
+    if path is not None:
+        try:
+            storage.read_metadata_at(path)
+        except RestoreError as exc:
+            raise refused(f"the job's newest completed checkpoint {path} cannot be restored: {exc}", older) from None
+    return path, older
 
 
 def _load(cfg: JobConfig, storage: CheckpointStorage, path: str) -> RestoredCheckpoint:
-    try:
-        meta = storage.read_metadata_at(path)
-    except FileNotFoundError as exc:
-        raise RestoreError(f"no checkpoint at {path}") from exc
-    except ValueError as exc:  # not JSON (a planted or truncated file)
-        raise RestoreError(f"{path.rstrip('/')}/_metadata is not a sluice checkpoint metadata file: {exc}") from None
-    drop = (
-        cfg.recover_without_channel_state is not None
-        and int(meta["checkpoint_id"]) == cfg.recover_without_channel_state
-    )
-    if drop:
+    restored = RestoredCheckpoint.load(storage, path, key=cfg.checkpoint.resolved_key())
+    if restored.checkpoint_id == cfg.recover_without_channel_state:
         log.warning("restoring checkpoint %s WITHOUT its channel state: its in-flight data is lost", path)
-    return RestoredCheckpoint.load(storage, path, drop_channel_state=drop, key=cfg.checkpoint.resolved_key())
+        restored.drop_channel_state = True
+    return restored
 
 
 def run_job(
@@ -138,7 +186,19 @@ def run_job(
         if not status.advance(JobStatus.RUNNING):
             return  # cancelled before this attempt began
         n = attempts.begin()
-        restored = resolve_restore(cfg, storage, n)
+        try:
+            restored = resolve_restore(cfg, storage, n, attempts.run)
+        except SluiceError as exc:
+            if not is_recoverable(exc):
+                raise  # a checkpoint that cannot be restored: as it is, at once
+            attempts.failures.append(f"attempt {n}: {type(exc).__name__}: {exc}")
+            raise AttemptFailedError(f"{type(exc).__name__}: {exc}") from exc
+        except OSError as exc:  # the storage failed beyond its retries: a restart may find it back
+            attempts.failures.append(f"attempt {n}: {type(exc).__name__}: {exc}")
+            raise AttemptFailedError(f"{type(exc).__name__}: {exc}") from exc
+        if n == 0 and restored is not None:
+            attempts.run.first = restored.path
+            attempts.run.latest = None if "savepoint-" in restored.path else restored.checkpoint_id
         if restored is not None:
             restored.check_compatible(job, cfg.allow_non_restored_state)
         a = JobAttempt(job, cfg, storage, n, restored)
@@ -154,7 +214,7 @@ def run_job(
                 a.failure = exc
         finally:
             status.on_cancel(None)
-            a.stop()
+            a.stop()  # never raises: what fails while cleaning up is attached to the failure
             attempts.record(a)
         if a.cancelled:
             status.cancel()  # the runtime was cancelled directly: the job ends cancelled all the same
@@ -169,7 +229,7 @@ def run_job(
         raise AttemptFailedError(a.failure_text()) from a.failure
 
     try:
-        storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options)
+        storage = storage_for(cfg.checkpoint, cfg.job_id)
         retrying = cfg.restart.retrying(AttemptFailedError).copy(
             before_sleep=lambda _: status.advance(JobStatus.RESTARTING), sleep=status.sleep
         )
@@ -212,6 +272,7 @@ class _AttemptLog:
         self.stopped_at: str | None = None
         self.metrics: dict[str, int] = {}
         self.vertex_metrics: dict[str, dict[str, Any]] = {}
+        self.run = RunRestore()
 
     def begin(self) -> int:
         """Count an attempt in; returns its number (0 first)."""
@@ -224,6 +285,7 @@ class _AttemptLog:
             self.checkpoints.extend(a.coordinator.history)
             if a.coordinator.completed:
                 self.last_checkpoint = a.coordinator.completed[-1][0]
+                self.run.latest = max(self.run.latest or 0, self.last_checkpoint)
             self.stopped_at = a.coordinator.terminal_path or self.stopped_at
         counted = [dict(a.metrics)]  # the driver side: global commits
         counted += [ctx.metrics for t in a.tasks.values() for ctx in getattr(t, "contexts", [])]

@@ -10,7 +10,7 @@ from sluice.checkpoint.codec import from_metadata, open_envelope, read_commit_gr
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import METADATA, CheckpointStorage
-from sluice.errors import RestoreError
+from sluice.errors import RestoreError, SluiceError, StorageError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.runtime.partitioners import HashPartitioner
 from sluice.runtime.sink_operator import unpack_pending
@@ -44,26 +44,37 @@ class RestoredCheckpoint:
     def load(
         cls, storage: CheckpointStorage, path: str, drop_channel_state: bool = False, *, key: bytes
     ) -> RestoredCheckpoint:
-        """Read the checkpoint at ``path``; every file must verify with the job's checkpoint ``key``
-        (:mod:`sluice.checkpoint.codec`, :mod:`sluice.checkpoint.payload`) before anything of it is decoded."""
-        name = f"{path.rstrip('/')}/{METADATA}"
+        """Load the checkpoint or savepoint at ``path`` (wherever its folder was copied); every file must
+        verify with the job's checkpoint ``key`` (:mod:`sluice.checkpoint.codec`,
+        :mod:`sluice.checkpoint.payload`) before anything of it is decoded.
+
+        Raises:
+            RestoreError: it is not a completed checkpoint, or a file of it is missing, corrupt or not
+                signed with ``key`` (named, one line).
+        """
+        path = path.rstrip("/")
+        meta = storage.read_metadata_at(path)
+        verify_metadata(meta, key, f"{path}/{METADATA}")
         try:
-            meta = storage.read_metadata_at(path)
-        except ValueError as exc:  # not JSON (UnicodeDecodeError is a ValueError too)
-            raise RestoreError(f"{name} is not a sluice checkpoint metadata file: {exc}") from None
-        verify_metadata(meta, key, name)
-        rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
+            rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
+            handles = [(task, handle.get("path")) for task, handle in meta["tasks"].items()]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RestoreError(f"{path}/{METADATA} is corrupt (not checkpoint metadata: {exc!r})") from None
         seen: set[str] = set()
-        for task, handle in meta["tasks"].items():
-            file = handle.get("path")
+        for task, file in handles:
             if not file or file in seen:
                 continue
             seen.add(file)
             v, i = (int(x) for x in task.split("."))
+            data, where = _read_state(storage, path, file)
             try:
-                payload = decode_task_state(storage.read_file(file), key, file)
-            except FileNotFoundError as exc:
-                raise RestoreError(f"checkpoint {path}: state file {file} is missing") from exc
+                payload = decode_task_state(data, key, where)
+            except SluiceError:
+                raise
+            except Exception as exc:
+                raise RestoreError(
+                    f"checkpoint {path}: state file {where} is corrupt ({type(exc).__name__}: {exc})"
+                ) from None
             rc.tasks.append(_OldTask(v, i, payload))
         return rc
 
@@ -217,6 +228,22 @@ class RestoredCheckpoint:
         for _, comms in self.global_committables(node_name, sink.committable_serializer()):
             out.extend(comms)
         return out
+
+
+def _read_state(storage: CheckpointStorage, checkpoint: str, file: str) -> tuple[bytes, str]:
+    """A task's state file, and where it was read. ``file`` is relative to the checkpoint's folder; an
+    absolute path (written before paths were relative) is read there, else in the folder (a copy)."""
+    absolute = file.startswith("/") or "://" in file
+    candidates = [file, f"{checkpoint}/{file.rsplit('/', 1)[-1]}"] if absolute else [f"{checkpoint}/{file}"]
+    for where in candidates:
+        try:
+            return storage.retrying("read task state", storage.read_file, where), where
+        except FileNotFoundError:
+            continue
+        except StorageError as exc:  # a path outside an S3 storage's bucket: try the copy in the folder
+            if exc.operation != "resolve":
+                raise
+    raise RestoreError(f"checkpoint {checkpoint}: state file {candidates[-1]} is missing")
 
 
 def _empty(value: Any) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage import storage_for
 from sluice.errors import SluiceError
 from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
 from sluice.runtime.assembly import build_task
@@ -387,7 +387,7 @@ class Slot:
         outputs: dict[SubtaskId, dict[int, list[OutputChannel]]] = {s: {} for s in mine}
         for (snd, out_idx), by_receiver in per_sender.items():
             outputs[snd][out_idx] = [by_receiver[r] for r in sorted(by_receiver)]
-        storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id)
+        storage = storage_for(cfg.checkpoint, cfg.job_id)
         restored = None
         if spec.restore_path is not None:
             key = cfg.checkpoint.resolved_key()

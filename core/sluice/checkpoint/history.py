@@ -1,0 +1,300 @@
+"""The job's record of its completed checkpoints, as Flink's completed-checkpoint store keeps it.
+
+``<job-dir>/_checkpoints`` (JSON, rewritten atomically after each checkpoint's ``_metadata``) lists the
+completed checkpoints and savepoints the job retains, oldest first: id, folder and kind. With the stats
+history (``_stats.jsonl``) it says which checkpoint completed last, so restoring "latest" when that one is
+missing or unreadable is refused by name (:func:`latest_checkpoint`), never replaced by an older
+checkpoint or an empty start. :class:`CompletedCheckpointStore` keeps the record while a coordinator
+runs: retention, and the discards of subsumed and failed checkpoints, done by one cleanup thread off the
+coordinator's lock; a discard that fails is reported, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.errors import RestoreError
+
+__all__ = [
+    "INDEX",
+    "CompletedCheckpointStore",
+    "expected_latest",
+    "forget_checkpoints",
+    "highest_id",
+    "latest_checkpoint",
+    "read_index",
+    "refused",
+    "relative_handle",
+    "sweep_incomplete",
+]
+
+log = logging.getLogger("sluice.checkpoint")
+
+#: the index of completed checkpoints in a job's folder
+INDEX = "_checkpoints"
+
+
+def read_index(storage: CheckpointStorage) -> dict[str, Any] | None:
+    """The job's index (``{"checkpoints": [{"id", "dir", "kind"}, ...], "cleared_through": n}``), or None.
+
+    Raises:
+        RestoreError: the file is not an index (names it).
+    """
+    path = f"{storage.job_dir()}/{INDEX}"
+    try:
+        raw = storage.retrying("read the checkpoint index", storage.read_file, path)
+    except FileNotFoundError:
+        return None
+    try:
+        index = json.loads(raw)
+        entries = index["checkpoints"]
+        for e in entries:
+            int(e["id"]), str(e["dir"]), str(e["kind"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RestoreError(
+            f"the job's checkpoint history {path} is corrupt ({type(exc).__name__}: {exc}); "
+            + _HINT.format(example="")
+        ) from None
+    return index  # type: ignore[no-any-return]
+
+
+def _write_index(storage: CheckpointStorage, entries: dict[int, dict[str, Any]], cleared_through: int) -> None:
+    index = {
+        "job_id": storage.job_id,
+        "checkpoints": [entries[cid] for cid in sorted(entries)],
+        "cleared_through": cleared_through,
+    }
+    data = json.dumps(index, indent=1).encode()
+    storage.retrying("write the checkpoint index", storage.replace, f"{storage.job_dir()}/{INDEX}", data)
+
+
+def expected_latest(storage: CheckpointStorage) -> int | None:
+    """The id of the job's newest completed checkpoint (not savepoint) as its index and its stats history
+    record it, or None if they record none."""
+    index = read_index(storage) or {}
+    cleared = int(index.get("cleared_through", 0))
+    ids = [int(e["id"]) for e in index.get("checkpoints", []) if e["kind"] == "checkpoint"]
+    ids += [
+        int(r["checkpoint_id"])
+        for r in storage.read_stats()
+        if r.get("status") == "completed" and r.get("kind", "checkpoint") == "checkpoint"
+    ]
+    ids = [i for i in ids if i > cleared]
+    return max(ids, default=None)
+
+
+def highest_id(storage: CheckpointStorage) -> int:
+    """The highest checkpoint id the job's storage knows of (folders, complete or not, stats, index), or 0:
+    ids go on above it, so no checkpoint is ever written into an older one's folder."""
+    names = storage.retrying("list checkpoints", storage.list_dirs, storage.job_dir())
+    ids = [int(m.group(1)) for n in names if (m := re.match(r"^(?:chk|savepoint)-(\d+)$", n))]
+    ids += [int(s["checkpoint_id"]) for s in storage.read_stats()]
+    try:
+        ids += [int(e["id"]) for e in (read_index(storage) or {}).get("checkpoints", [])]
+    except RestoreError:
+        pass  # a corrupt index: the coordinator rewrites it
+    return max(ids, default=0)
+
+
+_HINT = (
+    "sluice does not fall back to an older checkpoint or to an empty start on its own: restore an older "
+    "checkpoint on purpose with --restore <path> (restore=<path>){example}, or start without state with "
+    "--restore none"
+)
+
+
+def refused(what: str, older: str | None) -> RestoreError:
+    """The one-line refusal of a restore of "latest": ``what`` is wrong, and how to choose on purpose."""
+    return RestoreError(f"restore 'latest': {what}; " + _HINT.format(example=f", e.g. {older}" if older else ""))
+
+
+def latest_checkpoint(
+    storage: CheckpointStorage, expected: int | None, floor: int = 0
+) -> tuple[str | None, str | None]:
+    """The newest completed checkpoint (not savepoint) with an id >= ``floor``, and the one before it.
+
+    Returns (None, None) if there is none and none is ``expected``.
+
+    Raises:
+        RestoreError: checkpoint ``expected`` (the newest the job completed, by its records) is missing:
+            its folder or its metadata file is gone. Older checkpoints are never taken in its place.
+    """
+    done = [(cid, p) for cid, p, sp in storage.completed() if not sp and cid >= floor]
+    present = [p for _, p in done]
+    if expected is not None and (not done or done[-1][0] < expected):
+        where = storage.checkpoint_dir(expected)
+        names = storage.retrying("list", storage.list_dirs, storage.job_dir())
+        why = "it has no _metadata file" if where.rsplit("/", 1)[1] in names else "its folder is gone"
+        raise refused(
+            f"the job's newest completed checkpoint {expected} ({where}) is missing: {why}",
+            present[-1] if present else None,
+        )
+    if not present:
+        return None, None
+    return present[-1], present[-2] if len(present) > 1 else None
+
+
+def forget_checkpoints(storage: CheckpointStorage) -> None:
+    """Discard every completed checkpoint (not savepoint) of the job on purpose (a cancel that does not
+    retain them): its record says so, so a later restore of "latest" starts empty instead of refusing.
+    A failure is logged, not raised (what is left stays restorable)."""
+    try:
+        _forget(storage)
+    except Exception as exc:
+        log.warning("could not delete the checkpoints of job %s: %s: %s", storage.job_id, type(exc).__name__, exc)
+
+
+def _forget(storage: CheckpointStorage) -> None:
+    done = storage.completed()
+    for cid, _, sp in done:
+        if not sp:
+            storage.discard(cid)
+    index = read_index(storage) or {}
+    newest = max([cid for cid, _, _ in done] + [int(r["checkpoint_id"]) for r in storage.read_stats()], default=0)
+    entries = {int(e["id"]): e for e in index.get("checkpoints", []) if e["kind"] != "checkpoint"}
+    _write_index(storage, entries, max(newest, int(index.get("cleared_through", 0))))
+
+
+def sweep_incomplete(storage: CheckpointStorage) -> None:
+    """Delete the folders of checkpoints that never completed (no metadata), unless the job's records say
+    they completed (those were damaged later: left for the operator to look at)."""
+    index = read_index(storage) or {}
+    done = {int(e["id"]) for e in index.get("checkpoints", [])}
+    done |= {int(r["checkpoint_id"]) for r in storage.read_stats() if r.get("status") == "completed"}
+    for cid, path, _ in storage.incomplete():
+        if cid not in done:
+            storage.retrying("discard", storage.delete_dir, path)
+            log.info("deleted %s, left by a checkpoint that did not complete", path)
+
+
+class CompletedCheckpointStore:
+    """A running coordinator's completed checkpoints: retention, the index, and discards (the index writes
+    and discards run in order on one cleanup thread, off the coordinator's lock).
+
+    Args:
+        storage: The job's checkpoint storage.
+        num_retained: Completed checkpoints to keep.
+        restored: The checkpoint this attempt restored (id, path), if it is not a savepoint.
+        report: Called with what failed and the error when a discard or an index write fails (after the
+            storage's retries); such failures are never raised.
+    """
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        num_retained: int,
+        restored: tuple[int, str] | None,
+        report: Callable[[str, BaseException], None],
+    ) -> None:
+        self.storage = storage
+        self.num_retained = num_retained
+        self._report = report
+        #: retained checkpoints (id, path), oldest first
+        self.completed: list[tuple[int, str]] = [restored] if restored is not None else []
+        self._entries: dict[int, dict[str, Any]] | None = None
+        self._cleared = 0
+        self._queue: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
+        self._busy = 0
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def _load(self) -> dict[int, dict[str, Any]]:
+        if self._entries is None:
+            try:
+                index = read_index(self.storage) or {}
+            except Exception as exc:  # rewritten from what this store knows
+                log.warning("%s; it is rewritten", exc)
+                index = {}
+            self._cleared = int(index.get("cleared_through", 0))
+            self._entries = {int(e["id"]): dict(e) for e in index.get("checkpoints", [])}
+            # older checkpoints the job retains from before the restored one: retention deletes them in turn
+            if self.completed and self.completed[0][1] == self.storage.checkpoint_dir(self.completed[0][0]):
+                first = self.completed[0][0]
+                older = sorted(
+                    (cid, self.storage.job_dir() + "/" + e["dir"])
+                    for cid, e in self._entries.items()
+                    if cid < first and e["kind"] == "checkpoint"
+                )
+                self.completed[:0] = older
+        return self._entries
+
+    def add(self, checkpoint_id: int, directory: str, savepoint: bool) -> None:
+        """Record a completed checkpoint (its metadata is written): the index is rewritten and subsumed
+        checkpoints beyond ``num_retained`` are discarded."""
+        entries = self._load()
+        kind = "savepoint" if savepoint else "checkpoint"
+        entries[checkpoint_id] = {"id": checkpoint_id, "dir": directory.rsplit("/", 1)[-1], "kind": kind}
+        if not savepoint:
+            self.completed.append((checkpoint_id, directory))
+            while len(self.completed) > self.num_retained:
+                old, path = self.completed.pop(0)
+                if path == self.storage.checkpoint_dir(old):  # never a restored checkpoint kept elsewhere
+                    entries.pop(old, None)
+                    self.discard(old, False)
+        # off the coordinator's path, in order with the discards (an index that lags only guards less)
+        snapshot, cleared = dict(entries), self._cleared
+        self._submit(
+            f"writing the checkpoint index after checkpoint {checkpoint_id}",
+            lambda: _write_index(self.storage, snapshot, cleared),
+        )
+
+    def discard(self, checkpoint_id: int, savepoint: bool) -> None:
+        """Delete a checkpoint's folder in the background (a failure is reported)."""
+        self._submit(
+            f"discarding checkpoint {checkpoint_id}", lambda: self.storage.discard(checkpoint_id, savepoint)
+        )
+
+    def _submit(self, what: str, fn: Callable[[], None]) -> None:
+        with self._idle:
+            self._busy += 1
+            self._queue.put((what, fn))
+            if self._thread is None:  # one thread while there is work; it ends when idle
+                self._thread = threading.Thread(target=self._work, name="checkpoint-cleanup", daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                what, fn = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                with self._idle:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                fn()
+            except Exception as exc:
+                self._report(what, exc)
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def close(self, timeout: float, sweep: bool = True) -> None:
+        """Wait up to ``timeout`` seconds for the discards under way; then (``sweep``) delete the folders
+        of checkpoints that never completed. What is not done by then goes on in the background."""
+        if sweep:
+            self._submit("deleting folders of failed checkpoints", lambda: sweep_incomplete(self.storage))
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._busy and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            if self._busy:
+                log.warning("checkpoint cleanup goes on in the background (%d operation(s) left)", self._busy)
+
+
+def relative_handle(handle: dict[str, Any], folder: str) -> dict[str, Any]:
+    """A task's handle as the metadata records it: its state file's path relative to the checkpoint's folder."""
+    path = handle.get("path")
+    if isinstance(path, str) and path.startswith(folder + "/"):
+        return {**handle, "path": path[len(folder) + 1 :]}
+    return handle
