@@ -94,10 +94,10 @@ def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path: Path) -> None:
 def test_an_entry_that_cannot_be_marked_ended_is_deleted(tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
     disk = tmpfs(size="256k")
     st = checkpoint_storage(str(disk / "chk"), "job")
-    entry = RegistryEntry.new("job", "http://127.0.0.1:1", "local", str(disk / "t.token"))
+    entry = RegistryEntry.new("job", "http://127.0.0.1:1", "local", str(disk / "t.token"), "a-token")
     entry.write(st)
     filler = fill(disk)
-    entry.ended("cancelled").write(st)  # the disk is full: the entry goes instead
+    entry.ended("cancelled", "a-token").write(st)  # the disk is full: the entry goes instead
     assert read_entries(str(disk / "chk")) == [] and sorted(p.name for p in (disk / "chk" / "job").iterdir()) == []
     filler.unlink()
 
@@ -106,7 +106,7 @@ def test_an_entry_whose_process_is_gone_reads_as_ended(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     st = checkpoint_storage(str(tmp_path / "chk"), "job")
-    entry = RegistryEntry.new("job", "http://127.0.0.1:1", "local", str(tmp_path / "t.token"))
+    entry = RegistryEntry.new("job", "http://127.0.0.1:1", "local", str(tmp_path / "t.token"), "a-token")
     RegistryEntry(**{**entry.__dict__, "pid": gone.pid}).write(st)
     (found,) = read_entries(str(tmp_path / "chk"))
     assert not found.running and found.status == "gone"

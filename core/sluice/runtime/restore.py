@@ -10,7 +10,7 @@ from sluice.checkpoint.codec import from_metadata, open_envelope, read_commit_gr
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import METADATA, CheckpointStorage
-from sluice.errors import RestoreError, SluiceError, StorageError
+from sluice.errors import RestoreError, SluiceError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.runtime.partitioners import HashPartitioner
 from sluice.runtime.sink_operator import unpack_pending
@@ -231,19 +231,13 @@ class RestoredCheckpoint:
 
 
 def _read_state(storage: CheckpointStorage, checkpoint: str, file: str) -> tuple[bytes, str]:
-    """A task's state file, and where it was read. ``file`` is relative to the checkpoint's folder; an
-    absolute path (written before paths were relative) is read there, else in the folder (a copy)."""
-    absolute = file.startswith("/") or "://" in file
-    candidates = [file, f"{checkpoint}/{file.rsplit('/', 1)[-1]}"] if absolute else [f"{checkpoint}/{file}"]
-    for where in candidates:
-        try:
-            return storage.retrying("read task state", storage.read_file, where), where
-        except FileNotFoundError:
-            continue
-        except StorageError as exc:  # a path outside an S3 storage's bucket: try the copy in the folder
-            if exc.operation != "resolve":
-                raise
-    raise RestoreError(f"checkpoint {checkpoint}: state file {candidates[-1]} is missing")
+    """A task's state file, and where it was read: ``file`` is relative to the checkpoint's folder, so a
+    folder restores wherever it was copied."""
+    where = f"{checkpoint}/{file}"
+    try:
+        return storage.retrying("read task state", storage.read_file, where), where
+    except FileNotFoundError:
+        raise RestoreError(f"checkpoint {checkpoint}: state file {where} is missing") from None
 
 
 def _empty(value: Any) -> bool:
