@@ -4,8 +4,8 @@ Some names were chosen on other branches while this tier was written; adjust the
 
 * ``allow_reprocessing`` (``Pipeline.run``/``start``, ``sluice run --allow-reprocessing``): branch i21-sinks;
 * ``CheckpointConfig.storage_retry_timeout`` (seconds a storage call is retried): branch i21-ckpt;
-* the Kafka source's broker-outage timeout and the "stalled" figure: branch i21-kafka (not named yet when
-  this was written; see :data:`KAFKA_OUTAGE_TIMEOUT`).
+* ``KafkaSource(broker_unavailable_timeout_s=...)``, ``KafkaSource(max_record_bytes=...)`` and the
+  "stalled" sources of the status and metrics: branch i21-kafka.
 
 A *pending* option (one this checkout does not have yet) is left out rather than passed: the scenario then
 runs against the behaviour as it is and fails on what the issue asks for (a restart that never comes, a
@@ -26,12 +26,14 @@ from sluice.connectors.kafka import KafkaSource
 __all__ = [
     "ALLOW_REPROCESSING",
     "KAFKA_OUTAGE_TIMEOUT",
+    "MAX_RECORD_BYTES",
     "OVER_LIMIT",
     "STORAGE_RETRY_TIMEOUT",
     "checkpoint_config",
     "kafka_options",
     "missing",
     "one_line",
+    "run_options",
     "stall_shown",
 ]
 
@@ -39,8 +41,10 @@ __all__ = [
 ALLOW_REPROCESSING = "allow_reprocessing"
 #: the CheckpointConfig field bounding how long a storage call is retried
 STORAGE_RETRY_TIMEOUT = "storage_retry_timeout"
-#: candidate names of the KafkaSource option after which a source that cannot reach its brokers fails over
-KAFKA_OUTAGE_TIMEOUT = ("broker_timeout_s", "outage_timeout_s", "stall_timeout_s", "unreachable_timeout_s")
+#: the KafkaSource option after which a source that cannot reach its brokers fails over to a restart
+KAFKA_OUTAGE_TIMEOUT = "broker_unavailable_timeout_s"
+#: the KafkaSource option that sets the largest value decoded (Kafka's default message.max.bytes, 1 MiB)
+MAX_RECORD_BYTES = "max_record_bytes"
 #: what the error of a record over the maximum size says (besides its topic, partition and offset)
 OVER_LIMIT = re.compile(r"(?i)max|limit|too large|larger than|exceeds")
 
@@ -60,16 +64,22 @@ def checkpoint_config(**options: Any) -> CheckpointConfig:
     return CheckpointConfig(**options)
 
 
-def kafka_options(outage_timeout_s: float | None = None) -> dict[str, Any]:
-    """KafkaSource options: the broker-outage timeout under whichever name this checkout has."""
-    if outage_timeout_s is None:
-        return {}
+def kafka_options(outage_timeout_s: float | None = None, max_record_bytes: int | None = None) -> dict[str, Any]:
+    """KafkaSource options: the broker-outage timeout (:data:`KAFKA_OUTAGE_TIMEOUT`) and the largest record
+    (:data:`MAX_RECORD_BYTES`); each left out where this checkout lacks it."""
     params = inspect.signature(KafkaSource.__init__).parameters
-    for name in KAFKA_OUTAGE_TIMEOUT:
-        if name in params:
-            return {name: outage_timeout_s}
-    _MISSING.add("KafkaSource broker-outage timeout")
-    return {}
+    out: dict[str, Any] = {}
+    if outage_timeout_s is not None:
+        if KAFKA_OUTAGE_TIMEOUT in params:
+            out[KAFKA_OUTAGE_TIMEOUT] = outage_timeout_s
+        else:
+            _MISSING.add(f"KafkaSource.{KAFKA_OUTAGE_TIMEOUT}")
+    if max_record_bytes is not None:
+        if MAX_RECORD_BYTES in params:
+            out[MAX_RECORD_BYTES] = max_record_bytes
+        else:
+            _MISSING.add(f"KafkaSource.{MAX_RECORD_BYTES}")
+    return out
 
 
 def run_options(allow_reprocessing: bool) -> dict[str, Any]:

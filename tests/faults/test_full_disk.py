@@ -74,7 +74,7 @@ def test_full_disk_while_running_fails_over_then_completes_exactly_once(
         error, result = exc, None
     got = out.ids()
     label = f"{sink}: full disk ({enospc_reports(client)} ENOSPC reports, {client.monitor.attempts} attempts)"
-    log_scenario("full-disk", f"running-{sink}", sink, fired, 1, got, inp.ids)
+    log_scenario("full-disk", f"running-{sink}", sink, fired, got, inp.ids)
     assert error is None and result is not None, f"{label}: the job failed: {error}{missing()}"
     assert result.status == "finished", f"{label}: {result.status}"
     check_exactly_once(label, got, inp.ids)
@@ -102,7 +102,7 @@ def test_full_disk_at_start_is_refused_in_one_line_then_runs_once_freed(small_di
     disk.free()
     assert error is not None, "the job ran on a full disk"
     fired = NO_SPACE.search(f"{error} {error.__cause__}") is not None
-    log_scenario("full-disk", "at-start", "files", fired, 1, out.ids(), [])
+    log_scenario("full-disk", "at-start", "files", fired, out.ids(), [])
     one_line(error, str(chk))
     assert attempts <= 1, f"{attempts} attempts spent on a checkpoint location that cannot be written: {error}"
     assert not left, "a refused start left behind:\n" + "\n".join(left)
@@ -142,7 +142,7 @@ def test_disk_full_until_the_job_fails_leaves_nothing_behind_and_the_rerun_compl
     assert not left, f"{label}: left behind:\n" + "\n".join(left)
     result = p.run(runtime="local", restore="latest", control_endpoint=None)  # type: ignore[attr-defined]
     got = out.ids()
-    log_scenario("full-disk", f"until-failed-{sink}", sink, fired, 1, got, inp.ids)
+    log_scenario("full-disk", f"until-failed-{sink}", sink, fired, got, inp.ids)
     assert fired, f"{label}: the job never reported ENOSPC"
     assert result.status == "finished", f"{label}: {result.status}"
     check_exactly_once(label, got, inp.ids)
