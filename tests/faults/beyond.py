@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, JobClient, Pipeline, RestartStrategy
 from sluice.connectors.generator import GeneratorSource
 from sluice.sink import Sink
@@ -30,6 +31,7 @@ from tests.tables.helpers import Target
 
 __all__ = [
     "SINKS",
+    "UNHANDLED_THREAD_ERRORS_FAIL",
     "Input",
     "Output",
     "check_exactly_once",
@@ -41,6 +43,9 @@ __all__ = [
 ]
 
 SINKS = ("files", "delta", "iceberg")
+#: a thread of the engine that dies of a fault (e.g. the cleanup of a checkpoint raising on the
+#: coordinator's thread) hides the failure it should report: the tier's modules fail on it
+UNHANDLED_THREAD_ERRORS_FAIL = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 #: deadline of every wait for a condition (a loaded 2-core machine may be slow; a hang fails the test)
 DEADLINE = 120.0
 
@@ -73,20 +78,24 @@ class Output:
 
     kind: str
     root: str  # a local folder, or s3://bucket/prefix
-    storage_options: dict[str, Any] | None = None
-    reader_fs: Any = None  # a pyarrow filesystem for reading an s3:// output (not through a fault proxy)
+    storage_options: dict[str, Any] | None = None  # the sink's (S3: possibly through a fault proxy)
+    reader_fs: Any = None  # S3: a pyarrow filesystem for reading the file sink's output directly
+    reader_options: dict[str, Any] | None = None  # S3: table storage options for reading directly
+    local: str | None = None  # S3: a local folder for the Iceberg catalog (default: root)
 
     @property
     def files_root(self) -> str:
         return f"{self.root}/files"
 
-    def target(self) -> Target:
-        return Target(self.kind, f"{self.root}/lake", dict(self.storage_options or {}), self.root)
+    def target(self, options: dict[str, Any] | None = None) -> Target:
+        """The table; read with the direct ``reader_options`` unless ``options`` are given."""
+        opts = options if options is not None else self.reader_options or self.storage_options or {}
+        return Target(self.kind, f"{self.root}/lake", dict(opts), self.local or self.root)
 
     def sink(self) -> Sink[Any]:
         if self.kind == "files":
             return FileSink(self.files_root, format="parquet", storage_options=self.storage_options)
-        return self.target().sink()
+        return self.target(dict(self.storage_options or {})).sink()
 
     def ids(self) -> list[int]:
         """The ids a reader sees (sorted, duplicates kept)."""
@@ -105,7 +114,7 @@ class Output:
     def committed(self, ids: list[int]) -> bool:
         """Whether a reader sees exactly ``ids`` now (for waits while the job runs: a read that races the
         job's own set-up of the Iceberg catalog, which pyiceberg does not guard, counts as not yet)."""
-        if self.kind == "iceberg" and not Path(self.root, "catalog.db").exists():
+        if self.kind == "iceberg" and not Path(self.local or self.root, "catalog.db").exists():
             return False
         try:
             return self.ids() == sorted(ids)

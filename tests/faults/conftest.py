@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sluice.templates.broker import _free_port
 
+from tests.faults.beyond import Output
 from tests.faults.disk import SmallDisk
 from tests.faults.proxy import FaultProxy
 from tests.kafka_broker import TansuBroker
@@ -28,8 +29,16 @@ class ProxiedS3:
     proxy: FaultProxy
 
     def options(self) -> dict[str, Any]:
-        """S3 client options through the proxy (boto3's own retries off: sluice's are under test)."""
-        return {"endpoint_url": f"http://{self.proxy.address}", **CREDS, "max_attempts": 1}
+        """S3 client options through the proxy (everything else as a user would leave it)."""
+        return {"endpoint_url": f"http://{self.proxy.address}", **CREDS}
+
+    def output(self, kind: str, local: str) -> Output:
+        """A sink of ``kind`` writing to a new bucket through the proxy, read back directly."""
+        bucket = self.direct.new_bucket()
+        return Output(
+            kind, f"s3://{bucket}/run", self.options(), reader_fs=self.direct.arrow_fs(),
+            reader_options=self.direct.options(), local=local,
+        )  # fmt: skip
 
 
 @pytest.fixture
@@ -82,6 +91,9 @@ def broker_proxy() -> Iterator[ProxiedBroker]:
         try:
             yield b
         finally:
+            # tansu waits 5 s for open connections before it obeys SIGTERM, and a finished job may leave a
+            # client connected until it is garbage-collected: close them first
+            proxy.cut()
             b.stop()
 
 

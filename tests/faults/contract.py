@@ -57,10 +57,13 @@ def missing() -> str:
 
 
 def checkpoint_config(**options: Any) -> CheckpointConfig:
-    """A CheckpointConfig; a pending field this checkout lacks (:data:`STORAGE_RETRY_TIMEOUT`) is left out."""
+    """A CheckpointConfig. Where this checkout lacks :data:`STORAGE_RETRY_TIMEOUT`, the shortest retry
+    budget it has stands in for a short one: S3 clients that try each request once (``max_attempts=1``)."""
     if STORAGE_RETRY_TIMEOUT in options and STORAGE_RETRY_TIMEOUT not in CheckpointConfig.model_fields:
         _MISSING.add(f"CheckpointConfig.{STORAGE_RETRY_TIMEOUT}")
         options.pop(STORAGE_RETRY_TIMEOUT)
+        if str(options.get("storage", "")).startswith("s3://"):
+            options["storage_options"] = {**options.get("storage_options", {}), "max_attempts": 1}
     return CheckpointConfig(**options)
 
 

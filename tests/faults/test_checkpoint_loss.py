@@ -29,6 +29,7 @@ from sluice import Pipeline, RestoreError
 
 from tests.faults.beyond import (
     SINKS,
+    UNHANDLED_THREAD_ERRORS_FAIL,
     Input,
     Output,
     check_exactly_once,
@@ -38,6 +39,8 @@ from tests.faults.beyond import (
     wait_until,
 )
 from tests.faults.contract import ALLOW_REPROCESSING, checkpoint_config, missing, one_line, run_options
+
+pytestmark = UNHANDLED_THREAD_ERRORS_FAIL
 
 SLOW = Input(per_split=1500, rate=300.0)  # the first run: stopped while it reads
 FAST = Input(per_split=1500, rate=None)  # the same rows, as fast as possible (reruns)

@@ -20,6 +20,7 @@ from sluice import FixedDelayRestart, JobClient
 
 from tests.faults.beyond import (
     SINKS,
+    UNHANDLED_THREAD_ERRORS_FAIL,
     Input,
     Output,
     check_exactly_once,
@@ -31,6 +32,8 @@ from tests.faults.beyond import (
 )
 from tests.faults.contract import checkpoint_config, missing, one_line
 from tests.faults.disk import SmallDisk
+
+pytestmark = UNHANDLED_THREAD_ERRORS_FAIL
 
 NO_SPACE = re.compile(r"(?i)no space left|errno 28|os error 28|disk is full|ENOSPC")
 

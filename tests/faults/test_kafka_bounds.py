@@ -24,13 +24,21 @@ from sluice import FixedDelayRestart, JobClient, Pipeline
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.files import FileSink
 
-from tests.faults.beyond import SINKS, Output, check_exactly_once, completed, log_scenario, wait_until
+from tests.faults.beyond import (
+    SINKS,
+    UNHANDLED_THREAD_ERRORS_FAIL,
+    Output,
+    check_exactly_once,
+    completed,
+    log_scenario,
+    wait_until,
+)
 from tests.faults.contract import OVER_LIMIT, checkpoint_config, kafka_options, missing
 from tests.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import read_visible
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, UNHANDLED_THREAD_ERRORS_FAIL]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 
