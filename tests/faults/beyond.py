@@ -184,10 +184,12 @@ def wait_until(
     client: JobClient | None = None,
     limit: float = DEADLINE,
     every: float = 0.05,
+    explain: Callable[[], str] | None = None,
 ) -> None:
     """Wait (up to ``limit`` seconds: a safety limit, not a timing assertion) for ``cond``; fail naming
     ``what`` (and cancel ``client``) if it never holds. With ``client``, a job that ended first fails the
-    wait at once, with its error. ``every``: seconds between checks (reading a table is not free)."""
+    wait at once, with its error. ``every``: seconds between checks (reading a table is not free);
+    ``explain``: what to add to the failure (the job's state then)."""
     deadline = time.monotonic() + limit
     while not cond():
         if client is not None and not client.running:
@@ -200,9 +202,10 @@ def wait_until(
                 return
             raise AssertionError(f"the job ended before {what}: {detail}{missing()}")
         if time.monotonic() > deadline:
+            state = f" ({explain()})" if explain is not None else ""
             if client is not None:
                 client.cancel()
-            raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}{missing()}")
+            raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}{state}{missing()}")
         time.sleep(every)
 
 

@@ -16,7 +16,6 @@ scenario's failure message includes it.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from typing import Any
 
@@ -112,6 +111,13 @@ def one_line(error: BaseException, *names: str) -> str:
 
 def stall_shown(client: JobClient) -> bool:
     """Whether the job's status or metrics (what ``sluice status``, the progress line and the dashboard
-    show) say a source is stalled."""
-    views = [client.monitor.overview(), client.monitor.metrics()]
-    return any("stalled" in json.dumps(v, default=str).lower() for v in views)
+    show) say a source is stalled: a field named ``*stalled*`` with a value (not None, empty or False)."""
+    return any(_stalled(v) for v in (client.monitor.overview(), client.monitor.metrics()))
+
+
+def _stalled(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any((("stalled" in str(k).lower()) and bool(v)) or _stalled(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_stalled(v) for v in value)
+    return False

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pytest
@@ -162,16 +162,18 @@ def broker_outage(
     tmp: Path,
     fails_over: bool,
     hold: Callable[[Any, FaultProxy], None] | None = None,
+    kind: Literal["cut", "blackhole"] = "cut",
 ) -> None:
-    """The job reads the first half, the broker is cut while it waits for the second (its stopping offsets
-    lie beyond what exists), the cut ends, the second half is produced; the job must end with both halves."""
+    """The job reads the first half, the broker is cut (or blackholed: connections accepted, never answered)
+    while it waits for the second (its stopping offsets lie beyond what exists), the fault ends, the second
+    half is produced; the job must end with both halves."""
     topic = "outage"
     broker.create_topic(topic, 2)
     ids = produce(broker, topic, 0, 600)
     stops = {(topic, p): 1000 for p in (0, 1)}  # 400 more per partition come after the outage
     timeout = 2.0 if fails_over else 120.0
     p = Pipeline(
-        f"broker-{out.kind}-{'failover' if fails_over else 'stall'}",
+        f"broker-{kind}-{out.kind}-{'failover' if fails_over else 'stall'}",
         parallelism=2,
         checkpoint=checkpoint_config(interval=0.1, storage=str(tmp / "chk")),
         restart=FixedDelayRestart(attempts=10, delay=0.2),
@@ -184,15 +186,21 @@ def broker_outage(
     client = p.start(runtime="local", restore="none", control_endpoint=None)
     wait_until(lambda: out.committed(ids), "the first half committed", client, every=0.25)
     before = broker.proxy.stats.copy()
-    broker.proxy.cut()
+    broker.proxy.cut() if kind == "cut" else broker.proxy.blackhole()
     try:
-        wait_until(lambda: broker.proxy.stats.since(before).hit > 0, "the source to hit the cut", client)
+        wait_until(lambda: broker.proxy.stats.since(before).hit > 0, f"the source to hit the {kind}", client)
         if hold is not None:
             hold(client, broker.proxy)
         elif fails_over:
-            wait_until(lambda: client.monitor.attempts > 1, "a failover while the broker is away", client, 30)
+            wait_until(
+                lambda: client.monitor.attempts > 1, "a failover while the broker is away", client, 30,
+                explain=lambda: f"stalled shown: {stall_shown(client)}, {broker.proxy.stats.since(before)}",
+            )  # fmt: skip
         else:
-            wait_until(lambda: stall_shown(client), "the source shown as stalled", client, 30)
+            # a refused connection is seen at once; an unanswered one only when the client's requests time
+            # out (librdkafka's socket.timeout.ms is 60 s by default)
+            limit = 30 if kind == "cut" else 120
+            wait_until(lambda: stall_shown(client), "the source shown as stalled", client, limit)
     finally:
         broker.proxy.restore()
     fired = broker.proxy.stats.since(before).hit > 0
@@ -203,9 +211,9 @@ def broker_outage(
     except BaseException as exc:
         error, result = exc, None
     got = out.ids()
-    label = f"{p.name}: broker cut ({broker.proxy.stats.since(before)})"
+    label = f"{p.name}: broker {kind} ({broker.proxy.stats.since(before)})"
     log_scenario("broker-outage", p.name, out.kind, fired, got, ids)
-    assert fired, f"{label}: the cut hit no connection of the job"
+    assert fired, f"{label}: the {kind} hit no connection of the job"
     assert error is None and result is not None, f"{label}: the job failed: {error}{missing()}"
     assert result.status == "finished", f"{label}: {result.status}"
     if fails_over:
@@ -219,6 +227,16 @@ def broker_outage(
 @pytest.mark.kafka
 def test_broker_outage_shows_the_source_stalled_then_resumes(broker_proxy: ProxiedBroker, tmp_path: Path) -> None:
     broker_outage(broker_proxy, Output("files", str(tmp_path / "out")), tmp_path, fails_over=False)
+
+
+@pytest.mark.soak
+@pytest.mark.kafka
+def test_soak_unanswering_broker_shows_the_source_stalled_then_resumes(
+    broker_proxy: ProxiedBroker, tmp_path: Path
+) -> None:
+    """A blackholed broker (connections accepted, never answered: a partition, a hung broker)."""
+    out = Output("files", str(tmp_path / "out"))
+    broker_outage(broker_proxy, out, tmp_path, fails_over=False, kind="blackhole")
 
 
 @pytest.mark.faults

@@ -197,3 +197,12 @@ def test_stop_closes_everything_and_is_idempotent(echo: tuple[str, int]) -> None
     assert closed_by_peer(held)
     s.close()
     held.close()
+
+
+def test_stall_check_reads_values_not_field_names() -> None:
+    """A status that merely has a ``stalled`` field (None, empty) does not count as showing a stall."""
+    from tests.faults.contract import _stalled
+
+    assert not _stalled({"vertices": [{"totals": {"stalled": None}}], "stalled_sources": []})
+    assert _stalled({"stalled_sources": [{"source": "kafka", "since": 1.0, "reason": "no broker"}]})
+    assert _stalled({"vertices": [{"subtasks": [{"stalled": {"since": 1.0}}]}]})
