@@ -20,7 +20,10 @@ A scenario counts as fired once its damage is verified on disk (the file really 
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +45,7 @@ from tests.faults.contract import ALLOW_REPROCESSING, checkpoint_config, missing
 
 pytestmark = UNHANDLED_THREAD_ERRORS_FAIL
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 SLOW = Input(per_split=1500, rate=300.0)  # the first run: stopped while it reads
 FAST = Input(per_split=1500, rate=None)  # the same rows, as fast as possible (reruns)
 
@@ -152,6 +156,41 @@ def test_damaged_newest_checkpoint_is_refused_by_name_then_an_older_one_restores
     else:
         older = newest - 1
         reprocess(name, out, chk, str(chk / name / f"chk-{older}"), older, "lost-checkpoint")
+
+
+CLI_JOB = """
+import os
+from pathlib import Path
+
+from tests.faults.beyond import Output
+from tests.faults.test_checkpoint_loss import FAST, job
+
+pipeline = job(os.environ["JOB_NAME"], FAST, Output("files", os.environ["JOB_OUT"]), Path(os.environ["JOB_CHK"]))
+"""
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("damage", ["truncated-metadata", "empty-state"])
+def test_sluice_run_prints_the_refusal_as_one_line_naming_the_file(tmp_path: Path, damage: str) -> None:
+    """``sluice run`` on a corrupt newest checkpoint: one ``Error:`` line naming the file, no traceback and
+    no bare ``Aborted!`` (issue 21: a JSONDecodeError traceback, and ``Aborted!`` for an empty .state)."""
+    name = f"cli-{damage}"
+    out, chk = Output("files", str(tmp_path / "out")), tmp_path / "chk"
+    newest = first_run(name, out, chk)
+    names, fired = DAMAGE[damage](chk / name, newest)
+    files, ids = out.data_files(), out.ids()
+    (tmp_path / "job.py").write_text(CLI_JOB)
+    env = {**os.environ, "JOB_NAME": name, "JOB_OUT": out.root, "JOB_CHK": str(chk)}
+    cmd = [sys.executable, "-m", "sluice.cli", "run", str(tmp_path / "job.py"), "--runtime", "local"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    text = r.stdout + r.stderr
+    log_scenario("lost-checkpoint", f"cli-{damage}", "files", fired, out.ids(), ids)
+    assert r.returncode != 0, f"sluice run did not refuse:\n{text}{missing()}"
+    clear = "Traceback" not in text and "Aborted!" not in text.splitlines()
+    assert clear, f"not a clear refusal:\n{text}"
+    naming = [line for line in text.splitlines() if all(n in line for n in names)]
+    assert len(naming) == 1 and naming[0].startswith("Error:"), f"no one-line refusal naming {names}:\n{text}"
+    assert out.data_files() == files, "the refused run wrote to the output"
 
 
 @pytest.mark.faults
