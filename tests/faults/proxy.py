@@ -303,7 +303,7 @@ class FaultProxy:
         if not self._open.is_set():
             self.stats.held += 1
             await self._open.wait()
-            if self._mode == "cut" or conn not in self._conns:
+            if self.mode == "cut" or conn not in self._conns:
                 return  # cut while held (cut() closed it)
         if self.upstream is None:
             self.stats.upstream_failed += 1

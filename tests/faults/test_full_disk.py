@@ -13,10 +13,11 @@ the disk was full.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sluice import FixedDelayRestart, JobClient
+from sluice import FixedDelayRestart, JobClient, Pipeline
 
 from tests.faults.beyond import (
     SINKS,
@@ -45,22 +46,24 @@ def enospc_reports(client: JobClient) -> int:
     return sum(1 for t in texts if NO_SPACE.search(t))
 
 
-def disk_job(disk: SmallDisk, sink: str, name: str, inp: Input) -> tuple[Output, Path, object]:
+def disk_job(
+    disk: SmallDisk, sink: str, name: str, inp: Input, attempts: int = 20
+) -> tuple[Output, Path, Pipeline]:
     out = Output(sink, str(disk.path / "out"))
     chk = disk.path / "chk"
     cc = checkpoint_config(interval=0.1, storage=str(chk), storage_retry_timeout=0.5)
-    return out, chk, pipeline(name, inp, out, cc, FixedDelayRestart(attempts=20, delay=0.2))
+    return out, chk, pipeline(name, inp, out, cc, FixedDelayRestart(attempts=attempts, delay=0.2))
 
 
 @pytest.mark.faults
 @pytest.mark.parametrize("sink", SINKS)
 def test_full_disk_while_running_fails_over_then_completes_exactly_once(
-    small_disk: object, sink: str
+    small_disk: Callable[[str], SmallDisk], sink: str
 ) -> None:
-    disk: SmallDisk = small_disk("24m")  # type: ignore[operator]
+    disk: SmallDisk = small_disk("24m")
     inp = Input(per_split=1000, rate=300.0)
     out, chk, p = disk_job(disk, sink, f"disk-{sink}", inp)
-    client: JobClient = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0")  # type: ignore[attr-defined]
+    client: JobClient = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0")
     wait_until(lambda: completed(client) >= 2, "two checkpoints before the disk fills", client)
     disk.fill()
     try:
@@ -88,15 +91,15 @@ def test_full_disk_while_running_fails_over_then_completes_exactly_once(
 
 
 @pytest.mark.faults
-def test_full_disk_at_start_is_refused_in_one_line_then_runs_once_freed(small_disk: object) -> None:
-    disk: SmallDisk = small_disk("8m")  # type: ignore[operator]
+def test_full_disk_at_start_is_refused_in_one_line_then_runs_once_freed(small_disk: Callable[[str], SmallDisk]) -> None:
+    disk: SmallDisk = small_disk("8m")
     inp = Input(per_split=300, rate=None)
     out, chk, p = disk_job(disk, "files", "disk-at-start", inp)
     disk.fill()
     error: BaseException | None = None
     client: JobClient | None = None
     try:  # refused when the job is started, or when it runs
-        client = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0")  # type: ignore[attr-defined]
+        client = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0")
         client.wait(120)
     except BaseException as exc:
         error = exc
@@ -109,7 +112,7 @@ def test_full_disk_at_start_is_refused_in_one_line_then_runs_once_freed(small_di
     one_line(error, str(chk))
     assert attempts <= 1, f"{attempts} attempts spent on a checkpoint location that cannot be written: {error}"
     assert not left, "a refused start left behind:\n" + "\n".join(left)
-    result = p.run(runtime="local", restore="none", control_endpoint=None)  # type: ignore[attr-defined]
+    result = p.run(runtime="local", restore="none", control_endpoint=None)
     assert result.status == "finished"
     check_exactly_once("after freeing space", out.ids(), inp.ids)
     assert not leftovers(chk, Path(out.files_root))
@@ -118,16 +121,15 @@ def test_full_disk_at_start_is_refused_in_one_line_then_runs_once_freed(small_di
 @pytest.mark.faults
 @pytest.mark.parametrize("sink", SINKS)
 def test_disk_full_until_the_job_fails_leaves_nothing_behind_and_the_rerun_completes(
-    small_disk: object, sink: str
+    small_disk: Callable[[str], SmallDisk], sink: str
 ) -> None:
     """The disk stays full until the restart budget is spent: the job fails naming the full disk, leaves no
     declined checkpoint folders, temporary files or live registry entry; once space is freed the next run
     resumes the latest checkpoint and the output is exactly the input."""
-    disk: SmallDisk = small_disk("24m")  # type: ignore[operator]
+    disk: SmallDisk = small_disk("24m")
     inp = Input(per_split=1000, rate=300.0)
-    out, chk, p = disk_job(disk, sink, f"disk-fails-{sink}", inp)
-    p.restart = FixedDelayRestart(attempts=1, delay=0.2)  # type: ignore[attr-defined]
-    client: JobClient = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0")  # type: ignore[attr-defined]
+    out, chk, p = disk_job(disk, sink, f"disk-fails-{sink}", inp, attempts=1)
+    client: JobClient = p.start(runtime="local", restore="none", control_endpoint="127.0.0.1:0")
     wait_until(lambda: completed(client) >= 2, "two checkpoints before the disk fills", client)
     disk.fill()
     error: BaseException | None = None
@@ -143,7 +145,7 @@ def test_disk_full_until_the_job_fails_leaves_nothing_behind_and_the_rerun_compl
     assert error is not None, f"{label}: the job finished on a full disk"
     assert NO_SPACE.search(str(error)), f"{label}: the error does not name the full disk: {error}"
     assert not left, f"{label}: left behind:\n" + "\n".join(left)
-    result = p.run(runtime="local", restore="latest", control_endpoint=None)  # type: ignore[attr-defined]
+    result = p.run(runtime="local", restore="latest", control_endpoint=None)
     got = out.ids()
     log_scenario("full-disk", f"until-failed-{sink}", sink, fired, got, inp.ids)
     assert fired, f"{label}: the job never reported ENOSPC"

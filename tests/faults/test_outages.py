@@ -145,7 +145,7 @@ def test_soak_fifteen_second_s3_outage(
 
 # -- the broker -------------------------------------------------------------------------------------------
 def produce(broker: ProxiedBroker, topic: str, start: int, n: int) -> list[int]:
-    ids = []
+    ids: list[int] = []
     for part in (0, 1):
         first = part * 100_000 + start
         values = [

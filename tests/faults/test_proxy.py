@@ -7,7 +7,7 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -80,9 +80,9 @@ def refused(p: FaultProxy) -> bool:
         return closed_by_peer(s)
 
 
-def wait_for(cond: object, what: str) -> None:
+def wait_for(cond: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT
-    while not cond():  # type: ignore[operator]
+    while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
 
