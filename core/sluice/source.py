@@ -8,6 +8,8 @@
 * On restore, the splits of every reader of the restored checkpoint are handed back to the enumerator
   (:meth:`SplitEnumerator.add_splits_back`), which assigns them again; the same deterministic assignment
   gives the same splits to the same subtask at the same parallelism, and spreads them at another one.
+* Splits and the enumerator's state go into checkpoints through the source's versioned serializers
+  (:meth:`Source.split_serializer`, :meth:`Source.enumerator_state_serializer`; :mod:`sluice.serializers`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
+
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
 
 __all__ = [
     "Boundedness",
@@ -48,7 +52,8 @@ class InputStatus(enum.Enum):
 
 @dataclass
 class SourceSplit:
-    """A unit of source work with its position (picklable). ``split_id`` must be stable across runs."""
+    """A unit of source work with its position. ``split_id`` must be stable across runs; the source's
+    :meth:`~Source.split_serializer` writes it into checkpoints."""
 
     split_id: str
     position: Any = None
@@ -69,8 +74,8 @@ class ReaderOutput(Protocol):
 class ReaderContext(Protocol):
     """What a reader knows of its subtask, and where it reports its metrics.
 
-    ``metric(name, n)`` adds to a counter, ``gauge(name, value)`` sets a value (the last one counts); both
-    are cheap (a dict update, no lock), may be called from a reader's own threads, and show on the control
+    ``metric(name, n)`` adds to a counter, ``gauge(name, value)`` sets a value (the last one counts),
+    ``stalled(reason)`` reports that the reader cannot make progress (None: it can again); all are cheap (a dict update, no lock), may be called from a reader's own threads, and show on the control
     endpoint as ``sluice_<name>_total`` and ``sluice_<name>`` per vertex and subtask (see
     docs/operations.md). Call them per batch or less often, never per record.
     """
@@ -84,6 +89,10 @@ class ReaderContext(Protocol):
     def request_split(self) -> None: ...
     def metric(self, name: str, increment: int = 1) -> None: ...
     def gauge(self, name: str, value: float) -> None: ...
+    def stalled(self, reason: str | None) -> None:
+        """Say the reader cannot make progress and why (e.g. no broker reachable), or with None that it can
+        again. ``sluice status``, the live progress and ``sluice_source_stalled_seconds`` show it with the
+        time it began; call it when the state changes (any thread)."""
 
 
 class EnumeratorContext(Protocol):
@@ -147,7 +156,8 @@ class SplitEnumerator(ABC):
 
     @abstractmethod
     def snapshot_state(self, checkpoint_id: int) -> Any:
-        """Picklable state: splits known but not yet assigned, discovery progress."""
+        """State for the checkpoint (splits known but not yet assigned, discovery progress), written by the
+        source's :meth:`~Source.enumerator_state_serializer`."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
@@ -194,3 +204,17 @@ class Source(ABC):
     def discovery_interval(self) -> float | None:
         """Seconds between calls of :meth:`SplitEnumerator.poll`, or None."""
         return None
+
+    def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
+        """How this source's splits (with their positions) are written into checkpoints.
+
+        The default pickles (safe only because checkpoint files are signed with the job's key: see
+        docs/security.md); return a :class:`~sluice.serializers.JsonSerializer` to store plain data
+        (:class:`~sluice.serializers.SourceSplitSerializer` for plain ``SourceSplit`` objects).
+        """
+        return PickleSerializer()
+
+    def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """How this source's enumerator state (:meth:`SplitEnumerator.snapshot_state`) is written into
+        checkpoints. Default: pickle, as :meth:`split_serializer`."""
+        return PickleSerializer()

@@ -1,8 +1,8 @@
 """Template job: Kafka topic -> Parquet files in MinIO (S3), exactly once, on Spark.
 
-Submitted by docker/compose.yaml's ``sluice-job`` service::
+Run by docker/compose.yaml's ``sluice-job`` service (SIGTERM stops it with a savepoint)::
 
-    spark-submit --master spark://spark-master:7077 /opt/sluice/docker/jobs/kafka_to_minio.py
+    sluice run /opt/sluice/docker/jobs/kafka_to_minio.py --master spark://spark-master:7077 --control-endpoint 0.0.0.0:8765
 
 The driver runs the checkpoint coordinator; one barrier-mode stage runs ``SLUICE_PARALLELISM`` slots on the
 Spark workers, so the cluster must offer that many task slots at once (and dynamic allocation stays off).
@@ -85,6 +85,11 @@ events.sink(
     name="events-parquet",
 )
 
-if __name__ == "__main__":
-    result = pipeline.run(runtime="spark")
-    print(result)
+if __name__ == "__main__":  # spark-submit kafka_to_minio.py (compose runs it with `sluice run`)
+    from sluice import SluiceError
+
+    try:
+        result = pipeline.run(runtime="spark")
+    except SluiceError as exc:
+        raise SystemExit(f"kafka-to-minio: {exc}") from None
+    print(f"kafka-to-minio: {result.status} after {result.attempts} attempt(s), last checkpoint {result.last_checkpoint}")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from sluice.connectors.generator import GeneratorSource, _Enumerator, _Reader
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer, SourceSplitSerializer
 from sluice.sink import (
     CommitOutcome,
     Committer,
@@ -24,10 +25,13 @@ from sluice.sink import (
     SinkContext,
     SinkWriter,
 )
-from sluice.sinks.testing import TwoPhaseCommitTestSink, _Committer, _Writer
+from sluice.sinks.testing import TwoPhaseCommitTestSink, _Committer, _NameSerializer, _Writer
 from sluice.source import EnumeratorContext, ReaderContext, SourceReader, SourceSplit, SplitEnumerator
 
 __all__ = ["BROKEN_SINKS", "BROKEN_SOURCES"]
+
+
+_NameSerializerBase = _NameSerializer
 
 
 def distinct_rows(split: int, start: int, end: int) -> pa.RecordBatch:
@@ -48,6 +52,14 @@ class _Generator(GeneratorSource):
 
     def create_reader(self, ctx: ReaderContext) -> SourceReader:
         return self.reader(self, ctx)
+
+    def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        return PickleSerializer()  # some broken enumerators snapshot a state of their own shape
+
+    def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
+        return self.splits()
+
+    splits: type[SimpleVersionedSerializer[SourceSplit]] = SourceSplitSerializer
 
 
 # -- broken enumerators ---------------------------------------------------------------------------------
@@ -143,8 +155,27 @@ class _NeverEnds(_Reader):
         pass
 
 
-def _source(enumerator: type[_Enumerator] = _Enumerator, reader: type[_Reader] = _Reader) -> _Generator:
-    cls = type("Broken", (_Generator,), {"enumerator": enumerator, "reader": reader})
+# -- broken serializers ---------------------------------------------------------------------------------
+class _ForgetsPositions(SourceSplitSerializer):
+    """Writes a split without its position: a restore would read it again from the start."""
+
+    def to_json(self, obj: Any) -> Any:
+        return {**super().to_json(obj), "position": 0}
+
+
+class _ReadsBackAnother(_NameSerializerBase):
+    """Reads back a committable other than the one it wrote."""
+
+    def from_json(self, version: int, value: Any) -> str:
+        return f"{value}.lost"
+
+
+def _source(
+    enumerator: type[_Enumerator] = _Enumerator,
+    reader: type[_Reader] = _Reader,
+    splits: type[SimpleVersionedSerializer[SourceSplit]] = SourceSplitSerializer,
+) -> _Generator:
+    cls = type("Broken", (_Generator,), {"enumerator": enumerator, "reader": reader, "splits": splits})
     return cls()  # type: ignore[no-any-return]
 
 
@@ -190,6 +221,11 @@ BROKEN_SOURCES: dict[str, tuple[Any, str, str]] = {
         lambda: _source(enumerator=_NeverSignalsAgain),
         "failed_reader_reassignment",
         "split re-assignment after a failed reader",
+    ),
+    "split serializer forgets positions": (
+        lambda: _source(splits=_ForgetsPositions),
+        "serializers_round_trip",
+        "splits and enumerator state round-trip through the source's serializers",
     ),
 }
 
@@ -250,6 +286,10 @@ class BrokenTestSink(TwoPhaseCommitTestSink):
     committer: type[_Committer] = _Committer
     aborts: bool = True
     recovers_commits: bool = True
+    serializer: type[SimpleVersionedSerializer[str]] = _NameSerializerBase
+
+    def committable_serializer(self) -> SimpleVersionedSerializer[str]:
+        return self.serializer()
 
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[str]:
         return self.writer(self, ctx)
@@ -305,5 +345,10 @@ BROKEN_SINKS: dict[str, tuple[Any, str, str]] = {
         lambda d: _sink(d, global_commit=True, committer=_RecommittingGlobal),
         "one_global_commit_per_checkpoint",
         "one global commit per checkpoint",
+    ),
+    "committable serializer reads back something else": (
+        lambda d: _sink(d, serializer=_ReadsBackAnother),
+        "serializers_round_trip",
+        "committables and writer state round-trip through the sink's serializers",
     ),
 }

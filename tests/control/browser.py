@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-__all__ = ["Page", "chromium"]
+__all__ = ["Page", "chromium", "launcher"]
 
 FLAGS = (
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
+    "--disable-quic",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
@@ -69,6 +70,54 @@ def chromium(tmp: Path, start_timeout: float = 90.0) -> Iterator[int]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
+
+
+@contextmanager
+def launcher(tmp: Path, start_timeout: float = 90.0) -> Iterator[tuple[Path, Callable[[], int]]]:
+    """A browser command for ``$BROWSER`` (what Python's ``webbrowser`` and so ``sluice dashboard --open``
+    run): it starts chromium headless with a fresh profile under ``tmp`` on the address it is given, in
+    the background. Yields (the command, a function that waits for that chromium and returns its DevTools
+    port); the chromium is stopped at the end."""
+    profile = tmp / "chromium-profile"
+    profile.mkdir(parents=True)
+    log_path, pid_file = tmp / "chromium.log", tmp / "chromium.pid"
+    script = tmp / "sluice-test-browser"  # not named like a browser webbrowser knows: run as given
+    flags = " ".join([*FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0"])
+    script.write_text(
+        f'#!/bin/sh\nsetsid {_binary()} {flags} "$1" >{log_path} 2>&1 </dev/null &\necho $! >{pid_file}\n'
+    )
+    script.chmod(0o700)
+
+    def devtools_port() -> int:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + start_timeout
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if time.monotonic() > deadline:
+                log = log_path.read_text()[-2000:] if log_path.exists() else "(no log)"
+                pytest.fail(f"chromium did not start from {script}: {log}", pytrace=False)
+            time.sleep(0.1)
+        return int(port_file.read_text().split()[0])
+
+    try:
+        yield script, devtools_port
+    finally:
+        if pid_file.exists():
+            pid = int(pid_file.read_text())
+            try:
+                os.killpg(pid, 15)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and _alive(pid):
+                    time.sleep(0.1)
+                os.killpg(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class Page:
@@ -116,7 +165,8 @@ class Page:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"not true within {timeout}s: {expression}")
+                where = await self.evaluate("location.href + ': ' + (document.body ? document.body.innerText : '')")
+                raise AssertionError(f"not true within {timeout}s: {expression} (at {str(where)[:500]})")
             await asyncio.sleep(0.25)
 
     async def screenshot(self, path: Path, width: int = 1400, height: int = 1500) -> None:

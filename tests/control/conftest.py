@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,3 +43,25 @@ def wait_for(what: str, predicate: Callable[[], Any], limit_s: float = 120.0, al
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {limit_s}s: {what}")
         time.sleep(0.2)
+
+
+def request(
+    url: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, Any, Any]:
+    """(status, parsed body, response headers) without following redirects."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    req = urllib.request.Request(url, method=method, headers=headers or {}, data=body)
+    try:
+        with opener.open(req, timeout=30) as r:
+            raw, status, hdrs = r.read(), r.status, r.headers
+    except urllib.error.HTTPError as exc:
+        raw, status, hdrs = exc.read(), exc.code, exc.headers
+    try:
+        return status, json.loads(raw), hdrs
+    except ValueError:
+        return status, raw.decode(), hdrs

@@ -66,9 +66,10 @@ def test_status_dashboard_errors_and_cancel(running: tuple[subprocess.Popen[str]
     table = sluice("status", "verbs", "--storage", chk).stdout
     assert "job verbs: running on the local runtime" in table and "backpressured" in table
     token_file = tmp_path / "chk" / "verbs" / "_control.token"
-    login = sluice("dashboard", "verbs", "--storage", chk).stdout.strip()
+    printed = sluice("dashboard", "verbs", "--storage", chk)
     token = token_file.read_text()
-    assert login == f"{status['job']['url']}/?token={token}"
+    assert printed.stdout.startswith(f"{status['job']['url']}/login#code=") and token not in printed.stdout
+    assert "one-time login code" in printed.stderr
     # with --url the registry is skipped, and the token must come from somewhere
     url = status["job"]["url"]
     no_env = {k: v for k, v in os.environ.items() if k != "SLUICE_CONTROL_TOKEN"}
@@ -83,8 +84,11 @@ def test_status_dashboard_errors_and_cancel(running: tuple[subprocess.Popen[str]
     r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "job.py"), check=False)
     assert r.returncode == 1 and "does not hold a job token" in r.stderr
     (tmp_path / "wrong.token").write_text("x" * 43)
-    r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "wrong.token"), check=False)
+    r = sluice("savepoint", "verbs", "--url", url, "--token-file", str(tmp_path / "wrong.token"), check=False)
     assert r.returncode == 1 and "unauthorized" in r.stderr and "Traceback" not in r.stderr
+    # through the registry, a token that did not sign the job's entry is not even sent
+    r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "wrong.token"), check=False)
+    assert r.returncode == 1 and "is not signed with the job's token" in r.stderr and "Traceback" not in r.stderr
     r = sluice("savepoint", "verbs", "--storage", chk, "--token-file", str(tmp_path / "missing"), check=False)
     assert r.returncode == 1 and "cannot read the job's token file" in r.stderr
 
@@ -121,3 +125,25 @@ def test_live_progress_draws_a_table(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert "backpressured" in drawn and "checkpoint " in drawn and "/s" in drawn
     finally:
         client.cancel()
+
+
+def test_stop_says_where_it_stopped_and_jobs_all_lists_the_ended_job(
+    running: tuple[subprocess.Popen[str], str],
+) -> None:
+    """Before: `sluice run` summed up a stop as "last checkpoint 5" when it stopped at savepoint-6, and
+    `sluice jobs --all` showed no attempt, run time or last checkpoint of a job that ended."""
+    proc, chk = running
+    r = sluice("stop", "verbs", "--storage", chk, "--savepoint", "--timeout", "0", check=False)
+    assert r.returncode == 2 and "'--timeout': 0.0 is not in the range x>0" in r.stderr
+    stopped = sluice_json("stop", "verbs", "--storage", chk, "--savepoint")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    name = Path(stopped["stopped_at"]).name
+    assert name.startswith("savepoint-")
+    assert f"job verbs: stopped after 1 attempt(s) at {name}\n" in out and "last checkpoint" not in out
+    (ended,) = sluice_json("jobs", "--storage", chk, "--all")
+    assert ended["status"] == "stopped" and ended["attempt"] == 0 and ended["uptime_s"] > 0
+    assert ended["last_checkpoint"] == int(name.removeprefix("savepoint-"))
+    table = sluice("jobs", "--storage", chk, "--all").stdout
+    (row,) = [line for line in table.splitlines() if line.strip().startswith("verbs")]
+    assert row.split()[:4] == ["verbs", "stopped", "local", "0"] and f" {ended['last_checkpoint']} " in row

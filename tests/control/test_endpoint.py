@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ from sluice.control.client import ControlClient, ControlError
 from sluice.control.registry import read_entries
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
-from tests.control.conftest import wait_for
+from tests.control.conftest import request, wait_for
 
 
 def slow(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -33,26 +30,6 @@ def start(tmp_path: Path, name: str = "ctl", **kw: Any) -> JobClient:
     src = GeneratorSource(num_splits=2, records_per_split=10**7, batch_size=20, rows_per_second=4000)
     p.source(src).rebalance().map_batches(slow, name="enrich").sink(TwoPhaseCommitTestSink(str(tmp_path / "out")))
     return p.start(runtime="local", restore="none", **kw)
-
-
-def request(url: str, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None) -> tuple[int, Any, Any]:
-    """(status, parsed body, response headers) without following redirects."""
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any) -> None:
-            return None
-
-    opener = urllib.request.build_opener(NoRedirect)
-    req = urllib.request.Request(url, method=method, headers=headers or {}, data=body)
-    try:
-        with opener.open(req, timeout=30) as r:
-            raw, status, hdrs = r.read(), r.status, r.headers
-    except urllib.error.HTTPError as exc:
-        raw, status, hdrs = exc.read(), exc.code, exc.headers
-    try:
-        return status, json.loads(raw), hdrs
-    except ValueError:
-        return status, raw.decode(), hdrs
 
 
 def test_requests_without_the_token_are_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -70,16 +47,14 @@ def test_requests_without_the_token_are_refused(tmp_path: Path, caplog: pytest.L
         for path in ("/api/v1/savepoint", "/api/v1/stop", "/api/v1/cancel"):
             assert request(ep.url + path, "POST", body=b"{}")[0] == 401, path
         assert client.status == "running"  # none of the refused actions happened
-        status, page, _ = request(ep.url + "/")
-        assert status == 401 and "<form" in page and str(token_file) in page and token not in page
-        # a browser: ?token= is traded for a cookie (and a redirect to the address without it)
+        status, page, headers = request(ep.url + "/login")
+        assert status == 200 and "<form" in page and str(token_file) in page and token not in page
+        assert headers["X-Frame-Options"] == "DENY" and headers["Referrer-Policy"] == "no-referrer"
+        # an old address with ?token= is neither accepted nor kept: it goes to the login page
         status, _, headers = request(ep.url + f"/?token={token}")
-        assert status == 303 and headers["Location"] == "/" and "HttpOnly" in headers["Set-Cookie"]
-        cookie = headers["Set-Cookie"].split(";")[0]
-        assert request(ep.url + "/api/v1/job", headers={"Cookie": cookie})[0] == 200
-        assert request(ep.url + "/?token=wrong")[0] == 401
-        # with the cookie only, a POST needs the header a page of another site cannot send
-        assert request(ep.url + "/api/v1/savepoint", "POST", {"Cookie": cookie}, b"{}")[0] == 403
+        assert status == 303 and headers["Location"] == "/login" and "Set-Cookie" not in headers
+        # the token is a Bearer header, never a cookie
+        assert request(ep.url + "/api/v1/job", headers={"Cookie": f"sluice_session={token}"})[0] == 401
         entry = (tmp_path / "chk" / "ctl" / "_control.json").read_text()
         assert token not in entry and ep.url in entry
     finally:

@@ -16,6 +16,7 @@ from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.connectors.generator import GeneratorSource
 from sluice.connectors.kafka import KafkaSource
 from sluice.control.metrics import METRICS, job_registry
+from sluice.control.progress import summary_line
 from sluice.sinks.testing import TwoPhaseCommitTestSink
 from sluice.testing import FaultInjector
 
@@ -113,6 +114,8 @@ def test_kafka_lag_and_fetch_counters(broker: TansuBroker, topic: Callable[..., 
         text = generate_latest(job_registry(client.monitor)).decode()
         assert 'sluice_kafka_lag_records{job="lagging",subtask="0",vertex="kafka -> map_batches -> test-sink"}' in text
         assert "sluice_kafka_fetched_records_total" in text
+        line = summary_line(client.monitor)  # one source: its lag, labelled once (was "kafka lag kafka N")
+        assert re.search(r"\| kafka lag [\d.]+k? records \|", line) and "lag kafka" not in line, line
     finally:
         client.cancel()
 

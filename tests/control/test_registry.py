@@ -16,13 +16,14 @@ from tests.sinks.conftest import MotoS3
 def test_registry_entries_on_s3(moto_s3: MotoS3, tmp_path: Path) -> None:
     uri = f"s3://{moto_s3.new_bucket()}/checkpoints"
     storage = checkpoint_storage(uri, "orders", **moto_s3.options())
-    entry = RegistryEntry.new("orders", "http://127.0.0.1:1234", "spark", str(tmp_path / "t.token"))
+    token = "t" * 43
+    entry = RegistryEntry.new("orders", "http://127.0.0.1:1234", "spark", str(tmp_path / "t.token"), token)
     entry.write(storage)
     (found,) = read_entries(uri, moto_s3.options())
-    assert found == entry and found.running
-    entry.ended("stopped").write(storage)  # rewritten, never deleted: every storage can do that
+    assert found == entry and found.running and found.authentic(token)
+    entry.ended("stopped", token).write(storage)  # rewritten, never deleted: every storage can do that
     (found,) = read_entries(uri, moto_s3.options())
-    assert not found.running and found.status == "stopped"
+    assert not found.running and found.status == "stopped" and found.authentic(token)
     assert token_path(storage) == Path.home() / ".sluice" / "tokens" / "orders.token"  # never on S3
 
 

@@ -7,8 +7,6 @@ so a restore of any of them commits them again, in order, exactly once; a finish
 
 from __future__ import annotations
 
-import base64
-import pickle
 import threading
 import time
 from collections.abc import Sequence
@@ -18,7 +16,6 @@ from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.storage import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
-from sluice.runtime.restore import RestoredCheckpoint
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import InjectedFault
@@ -144,9 +141,3 @@ def test_commits_still_queued_at_a_crash_are_committed_by_the_restore_in_order(t
     ids = sorted(table.column("id").to_pylist())
     assert ids == list(range(6000)), f"{len(ids)} rows, {len(ids) - len(set(ids))} duplicated"
 
-
-def test_checkpoints_written_before_queued_commits_still_restore() -> None:
-    """Metadata of earlier versions holds a flat list per sink: it restores as one group of its checkpoint."""
-    blob = base64.b64encode(pickle.dumps({"s": ["f1", "f2"]})).decode()
-    rc = RestoredCheckpoint(7, "/chk-7", {"global_committables": blob})
-    assert rc.global_committables() == {"s": [(7, ["f1", "f2"])]}

@@ -3,6 +3,7 @@ pipeline -> TwoPhaseCommitTestSink; and the fetch thread under crashes and backp
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -171,7 +172,8 @@ def test_unknown_schema_id_reaches_dead_letters_with_its_position(
     rows = dead.to_pylist()
     assert sorted((r["partition"], r["offset"]) for r in rows) == sorted(bad)
     assert all(r["topic"] == t for r in rows)
-    by_kind = {r["value"][:1]: r["error"] for r in rows}
+    raw = [r["value_text"].encode() if r["value_text"] is not None else base64.b64decode(r["value_base64"]) for r in rows]
+    by_kind = {v[:1]: r["error"] for v, r in zip(raw, rows, strict=True)}
     assert "unknown schema id 999" in by_kind[b"\x00"] and "not in the Confluent wire format" in by_kind[b"{"]
     assert len(committed_ids(read_committed(str(tmp_path / "out")))) == 400 - len(bad)
 

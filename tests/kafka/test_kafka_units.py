@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 
@@ -342,9 +343,32 @@ def test_bad_record_dead_letter_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert out.batches[0].column("id").to_pylist() == [0, 2]
     dead = out.side["dead_letters"][0].to_pydict()
     assert dead["topic"] == ["t"] and dead["partition"] == [0] and dead["offset"] == [1]
-    assert dead["key"] == [b"k1"] and dead["value"] == [b"{oops"] and "JSON" in dead["error"][0]
+    assert dead["key_text"] == ["k1"] and dead["value_text"] == ["{oops"] and "JSON" in dead["error"][0]
+    assert dead["key_base64"] == [None] and dead["value_base64"] == [None] and dead["value_bytes"] == [5]
     assert ctx.metrics["bad_records"] == 1
     assert reader.snapshot_state(1) == [KafkaSplit("t:0", 3, None)]  # the bad record is consumed too
+
+
+def test_dead_letters_carry_binary_values_as_base64_and_text_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    reader, consumer, _ = make_reader(monkeypatch, on_bad_record="dead_letter")
+    reader.add_splits([SourceSplit("t:0", 0)])
+    binary = b"\x00\xff\xfe{"
+    wire = b"\x00\x00\x00\x00\x01{"  # valid UTF-8, but control characters: binary
+    consumer.batches = [
+        [
+            FakeMessage("t", 0, 0, binary, k=b"\xc3("),
+            FakeMessage("t", 0, 1, "{é".encode()),
+            FakeMessage("t", 0, 2, wire),
+        ]
+    ]
+    out = CollectingOutput()
+    reader.poll_next(out)
+    dead = out.side["dead_letters"][0].to_pydict()
+    b64 = [base64.b64encode(binary).decode(), None, base64.b64encode(wire).decode()]
+    assert dead["value_text"] == [None, "{é", None] and dead["value_base64"] == b64
+    assert dead["key_text"] == [None] * 3 and dead["key_base64"] == [base64.b64encode(b"\xc3(").decode(), None, None]
+    assert dead["value_bytes"] == [4, 3, 6]
+    assert [t.timestamp() for t in dead["timestamp"]] == [1_700_000_000.0] * 3
 
 
 def test_commit_uses_the_checkpoints_offsets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-FINAL = re.compile(r"^part-.+-\d{6}-\d{3}-(c?\d+)\.(parquet|jsonl|csv)(\.gz)?$")
+FINAL = re.compile(r"^part-.+-\d{6}-\d{3}-(c?\d+)-[0-9a-f]{12}\.(parquet|jsonl|csv)(\.gz)?$")
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
 

@@ -8,7 +8,13 @@ from sluice import ConfigError, Pipeline
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
 from sluice.sinks.files.buckets import NULL_PARTITION, BucketAssigner
-from sluice.sinks.files.committable import final_name, is_staging_of, is_upload_of, staging_name
+from sluice.sinks.files.committable import (
+    committed_checkpoint_of,
+    final_name,
+    is_staging_of,
+    is_upload_of,
+    staging_name,
+)
 
 
 @pytest.mark.parametrize(
@@ -77,10 +83,12 @@ def test_processing_time_bucket_uses_utc_now() -> None:
 
 
 def test_names_are_unambiguous_between_jobs_sharing_a_prefix() -> None:
-    final = final_name("b=1", "job-1", 7, 0, "0003", ".parquet")
-    assert final == "b=1/part-job-1-000007-000-0003.parquet"
+    final = final_name("b=1", "job-1", 7, 0, "0003", ".parquet", "0123456789ab")
+    assert final == "b=1/part-job-1-000007-000-0003-0123456789ab.parquet"
     hidden = staging_name(final, 2, "pending").rsplit("/", 1)[1]
     assert hidden.startswith(".") and is_staging_of(hidden, "job-1")
     assert not is_staging_of(hidden, "job")
-    assert is_upload_of("part-job-1-000007-000-c001.parquet", "job-1")
-    assert not is_upload_of("part-job-1-000007-000-c001.parquet", "job")
+    for name in ("part-job-1-000007-000-c001-0123456789ab.parquet", "part-job-1-000007-000-c001.parquet"):
+        assert is_upload_of(name, "job-1") and not is_upload_of(name, "job")  # (and names without a run token)
+        assert committed_checkpoint_of(name, "job-1") == 7 and committed_checkpoint_of(name, "job") is None
+    assert committed_checkpoint_of(".part-job-1-000007-000-0003-0123456789ab.parquet.a2.pending", "job-1") is None

@@ -20,7 +20,7 @@ from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
 
 from tests.sinks.conftest import local_files, read_visible, same_rows
 
-NAME = re.compile(r"part-.+-(\d{6})-\d{3}-c?\d+\.parquet$")
+NAME = re.compile(r"part-.+-(\d{6})-\d{3}-c?\d+-[0-9a-f]{12}\.parquet$")
 
 
 class Identity(KeyedProcessFunction):

@@ -8,6 +8,7 @@ and the others are attached to it.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt
 from sluice.runtime.spark import messages as m
 from sluice.runtime.spark import rpc
 from sluice.runtime.spark.control import ControlServer, SlotLostError
+from sluice.runtime.spark.listener import max_pending
 from sluice.sinks.testing import TwoPhaseCommitTestSink
 
 pytestmark = pytest.mark.spark
@@ -166,3 +168,20 @@ def test_slots_learn_their_peers_once_every_slot_said_hello(
     assert s0.received == [expected] and s1.received == [expected]
     late = FakeSlot(server, 1, a.attempt).hello()  # a slot that connects again gets the addresses alone
     assert late.got.wait(10) and late.received == [expected] and s0.received == [expected]
+
+
+def test_idle_connections_do_not_keep_slots_from_the_driver(control: tuple[JobAttempt, ControlServer]) -> None:
+    """More idle connections than the cap, held on the driver's listener before the slots connect, keep
+    none of them out. Before: one 10 s handshake after the other, and the slots timed out."""
+    a, server = control
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for _ in range(max_pending(2) + 8)]
+    try:
+        s0, s1 = FakeSlot(server, 0, a.attempt).hello(), FakeSlot(server, 1, a.attempt).hello()
+        assert s0.got.wait(60) and s1.got.wait(60)
+        assert isinstance(s0.received[0], m.Peers) and s0.received == s1.received
+        s0.end(goodbye=True)
+        s1.end(goodbye=True)
+        assert server.wait_closed(60) and a.failure is None
+    finally:
+        for s in idle:
+            s.close()

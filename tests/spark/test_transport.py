@@ -13,6 +13,7 @@ import pytest
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointOptions, EndOfPartition, Watermark
 from sluice.runtime.channels import Signal
 from sluice.runtime.spark import rpc
+from sluice.runtime.spark.listener import Listener, max_pending
 from sluice.runtime.spark.transport import DataPlane
 
 from tests.spark.certs import self_signed
@@ -181,3 +182,102 @@ def test_tls_links(tmp_path: Any) -> None:
     a.close(orderly=True)
     b.close(orderly=True)
     assert not lost
+
+
+def idle_connections(port: int, n: int, drip: bool = False) -> list[socket.socket]:
+    """``n`` connections that never authenticate (every other one sends a byte now and then if ``drip``)."""
+    out = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(n)]
+    if drip:
+        for s in out[::2]:
+            s.sendall(b"x")
+    return out
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    try:
+        while s.recv(4096):  # the challenge may come first
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_connections_do_not_keep_the_slots_from_linking() -> None:
+    """More idle connections than the cap, opened before the slots link up, hold up nobody. Before: the
+    links' listener ran one 10 s handshake after the other, and the slots timed out."""
+    lost: list[Any] = []
+    a, b = (DataPlane(i, 2, SECRET, None, "127.0.0.1", lambda p, e: lost.append(p)) for i in range(2))
+    flood = [s for p in (a, b) for s in idle_connections(p.port, max_pending(1) + 8, drip=True)]
+    inp = b.input_channel(0, 1, Signal())
+    out = a.output_channel(1, 1, credits=2)
+    errors: list[BaseException] = []
+
+    def link(p: DataPlane) -> None:
+        try:
+            p.connect([("127.0.0.1", a.port), ("127.0.0.1", b.port)], 60.0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=link, args=(p,)) for p in (a, b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    out.send(batch(7))
+    wait_for(inp.has_input, timeout=60)
+    assert inp.poll().column("x")[0].as_py() == 7
+    for s in flood:
+        s.close()
+    a.close(orderly=True)
+    b.close(orderly=True)
+    assert not lost
+
+
+def test_a_listener_drops_the_oldest_unauthenticated_connections_over_its_cap() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    peers: list[socket.socket] = []
+    listener = Listener(server, SECRET, None, lambda s, addr: peers.append(s), "test", 4, handshake_timeout=300)
+    listener.start()
+    try:
+        flood = idle_connections(server.getsockname()[1], 10)
+        for s in flood[:6]:  # the handshake timeout is far away: only the cap closes these
+            assert closed_by_server(s)
+        wait_for(lambda: listener.dropped == 6, timeout=60)
+        sock = rpc.connect("127.0.0.1", server.getsockname()[1], SECRET, None)  # a peer still gets through
+        wait_for(lambda: len(peers) == 1, timeout=60)
+        sock.close()
+        for s in flood:
+            s.close()
+    finally:
+        listener.close()
+        for s in peers:
+            s.close()
+
+
+def test_a_handshake_has_one_deadline_for_all_of_it() -> None:
+    """A peer that sends a byte now and then is dropped all the same. Before: the timeout was per read."""
+    server = socket.create_server(("127.0.0.1", 0))
+    listener = Listener(server, SECRET, None, lambda s, addr: s.close(), "test", 4, handshake_timeout=1.0)
+    listener.start()
+    try:
+        slow = socket.create_connection(("127.0.0.1", server.getsockname()[1]), timeout=60)
+        assert slow.recv(64).startswith(b"SLUICE1")
+        slow.settimeout(0.3)
+        closed = False
+        for _ in range(600):  # at most 3 minutes of a byte every 0.3 s
+            try:
+                slow.sendall(b"x")
+                if slow.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed, "the server kept a slow, unauthenticated peer"
+        slow.close()
+        assert listener.dropped == 1
+    finally:
+        listener.close()

@@ -68,3 +68,16 @@ def test_rewrite_racing_checkpoint_commits(local_target: Target) -> None:
     for k, rows in enumerate(seen):  # every read saw whole checkpoints, no row twice
         assert rows == sorted(i for cid in range(1, 8 + k) for i in range(cid * 100, cid * 100 + 10)), k
     assert max(local_target.files_per_partition().values()) < 12
+
+
+def test_a_rewrite_round_commits_once_per_partition_it_merges(local_target: Target) -> None:
+    """What docs/tables.md says: each partition a round merges is replaced by a commit of its own."""
+    sink = local_target.sink(partition_by=["b"])
+    committer = sink.create_global_committer(GCtx())
+    for cid in range(1, 5):
+        committer.commit(cid, precommit(sink, cid, cid * 100))  # a file in each of partitions b=0, b=1
+    versions = local_target.versions()
+    replaced = rewrite_now(local_target, sink, RewritePolicy(every=1, min_files=3, target_size=16 * 1024 * 1024))
+    assert replaced == 8 and local_target.versions() == versions + 2, (replaced, local_target.versions())
+    assert local_target.files_per_partition() == {p: 1 for p in local_target.files_per_partition()}
+    assert ids(local_target.read()) == sorted(i for cid in range(1, 5) for i in range(cid * 100, cid * 100 + 10))

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from sluice.errors import ConfigError
+from sluice.serializers import JsonSerializer, SimpleVersionedSerializer, SourceSplitSerializer
 from sluice.source import (
     Boundedness,
     EnumeratorContext,
@@ -133,6 +134,14 @@ class GeneratorSource(Source):
     def create_reader(self, ctx: ReaderContext) -> SourceReader:
         return _Reader(self, ctx)
 
+    def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
+        """Splits go into checkpoints as JSON."""
+        return SourceSplitSerializer()
+
+    def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """The unassigned splits go into checkpoints as JSON."""
+        return _SplitListSerializer()
+
     def expected(self) -> pa.Table:
         """Every row a bounded generator emits (for tests)."""
         if self.records_per_split is None:
@@ -140,6 +149,16 @@ class GeneratorSource(Source):
         return pa.Table.from_batches(
             [self.make_rows(s, 0, self.records_per_split) for s in range(self.num_splits)]
         )
+
+
+class _SplitListSerializer(JsonSerializer[list[SourceSplit]]):
+    _split = SourceSplitSerializer()
+
+    def to_json(self, obj: list[SourceSplit]) -> Any:
+        return [self._split.to_json(s) for s in obj]
+
+    def from_json(self, version: int, value: Any) -> list[SourceSplit]:
+        return [self._split.from_json(version, s) for s in value]
 
 
 class _Enumerator(SplitEnumerator):

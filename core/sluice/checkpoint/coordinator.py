@@ -11,9 +11,7 @@ failure with its reason goes into the stats history.
 
 from __future__ import annotations
 
-import base64
 import logging
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -21,8 +19,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from sluice.checkpoint.codec import MetadataCodec
 from sluice.checkpoint.global_commit import CommitGroups, GlobalCommitQueue
-from sluice.checkpoint.payload import without_channel_state
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.config import CheckpointConfig
@@ -61,7 +59,7 @@ class _Pending:
     barrier: CheckpointBarrier
     waiting: set[SubtaskId]
     acks: dict[SubtaskId, dict[str, Any]] = field(default_factory=dict)
-    enumerators: dict[str, str] = field(default_factory=dict)
+    enumerators: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     error: CheckpointError | None = None
@@ -84,6 +82,7 @@ class CheckpointCoordinator:
         on_fatal: Callable[[BaseException], None] | None = None,
         completed: list[tuple[int, str]] | None = None,
         committed_upto: int = 0,
+        codec: MetadataCodec | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -95,6 +94,7 @@ class CheckpointCoordinator:
         self.lock = enumerator_lock or threading.RLock()
         self.global_commits = global_commits
         self.on_fatal = on_fatal or (lambda exc: None)
+        self.codec = codec or MetadataCodec(config.resolved_key())
         self.pending: dict[int, _Pending] = {}
         self.ended: set[SubtaskId] = set()
         self.finished: dict[SubtaskId, dict[str, Any]] = {}
@@ -250,7 +250,7 @@ class CheckpointCoordinator:
         for t, handle in self.finished.items():
             p.acks[t] = handle
         for name, enum in self.enumerators.items():
-            p.enumerators[name] = base64.b64encode(pickle.dumps(enum.snapshot_state(cid))).decode()
+            p.enumerators[name] = self.codec.enumerator_state(name, enum.snapshot_state(cid))
         self.pending[cid] = p
         self.history.append(
             CheckpointStats(
@@ -302,7 +302,7 @@ class CheckpointCoordinator:
         with self.lock:
             handle = self.completed_handles.get(task) or self.last_handles.get(task) or {}
             # keep its bytes: every later checkpoint gets its own copy, so retention never breaks a restore
-            data = without_channel_state(self.storage.read_file(handle["path"])) if handle.get("path") else None
+            data = self.codec.without_channel_state(self.storage, handle["path"]) if handle.get("path") else None
             final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
             self.finished[task] = final
             # its state no longer changes: it acknowledges pending checkpoints with its final state
@@ -347,10 +347,10 @@ class CheckpointCoordinator:
                 for t, h in sorted(p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
             },
             "enumerators": p.enumerators,
-            "global_committables": base64.b64encode(pickle.dumps(self._groups(cid, committables))).decode(),
+            "global_committables": self.codec.global_committables(self._groups(cid, committables)),
         }
         try:
-            path = self.storage.write_metadata(cid, metadata, savepoint)
+            path = self.storage.write_metadata(cid, self.codec.seal(metadata), savepoint)
         except Exception as exc:
             self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
             return

@@ -194,9 +194,9 @@ class SubtaskCheckpointing:
                 }
                 if s.committables:
                     committables.extend((name, c) for c in s.committables)
-            payload: dict[str, Any] = {"operators": ops, "splits": p.splits}
+            payload: dict[str, Any] = {"operators": ops, "splits": self._spec.pack_splits(p.splits)}
             payload.update(p.channel_state.encode(self._spec.input_index_of))
-            data = encode_task_state(payload)
+            data = encode_task_state(payload, self._spec.checkpoint_key)
             savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
             path = self._storage.write_task_state(
                 cid, f"{task_id.vertex}-{task_id.index}.state", data, savepoint

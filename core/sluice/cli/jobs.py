@@ -8,19 +8,39 @@ import click
 
 from sluice.cli.endpoint import emit_json, fmt_duration, print_table, storage_option
 from sluice.cli.main import main
-from sluice.control.client import ControlClient, ControlError
-from sluice.control.registry import read_entries, read_token
+from sluice.control.client import ControlClient, ControlError, check_entry
+from sluice.control.registry import RegistryEntry, read_entries, read_token
 
 __all__ = ["jobs"]
 
 
-def _live(url: str, token_file: str) -> dict[str, Any]:
+def _live(entry: RegistryEntry, storage: str) -> dict[str, Any]:
     try:
-        return ControlClient(url, read_token(token_file)).get("/api/v1/job", timeout=5.0)  # type: ignore[no-any-return]
+        token = read_token(entry.token_file)
     except OSError as exc:
         return {"status": "unknown", "error": f"cannot read the token file: {exc.strerror}"}
+    except UnicodeDecodeError:
+        return {"status": "unknown", "error": "the token file is not text"}
+    try:
+        check_entry(entry, token, storage)  # the token goes only where the job itself registered
+    except ControlError as exc:
+        return {"status": "unverified", "error": str(exc)}
+    try:
+        return ControlClient(entry.url, token).get("/api/v1/job", timeout=5.0)  # type: ignore[no-any-return]
     except ControlError as exc:
         return {"status": "unreachable", "error": str(exc)}
+
+
+def _ended(e: RegistryEntry) -> dict[str, Any]:
+    """What the registry says of a job that ended (its endpoint is gone): ``up`` is how long it ran."""
+    last = {"checkpoint_id": e.last_checkpoint} if e.last_checkpoint is not None else None
+    return {
+        "status": e.status,
+        "attempt": e.attempt,
+        "restarts": e.attempt,
+        "uptime_s": None if e.ended_at is None else e.ended_at - e.started_at,
+        "last_checkpoint": last,
+    }
 
 
 @main.command()
@@ -33,7 +53,7 @@ def jobs(storage: str, show_all: bool, as_json: bool) -> None:
     for e in sorted(read_entries(storage), key=lambda e: e.job_id):
         if not e.running and not show_all:
             continue
-        live: dict[str, Any] = _live(e.url, e.token_file) if e.running else {"status": e.status}
+        live: dict[str, Any] = _live(e, storage) if e.running else _ended(e)
         last: dict[str, Any] = live.get("last_checkpoint") or {}
         rows.append(
             {

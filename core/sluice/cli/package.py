@@ -32,7 +32,11 @@ import click
 
 from sluice.cli.main import main
 
-__all__ = ["PackageError", "editable_installs", "missing_requirements", "package", "submit_line"]
+__all__ = ["DISTRIBUTION", "PackageError", "editable_installs", "missing_requirements", "package", "submit_line"]
+
+#: sluice's distribution name on the package index (the import name is ``sluice``; the index's ``sluice`` is
+#: another project)
+DISTRIBUTION = "sluice-etl"
 
 #: what spark-submit's ``--archives`` gets and the directory executors see it in
 ARCHIVE_DIR = "environment"
@@ -73,7 +77,7 @@ def editable_installs(site: Path) -> dict[str, str]:
     return out
 
 
-def missing_requirements(site: Path, name: str = "sluice") -> list[str]:
+def missing_requirements(site: Path, name: str = DISTRIBUTION) -> list[str]:
     """Requirements of ``name`` (without extras) that are not installed in ``site``."""
     dists = {_norm(d.metadata["Name"]): d for d in _dists(site)}
     top = dists.get(_norm(name))
@@ -148,7 +152,7 @@ def package(
     if not (prefix / "pyvenv.cfg").is_file():
         raise PackageError(
             f"{prefix} is not a virtualenv: run `sluice package` with the job's virtualenv's sluice, or pass "
-            "--venv PATH (python -m venv env && env/bin/pip install sluice <your dependencies>)"
+            "--venv PATH (python -m venv env && env/bin/pip install sluice-etl <your dependencies>)"
         )
     site = _site_packages(prefix)
     editable = editable_installs(site)
@@ -160,8 +164,10 @@ def package(
             "(pip install --force-reinstall --no-deps <path or wheel>, without -e), then run sluice package again"
         )
     missing = missing_requirements(site)
-    if missing == ["sluice"]:
-        raise PackageError(f"sluice is not installed in {prefix}: {prefix}/bin/pip install sluice, then try again")
+    if missing == [DISTRIBUTION]:
+        raise PackageError(
+            f"sluice is not installed in {prefix}: {prefix}/bin/pip install {DISTRIBUTION}, then try again"
+        )
     if missing:
         click.echo(
             f"warning: {prefix} lacks sluice's requirements {', '.join(missing)}: executors will fail to "

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import runpy
+import posixpath
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import click
 
-from sluice.api import Pipeline
+from sluice.cli.jobfile import load_pipeline
 from sluice.cli.main import main
 from sluice.client import JobClient
 from sluice.control.progress import Progress
@@ -20,22 +19,6 @@ from sluice.runtime.job import JobResult
 from sluice.settings import configure, load_settings, parse_overrides
 
 __all__ = ["load_pipeline", "run"]
-
-
-def load_pipeline(path: str) -> Pipeline:
-    """Load a job file: it defines ``pipeline`` (a Pipeline) or ``build_pipeline() -> Pipeline``."""
-    if not Path(path).is_file():
-        raise click.BadParameter(f"no such job file: {path}", param_hint="JOB")
-    ns = runpy.run_path(path, run_name="__sluice_job__")
-    if isinstance(ns.get("pipeline"), Pipeline):
-        return ns["pipeline"]  # type: ignore[no-any-return]
-    if callable(ns.get("build_pipeline")):
-        p = ns["build_pipeline"]()
-        if isinstance(p, Pipeline):
-            return p
-    raise click.ClickException(
-        f"{path} defines neither `pipeline = Pipeline(...)` nor `build_pipeline() -> Pipeline`"
-    )
 
 
 @main.command()
@@ -102,6 +85,13 @@ def load_pipeline(path: str) -> Pipeline:
     help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
     "is dropped. Without it such a restore fails, naming the uids.",
 )
+@click.option(
+    "--allow-reprocessing",
+    is_flag=True,
+    help="Run even if a sink's output already holds checkpoints newer than the one restored (an older "
+    "checkpoint, or none after the checkpoint storage was lost): the data after it is written again "
+    "(duplicates). Without it such a run is refused before it writes anything.",
+)
 def run(
     job: str,
     runtime: str,
@@ -109,6 +99,7 @@ def run(
     restore: str,
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
+    allow_reprocessing: bool,
     conf: str | None,
     overrides: tuple[str, ...],
     control_endpoint: str,
@@ -130,6 +121,7 @@ def run(
         spark_master=master,
         recover_without_channel_state=recover_without_channel_state,
         allow_non_restored_state=allow_non_restored_state,
+        allow_reprocessing=allow_reprocessing,
         control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
     )
     if client.control is not None:
@@ -145,10 +137,13 @@ def run(
     finally:
         if client.control is not None:
             client.control.close()  # answers in flight (a stop) go out before the process ends
-    click.echo(
-        f"job {result.job_id}: {result.status} after {result.attempts} attempt(s); "
-        f"last checkpoint {result.last_checkpoint}"
+    # a stopped job ended at its stop's savepoint or checkpoint, which is not the last periodic checkpoint
+    ended = (
+        f" at {posixpath.basename(result.stopped_at.rstrip('/'))}"
+        if result.stopped_at
+        else f"; last checkpoint {result.last_checkpoint}"
     )
+    click.echo(f"job {result.job_id}: {result.status} after {result.attempts} attempt(s){ended}")
     if result.stopped_at:
         click.echo(f"stopped at {result.stopped_at}; resume with: sluice run {job} --restore {result.stopped_at}")
 

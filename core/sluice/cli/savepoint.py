@@ -13,7 +13,13 @@ __all__ = ["savepoint"]
 
 @main.command()
 @job_options
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the savepoint.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the savepoint (> 0).",
+)
 def savepoint(
     job: str | None, storage: str, url: str | None, token_file: str | None, as_json: bool, timeout: float
 ) -> None:

@@ -22,7 +22,23 @@ import jinja2
 from sluice import __version__
 from sluice.errors import ConfigError
 
-__all__ = ["PLUGIN_TEMPLATES", "Template", "available_templates", "describe_templates", "render_template"]
+__all__ = [
+    "NAME_RULE",
+    "PLUGIN_TEMPLATES",
+    "Template",
+    "available_templates",
+    "check_name",
+    "describe_templates",
+    "render_template",
+]
+
+#: what a job or plugin name may be (one rule for both): words of letters and digits joined by ``-`` or
+#: ``_``, starting with a letter. A job ``my-job`` is written to ``my_job.py`` (a module name); a plugin
+#: ``my_plugin`` to the package ``my-plugin/`` (a distribution name, normalized as PEP 503 does)
+NAME_RULE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_][A-Za-z0-9]+)*")
+
+#: sluice's own distribution: no plugin may be published under it
+_OWN_DISTRIBUTION = "sluice-etl"
 
 #: plugin template -> (what it makes, {path in the package: template file})
 PLUGIN_TEMPLATES: dict[str, tuple[str, dict[str, str]]] = {
@@ -84,10 +100,9 @@ def render_template(template: str, name: str, directory: str = ".") -> Path:
     names = available_templates()
     if template not in names:
         raise ConfigError(f"template: {template!r} is not a template (allowed: {', '.join(names)})")
+    check_name(name)
     if template in PLUGIN_TEMPLATES:
         return _render_plugin(template, name, Path(directory))
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name):
-        raise ConfigError(f"name: {name!r} must be a job name of letters, digits, - and _")
     text = _environment(_root()).get_template(f"{template}.py.j2").render(name=name, module=name.replace("-", "_"))
     path = Path(directory) / f"{name.replace('-', '_')}.py"
     if path.exists():
@@ -97,13 +112,27 @@ def render_template(template: str, name: str, directory: str = ".") -> Path:
     return path
 
 
-def _render_plugin(kind: str, name: str, directory: Path) -> Path:
-    if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", name):
+def check_name(name: str) -> None:
+    """Refuse a job or plugin name that :data:`NAME_RULE` does not allow.
+
+    Raises:
+        ConfigError: naming the rule, with an example.
+    """
+    if not NAME_RULE.fullmatch(name):
         raise ConfigError(
-            f"name: {name!r} must be a plugin name of lower-case letters and digits, words joined by - "
-            "(e.g. http-poll)"
+            f"name: {name!r} must be words of letters and digits joined by - or _, starting with a letter "
+            "(e.g. orders-to-parquet, http_poll)"
         )
+
+
+def _render_plugin(kind: str, name: str, directory: Path) -> Path:
+    name = re.sub(r"[-_]+", "-", name).lower()  # the distribution's normalized name (PEP 503)
     base = name.removeprefix("sluice-")
+    if f"sluice-{base}" == _OWN_DISTRIBUTION:
+        raise ConfigError(
+            f"name: {name!r} would publish the plugin as {_OWN_DISTRIBUTION}, sluice's own distribution: "
+            "pick another name"
+        )
     words = base.split("-")
     context = {
         "name": base,

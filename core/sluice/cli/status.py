@@ -1,8 +1,9 @@
-"""``sluice status JOB``: a running job's status, its vertices' throughput and backpressure, its last
-checkpoint and failures."""
+"""``sluice status JOB``: a running job's status, sources that cannot make progress (stalled: since when,
+why), its vertices' throughput and backpressure, its last checkpoint and failures."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -19,7 +20,16 @@ from sluice.cli.endpoint import (
 from sluice.cli.main import main
 from sluice.errors import SluiceError
 
-__all__ = ["checkpoint_line", "status"]
+__all__ = ["checkpoint_line", "stalled_line", "status"]
+
+
+def stalled_line(s: dict[str, Any]) -> str:
+    """One line about a stalled source: since when, how long, how many subtasks, why."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(s["since"])))
+    return (
+        f"STALLED: source {s['source']} cannot make progress since {since} ({fmt_duration(s.get('seconds'))}, "
+        f"{s.get('subtasks', 1)} subtask(s)): {s['reason']}"
+    )
 
 
 def checkpoint_line(c: dict[str, Any] | None) -> str:
@@ -55,6 +65,8 @@ def status(job: str | None, storage: str, url: str | None, token_file: str | Non
         f"({o['restarts']} restart(s)), up {fmt_duration(o['uptime_s'])}"
     )
     click.echo(f"endpoint {o['url']}   checkpoints in {o['checkpoint_storage']}")
+    for s in o.get("stalled_sources") or []:
+        click.echo(stalled_line(s))
     rows = []
     for v in metrics["vertices"]:
         r, t = v.get("rates") or {}, v.get("totals") or {}
@@ -80,5 +92,7 @@ def status(job: str | None, storage: str, url: str | None, token_file: str | Non
     failed = o.get("last_failed_checkpoint")
     if failed:
         click.echo(f"last failed checkpoint: {failed['checkpoint_id']} {failed.get('failure_reason')}: {failed.get('failure_detail')}")
+        for s in failed.get("stalled_sources") or []:
+            click.echo(f"  it could not complete while source {s['source']} was stalled: {s['reason']}")
     for f in o.get("failures") or []:
         click.echo(f"attempt {f['attempt']} failed: {f['error']}")

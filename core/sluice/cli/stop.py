@@ -15,7 +15,13 @@ __all__ = ["stop"]
 @job_options
 @click.option("--savepoint", is_flag=True, help="The last checkpoint is a self-contained savepoint.")
 @click.option("--drain", is_flag=True, help="End the sources' input first: event time ends, every timer fires.")
-@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the last checkpoint.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the last checkpoint (> 0).",
+)
 def stop(
     job: str | None,
     storage: str,

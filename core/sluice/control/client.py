@@ -15,7 +15,7 @@ from typing import Any
 from sluice.control.registry import RegistryEntry, read_entries, read_token
 from sluice.errors import SluiceError
 
-__all__ = ["TOKEN_ENV", "ControlClient", "ControlError", "find_job"]
+__all__ = ["TOKEN_ENV", "ControlClient", "ControlError", "check_entry", "find_job"]
 
 #: an environment variable that may hold the token (instead of a token file)
 TOKEN_ENV = "SLUICE_CONTROL_TOKEN"
@@ -48,6 +48,21 @@ def find_job(job_id: str, storage: str) -> RegistryEntry:
         f"no running job {job_id!r} in the registry of {storage} (running there: {names}); pass --storage "
         "with the job's checkpoint storage, or --url with its endpoint"
     )
+
+
+def check_entry(entry: RegistryEntry, token: str, storage: str) -> None:
+    """Refuse to send ``token`` to the URL of a registry entry that the token did not sign.
+
+    Raises:
+        ControlError: the entry was written by someone else than the job (anyone who can write the
+            checkpoint storage can write an entry), or for another token.
+    """
+    if not entry.authentic(token):
+        raise ControlError(
+            f"the registry entry of job {entry.job_id!r} in {storage} is not signed with the job's token: "
+            f"it was not written by the job (or the token is another job's), so the token is not sent to "
+            f"{entry.url!r}; pass --url and --token-file if you trust that endpoint"
+        )
 
 
 class ControlClient:
@@ -91,12 +106,14 @@ class ControlClient:
             raise ControlError(
                 f"{path or '$' + TOKEN_ENV} does not hold a job token (one line of URL-safe characters)"
             )
+        if entry is not None:
+            check_entry(entry, token, storage)
         return cls(url, token)
 
-    @property
-    def login_url(self) -> str:
-        """The dashboard's address with the token: opening it logs a browser in (keep it to yourself)."""
-        return f"{self.url}/?token={self._token}"
+    def login_code(self) -> dict[str, Any]:
+        """A new one-time login code for a browser: ``{"code", "login_url", "expires_in_s"}``; opening
+        ``login_url`` logs a browser in once, within ``expires_in_s`` seconds (the token stays here)."""
+        return self.post("/api/v1/login-codes", timeout=10.0)  # type: ignore[no-any-return]
 
     def get(self, path: str, timeout: float = 10.0) -> Any:
         """GET ``path`` (JSON)."""

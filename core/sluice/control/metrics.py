@@ -13,6 +13,7 @@ counter whose name ends in ``_us`` (microseconds) is exposed in seconds (``commi
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,13 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ),
     ("sluice_task_side_output_records_total", "counter", (*_T, "tag"), "records sent to each side output"),
     ("sluice_task_dead_letter_records_total", "counter", _T, "records sent to the dead_letters side output"),
+    (
+        "sluice_source_stalled_seconds",
+        "gauge",
+        (*_T, "reason"),
+        "how long a source subtask has been unable to make progress (e.g. no broker reachable; label reason), "
+        "0 while it reads",
+    ),
     ("sluice_job_status", "gauge", ("job", "status"), "1 for the job's current status, 0 for the others"),
     ("sluice_job_uptime_seconds", "gauge", ("job",), "seconds since the job started"),
     ("sluice_job_attempt", "gauge", ("job",), "the current attempt (0 first)"),
@@ -149,8 +157,18 @@ class JobCollector(Collector):
                 user[name] = cls(name.removesuffix("_total"), doc, labels=["job", "vertex", "subtask"])
             user[name].add_metric(labels, value * factor)
 
+        stalled = GaugeMetricFamily(
+            "sluice_source_stalled_seconds",
+            next(doc for name, _, _, doc in METRICS if name == "sluice_source_stalled_seconds"),
+            labels=[*_T, "reason"],
+        )
+        now = time.time()
         for sid, snap in sorted(m.subtask_totals().items(), key=lambda kv: (kv[0].vertex, kv[0].index)):
             labels = [job, m.job.vertices[sid.vertex].name, str(sid.index)]
+            if m.job.vertices[sid.vertex].is_source:
+                stall = snap.get("stalled")
+                seconds = max(0.0, now - float(stall["since"])) if stall else 0.0
+                stalled.add_metric([*labels, stall["reason"] if stall else ""], seconds)
             for field in ("records_in", "records_out", "bytes_in", "bytes_out", "batches_in", "batches_out"):
                 fams[f"sluice_task_{field}_total"].add_metric(labels, snap[field])
             for field in ("busy", "idle", "backpressured"):
@@ -169,6 +187,7 @@ class JobCollector(Collector):
         for raw, n in m.driver_counters().items():
             add_user("counter", raw, [job, DRIVER_VERTEX, "0"], n)
         yield from fams.values()
+        yield stalled
         yield from user.values()
 
     def _job(self, job: str) -> Iterator[Metric]:

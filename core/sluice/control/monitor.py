@@ -87,6 +87,8 @@ class JobMonitor:
     def _fold(self, a: JobAttempt) -> None:
         live = {sid: snap for sid, h in list(a.tasks.items()) if (snap := task_snapshot(h)) is not None}
         merge_attempt(self._folded, live)
+        for snap in self._folded.values():
+            snap["stalled"] = None  # the attempt ended: its stalls with it
         for k, v in dict(a.metrics).items():
             self._folded_driver[k] = self._folded_driver.get(k, 0) + v
         if a.coordinator is not None:
@@ -267,6 +269,12 @@ class JobMonitor:
         completed = [c for c in checkpoints if c.status is CheckpointStatus.COMPLETED]
         failed = [c for c in checkpoints if c.status is CheckpointStatus.FAILED]
         a = self._attempt
+        stalled = [] if self.lifecycle.status.is_terminal else self.stalled_sources()
+        last_failed = checkpoint_dict(failed[-1]) if failed else None
+        if last_failed is not None and last_failed.get("failure_reason") == "EXPIRED":
+            ended = float(last_failed.get("trigger_time") or 0) + float(self.config.checkpoint.timeout)
+            # what kept it from completing, if a source stalled before it expired and still is
+            last_failed["stalled_sources"] = [s for s in stalled if s["since"] <= ended]
         return {
             "job_id": self.config.job_id,
             "status": self.lifecycle.status.value,
@@ -279,10 +287,23 @@ class JobMonitor:
             "failures": self.failures(),
             "checkpoint_counts": counts,
             "last_checkpoint": checkpoint_dict(completed[-1]) if completed else None,
-            "last_failed_checkpoint": checkpoint_dict(failed[-1]) if failed else None,
+            "last_failed_checkpoint": last_failed,
+            "stalled_sources": stalled,
             "checkpoint_storage": self.config.checkpoint.storage,
             "parallelism": max(v.parallelism for v in self.job.vertices.values()),
         }
+
+    def stalled_sources(self, totals: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Sources whose readers report they cannot make progress (e.g. no broker reachable): per vertex,
+        ``{"source", "vertex", "since" (epoch s), "seconds", "reason", "subtasks"}`` of its earliest stall."""
+        totals = totals if totals is not None else self.vertex_totals()
+        now = time.time()
+        out = []
+        for v in self.job.vertices.values():
+            s = totals.get(v.id, {}).get("stalled")
+            if v.is_source and s:
+                out.append({"source": v.chain[0].name, "vertex": v.name, **s, "seconds": max(0.0, now - float(s["since"]))})
+        return out
 
     def metrics(self) -> dict[str, Any]:
         """Per vertex: totals, rates and per-subtask figures (the dashboard's and ``sluice status``' view)."""
@@ -294,7 +315,7 @@ class JobMonitor:
             per = [
                 {
                     "index": sid.index,
-                    **{k: subtasks[sid][k] for k in ("records_in", "records_out", "watermark")},
+                    **{k: subtasks[sid].get(k) for k in ("records_in", "records_out", "watermark", "stalled")},
                 }
                 for sid in sorted((s for s in subtasks if s.vertex == v.id), key=lambda s: s.index)
             ]

@@ -1,13 +1,16 @@
 """The live progress of ``sluice run``: a table redrawn in place on a terminal (rich), plain lines otherwise.
 
 It reads the job's :class:`~sluice.control.monitor.JobMonitor` in this process (no HTTP): records read and
-written per second, each vertex's rates, busy and backpressured share and Kafka lag, the last checkpoint
-(id, duration, size, aligned or not), attempts and the last failure.
+written (in total and per second), each vertex's rates, busy and backpressured share and Kafka lag,
+sources that cannot make progress (stalled: since when and why), the last checkpoint (id, duration, size,
+aligned or not), attempts and the last failure. Until a subtask has reported (Spark starting its slots), it
+says the job is starting rather than reading nothing.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from rich import box
@@ -17,10 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from sluice.control.monitor import JobMonitor
-from sluice.control.units import fmt_bytes, fmt_number
+from sluice.control.units import fmt_bytes, fmt_duration, fmt_number
 from sluice.runtime.task_metrics import SINK_RECORDS
 
-__all__ = ["Progress", "summary_line"]
+__all__ = ["Progress", "stalled_text", "summary_line"]
 
 
 def _checkpoint(c: dict[str, Any] | None) -> str:
@@ -32,34 +35,83 @@ def _checkpoint(c: dict[str, Any] | None) -> str:
     return f"checkpoint {c['checkpoint_id']} {c['duration_s']:.2f}s {fmt_bytes(c.get('state_bytes'))} {mode}"
 
 
-def _job_rates(monitor: JobMonitor, metrics: dict[str, Any]) -> tuple[float, float, dict[str, float]]:
-    """Records read by the sources and written by the sinks per second, and each source's Kafka lag."""
-    read = written = 0.0
-    lags: dict[str, float] = {}
+@dataclass
+class _Figures:
+    """What the progress shows of the job as a whole."""
+
+    read: float = 0.0
+    written: float = 0.0
+    read_total: int = 0
+    written_total: int = 0
+    #: per source (its name): its Kafka lag
+    lags: dict[str, float] = field(default_factory=dict)
+    #: subtasks that reported metrics, of all
+    reporting: int = 0
+    subtasks: int = 0
+
+    def flow(self) -> str:
+        if self.reporting == 0 and self.subtasks:
+            return f"starting: none of {self.subtasks} subtasks running yet"
+        return (
+            f"read {fmt_number(self.read_total)} ({fmt_number(self.read)}/s) "
+            f"written {fmt_number(self.written_total)} ({fmt_number(self.written)}/s)"
+        )
+
+    def lag(self) -> str:
+        if not self.lags:
+            return ""
+        if len(self.lags) == 1:
+            return f"kafka lag {fmt_number(next(iter(self.lags.values())))} records"
+        return "kafka lag: " + ", ".join(f"{name} {fmt_number(n)}" for name, n in self.lags.items())
+
+
+def _figures(monitor: JobMonitor, metrics: dict[str, Any]) -> _Figures:
+    """Records read by the sources and written by the sinks (total, per second), Kafka lag, subtasks."""
+    f = _Figures()
     for v in metrics["vertices"]:
         vertex = monitor.job.vertices[v["id"]]
-        r = v.get("rates") or {}
+        r, t = v.get("rates") or {}, v.get("totals") or {}
+        f.subtasks += vertex.parallelism
+        f.reporting += len(v.get("subtasks") or ())
         if vertex.is_source:
-            read += r.get("records_in_per_s", 0.0)
-            g = (v.get("totals") or {}).get("gauges", {}).get("kafka_lag_records")
+            f.read += r.get("records_in_per_s", 0.0)
+            f.read_total += int(t.get("records_in") or 0)
+            g = (t.get("gauges") or {}).get("kafka_lag_records")
             if g is not None:
-                lags[vertex.chain[0].name] = g
-        written += r.get(f"{SINK_RECORDS}_per_s", 0.0)
-    return read, written, lags
+                f.lags[vertex.chain[0].name] = g
+        f.written += r.get(f"{SINK_RECORDS}_per_s", 0.0)
+        f.written_total += int((t.get("counters") or {}).get(SINK_RECORDS, 0))
+    if not monitor.config.metrics:
+        f.reporting = f.subtasks  # nothing is counted, so nothing reports: not a sign of starting
+    return f
+
+
+def stalled_text(stalled: list[dict[str, Any]], width: int = 200) -> str:
+    """``STALLED`` and each stalled source: since when, for how long, why (empty if none is)."""
+    if not stalled:
+        return ""
+    parts = [
+        f"{s['source']} since {time.strftime('%H:%M:%S', time.localtime(s['since']))} "
+        f"({fmt_duration(s['seconds'])}, {s['subtasks']} subtask(s)): {s['reason'][:width]}"
+        for s in stalled
+    ]
+    return "STALLED " + "; ".join(parts)
 
 
 def summary_line(monitor: JobMonitor) -> str:
     """One plain line of progress (for logs and output that is not a terminal)."""
     o = monitor.overview()
     metrics = monitor.metrics()
-    read, written, lag = _job_rates(monitor, metrics)
+    f = _figures(monitor, metrics)
     parts = [
         time.strftime("%H:%M:%S"),
         f"{o['job_id']} {o['status']} (attempt {o['attempt']}, {o['restarts']} restart(s))",
-        f"read {fmt_number(read)}/s written {fmt_number(written)}/s",
+        f.flow(),
     ]
-    if lag:
-        parts.append("kafka lag " + ", ".join(f"{name} {fmt_number(n)}" for name, n in lag.items()))
+    if f.lags:
+        parts.append(f.lag())
+    if o.get("stalled_sources"):
+        parts.append(stalled_text(o["stalled_sources"]))
     bp = [
         f"{monitor.job.vertices[v['id']].chain[0].name} {v['rates']['backpressured']:.0%}"
         for v in metrics["vertices"]
@@ -118,17 +170,20 @@ class Progress:
             self._live.update(self._render(), refresh=True)
             self._live.stop()
             self._live = None
+        elif self._last:  # the last figures: a short job may end between two lines
+            self._console.print(summary_line(self.monitor), soft_wrap=True)
 
     def _render(self) -> Group:
         m = self.monitor
         o = m.overview()
         metrics = m.metrics()
-        read, written, lag = _job_rates(m, metrics)
+        f = _figures(m, metrics)
+        stalled = o.get("stalled_sources") or []
         head = Text.assemble(
             (f"{o['job_id']} ", "bold"),
-            (o["status"], "green" if o["status"] == "running" else "yellow"),
-            f"  attempt {o['attempt']} ({o['restarts']} restart(s))  read {fmt_number(read)}/s  written {fmt_number(written)}/s",
-            ("  kafka lag " + ", ".join(f"{name} {fmt_number(n)}" for name, n in lag.items())) if lag else "",
+            (o["status"], "green" if o["status"] == "running" and not stalled else "yellow"),
+            f"  attempt {o['attempt']} ({o['restarts']} restart(s))  {f.flow()}",
+            f"  {f.lag()}" if f.lags else "",
         )
         table = Table(
             "vertex", "par", "in/s", "out/s", "busy", "backpressured", "kafka lag", box=box.SIMPLE_HEAD
@@ -147,6 +202,8 @@ class Progress:
                 "-" if g is None else fmt_number(g),
             )
         lines: list[Any] = [head, table, Text(_checkpoint(o.get("last_checkpoint")))]
+        if stalled:
+            lines.insert(1, Text(stalled_text(stalled, 300), style="bold red"))
         failures = o.get("failures") or []
         if failures:
             f = failures[-1]

@@ -5,10 +5,18 @@ on any checkpoint storage: local or S3) with its URL, its process and where its 
 ends it rewrites the entry with its final status, so ``sluice jobs`` never lists a job that ended. The
 token lives in a file only the user can read (mode 0600): next to the entry for local storage, else in
 ``~/.sluice/tokens/``. The entry never holds the token.
+
+Whoever can write the checkpoint storage can write an entry too, so an entry is signed: ``mac`` is an
+HMAC-SHA256 of its other fields keyed with the job's token. The CLI sends a token only to the URL of an
+entry that token signed (:meth:`RegistryEntry.authentic`): a forged or altered entry cannot steer the
+token elsewhere, and an entry naming someone else's token file gets nothing (its writer cannot sign with
+a token it cannot read).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -62,6 +70,9 @@ class RegistryEntry:
         token_file: The file holding the endpoint's token (readable by its user only).
         ended_at: When the job ended, or None while it runs.
         status: Its final status once it ended.
+        attempt: Its last attempt (0 = no restart) once it ended.
+        last_checkpoint: The id of its last completed checkpoint once it ended, if any.
+        mac: HMAC-SHA256 (hex) of the other fields, keyed with the job's token.
     """
 
     job_id: str
@@ -73,14 +84,34 @@ class RegistryEntry:
     token_file: str
     ended_at: float | None = None
     status: str | None = None
+    attempt: int | None = None
+    last_checkpoint: int | None = None
+    mac: str = ""
 
     @property
     def running(self) -> bool:
         return self.ended_at is None
 
-    def ended(self, status: str) -> RegistryEntry:
-        """The entry of the same job once it ended with ``status``."""
-        return RegistryEntry(**{**asdict(self), "ended_at": time.time(), "status": status})
+    def ended(
+        self, status: str, token: str, attempt: int | None = None, last_checkpoint: int | None = None
+    ) -> RegistryEntry:
+        """The entry of the same job once it ended with ``status`` (in ``attempt``, at ``last_checkpoint``),
+        signed with ``token``."""
+        ended = {"ended_at": time.time(), "status": status, "attempt": attempt, "last_checkpoint": last_checkpoint}
+        return RegistryEntry(**{**asdict(self), **ended}).signed(token)
+
+    def signed(self, token: str) -> RegistryEntry:
+        """This entry with its ``mac`` computed with the job's ``token``."""
+        return RegistryEntry(**{**asdict(self), "mac": self._mac(token)})
+
+    def authentic(self, token: str) -> bool:
+        """Whether ``token`` signed this entry (only then may the token go to :attr:`url`)."""
+        return bool(self.mac) and hmac.compare_digest(self.mac, self._mac(token))
+
+    def _mac(self, token: str) -> str:
+        fields = {k: v for k, v in asdict(self).items() if k != "mac"}
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+        return hmac.new(token.encode(), b"sluice registry entry\n" + body, hashlib.sha256).hexdigest()
 
     def write(self, storage: CheckpointStorage) -> None:
         """Write (or replace) the entry in the job's directory of ``storage``, atomically: a rename on a
@@ -92,8 +123,10 @@ class RegistryEntry:
             storage.write_file(path, data)
 
     @staticmethod
-    def new(job_id: str, url: str, runtime: str, token_file: str) -> RegistryEntry:
-        return RegistryEntry(job_id, url, os.getpid(), socket.gethostname(), time.time(), runtime, token_file)
+    def new(job_id: str, url: str, runtime: str, token_file: str, token: str) -> RegistryEntry:
+        """The entry of a job starting now in this process, signed with its ``token``."""
+        entry = RegistryEntry(job_id, url, os.getpid(), socket.gethostname(), time.time(), runtime, token_file)
+        return entry.signed(token)
 
 
 def read_entries(storage_uri: str, storage_options: dict[str, Any] | None = None) -> list[RegistryEntry]:

@@ -4,17 +4,22 @@ Built on aiohttp, in a daemon thread of the driver with its own event loop: aioh
 like this (an ``AppRunner`` on a socket we bind ourselves, so a bad address fails at once in the caller,
 with no signal handlers and no logging configuration of its own), shuts down gracefully (a request in
 flight, such as a stop, gets its answer), and its client speaks WebSocket, which the browser test uses.
+:class:`~sluice.control.connections.ConnectionGuard` caps its open connections and ends idle ones.
 
-Every request needs the job's token (:mod:`sluice.control.registry` writes it to a file only the user can
-read): ``Authorization: Bearer <token>``, or, for a browser, a cookie set by ``/?token=<token>`` (the
-address ``sluice dashboard JOB`` prints) or the login form. A POST authenticated by the cookie must carry
-``X-Sluice-Request: 1`` (the dashboard's buttons do; a page of another site cannot), so the cookie cannot
-be used for cross-site requests. No access log is written and the token is never logged.
+The API (``/api/v1/...``, ``/metrics``) needs the job's token (:mod:`sluice.control.registry` writes it
+to a file only the user can read) as ``Authorization: Bearer <token>``, and nothing else. A browser never
+holds the token: it logs in at ``/login`` with a one-time login code (``POST /api/v1/login-codes``, which
+``sluice dashboard JOB`` calls) or the token typed into the form, and gets a session
+(:mod:`sluice.control.sessions`): a cookie valid only under its own random address ``/s/<random>/``,
+where the dashboard and the same API live. A POST there must carry ``X-Sluice-Request: 1`` and, if the
+browser sends one, this endpoint's ``Origin`` (the dashboard's buttons do; a page of another site cannot).
+No access log is written; the token, codes and session ids are never logged.
 
 API (JSON; see docs/operations.md): ``GET /api/v1/job`` status, attempts, failures, last checkpoint;
 ``GET /api/v1/graph``; ``GET /api/v1/metrics``; ``GET /metrics`` (Prometheus);
-``GET /api/v1/checkpoints[?limit=N]`` and ``/api/v1/checkpoints/{id}``; ``POST /api/v1/savepoint``;
-``POST /api/v1/stop`` (``{"savepoint": true, "drain": false}``); ``POST /api/v1/cancel``.
+``GET /api/v1/checkpoints[?limit=N]`` and ``/api/v1/checkpoints/{id}``; ``POST /api/v1/savepoint``
+(``{"timeout": S}``); ``POST /api/v1/stop`` (``{"savepoint": true, "drain": false, "timeout": S}``);
+``POST /api/v1/cancel``; ``POST /api/v1/login-codes`` and ``GET /api/v1/login-codes/{code}``.
 """
 
 from __future__ import annotations
@@ -22,20 +27,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hmac
-import html
 import json
 import logging
+import math
 import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sluice.checkpoint.storage import checkpoint_storage
+from sluice.control.connections import ConnectionGuard
+from sluice.control.login import BrowserLogin
 from sluice.control.metrics import job_registry
 from sluice.control.monitor import checkpoint_dict
 from sluice.control.registry import RegistryEntry, parse_address, token_path, write_token
@@ -50,12 +56,16 @@ __all__ = ["ControlEndpoint"]
 log = logging.getLogger("sluice.control")
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-_OPEN = ("/login", "/static/dashboard.css")
-
-
-def _static(name: str) -> bytes:
-    return resources.files("sluice.control").joinpath("static", name).read_bytes()
+#: the fields each action takes: name -> (type check, what is allowed, default)
+_FIELDS: dict[str, tuple[Callable[[Any], bool], str, Any]] = {
+    "timeout": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+        "a number of seconds > 0",
+        600.0,
+    ),
+    "savepoint": (lambda v: isinstance(v, bool), "true or false", True),
+    "drain": (lambda v: isinstance(v, bool), "true or false", False),
+}
 
 
 class ControlEndpoint:
@@ -64,6 +74,8 @@ class ControlEndpoint:
     Attributes:
         url: Where it serves, e.g. ``http://127.0.0.1:41234``.
         token_file: The file holding its token.
+        login: The browser side: login codes, sessions (``login.sessions``) and pages.
+        connections: The cap on open connections and the end of idle ones.
     """
 
     def __init__(self, client: JobClient, sock: socket.socket, token: str, token_file: str) -> None:
@@ -74,12 +86,15 @@ class ControlEndpoint:
         host, port = sock.getsockname()[:2]
         shown = "127.0.0.1" if host == "0.0.0.0" else ("::1" if host == "::" else host)
         self.url = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
-        self._cookie = f"sluice_token_{port}"
+        self.login = BrowserLogin(self.url, token_file, self._valid)
+        self.connections = ConnectionGuard()
         self._registry = job_registry(client.monitor)
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="sluice-control")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="sluice-control", daemon=True)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._closing: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self._entry: RegistryEntry | None = None
@@ -110,7 +125,7 @@ class ControlEndpoint:
         token = write_token(path)
         endpoint = cls(client, sock, token, str(path))
         endpoint._serve()
-        entry = RegistryEntry.new(cfg.job_id, endpoint.url, client.monitor.runtime, str(path))
+        entry = RegistryEntry.new(cfg.job_id, endpoint.url, client.monitor.runtime, str(path), token)
         try:
             entry.write(storage)
             endpoint._entry = entry
@@ -123,25 +138,29 @@ class ControlEndpoint:
         return endpoint
 
     def _serve(self) -> None:
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[self.connections.middleware, self._auth], client_max_size=64 * 1024)
+        self.login.add_routes(app)
         r = app.router
-        r.add_get("/", self._dashboard)
-        r.add_get("/static/{name}", self._static_file)
-        r.add_post("/login", self._login)
-        r.add_get("/api/v1/job", self._job)
-        r.add_get("/api/v1/graph", self._graph)
-        r.add_get("/api/v1/metrics", self._metrics_json)
         r.add_get("/metrics", self._prometheus)
-        r.add_get("/api/v1/checkpoints", self._checkpoints)
-        r.add_get("/api/v1/checkpoints/{id}", self._checkpoint)
-        r.add_post("/api/v1/savepoint", self._savepoint)
-        r.add_post("/api/v1/stop", self._stop)
-        r.add_post("/api/v1/cancel", self._cancel)
+        for prefix in ("", "/s/{key}"):  # the API: with the token, or in a browser session
+            r.add_get(prefix + "/api/v1/job", self._job)
+            r.add_get(prefix + "/api/v1/graph", self._graph)
+            r.add_get(prefix + "/api/v1/metrics", self._metrics_json)
+            r.add_get(prefix + "/api/v1/checkpoints", self._checkpoints)
+            r.add_get(prefix + "/api/v1/checkpoints/{id}", self._checkpoint)
+            r.add_post(prefix + "/api/v1/savepoint", self._savepoint)
+            r.add_post(prefix + "/api/v1/stop", self._stop)
+            r.add_post(prefix + "/api/v1/cancel", self._cancel)
         self._thread.start()
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=30.0)
-        asyncio.run_coroutine_threadsafe(self._runner.setup(), self._loop).result(30)
-        site = web.SockSite(self._runner, self._sock)
-        asyncio.run_coroutine_threadsafe(site.start(), self._loop).result(30)
+        asyncio.run_coroutine_threadsafe(self._listen(self._runner), self._loop).result(30)
+
+    async def _listen(self, runner: web.AppRunner) -> None:
+        await runner.setup()
+        self.connections.server = runner.server
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(self.connections.factory, sock=self._sock)
+        self._sweeper = loop.create_task(self.connections.sweep())
 
     def _run_loop(self) -> None:
         try:
@@ -171,6 +190,10 @@ class ControlEndpoint:
 
     async def _shutdown(self) -> None:
         try:
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+            if self._listener is not None:
+                self._listener.close()
             if self._runner is not None:
                 await self._runner.cleanup()
         finally:
@@ -184,7 +207,10 @@ class ControlEndpoint:
                 storage = checkpoint_storage(
                     cfg.checkpoint.storage, cfg.job_id, **cfg.checkpoint.storage_options
                 )
-                self._entry.ended(self.client.status.value).write(storage)
+                job = self.client.monitor.overview()
+                last = (job.get("last_checkpoint") or {}).get("checkpoint_id")
+                token = self._token.decode()
+                self._entry.ended(self.client.status.value, token, job.get("attempt"), last).write(storage)
         except Exception as exc:
             log.warning("could not mark the job's registry entry as ended: %s", exc)
         try:
@@ -193,61 +219,27 @@ class ControlEndpoint:
             pass
 
     # -- authentication --------------------------------------------------------------------------------
-    def _valid(self, given: str | None) -> bool:
-        return given is not None and hmac.compare_digest(given.encode(), self._token)
+    def _valid(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self._token)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        if request.path in _OPEN:
-            return await handler(request)
-        if "token" in request.query:  # a browser arriving from `sluice dashboard`: trade it for a cookie
-            if not self._valid(request.query["token"]):
-                return self._refused(request)
-            rest = request.url.without_query_params("token")
-            return self._with_cookie(_redirect(str(rest.relative())))
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            if not self._valid(header[len("Bearer ") :].strip()):
-                return self._refused(request)
-        elif self._valid(request.cookies.get(self._cookie)):
-            if request.method == "POST" and request.headers.get("X-Sluice-Request") != "1":
-                return web.json_response({"error": "a POST needs the header X-Sluice-Request: 1"}, status=403)
-        else:
-            return self._refused(request)
+        key = request.match_info.get("key")
+        if key is not None:  # a browser session: its cookie on its own address, never the token
+            refused = self.login.refusal(request, key)
+            if refused is not None:
+                return refused
+        elif not self.login.is_open(request):  # the API: the token as a Bearer header, never a cookie
+            header = request.headers.get("Authorization", "")
+            if not (header.startswith("Bearer ") and self._valid(header[len("Bearer ") :].strip())):
+                return web.json_response(
+                    {
+                        "error": f"unauthorized: send the job's token (Authorization: Bearer ..., from {self.token_file})"
+                    },
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="sluice"'},
+                )
         return await handler(request)
-
-    def _refused(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "GET" and request.path == "/":
-            page = _static("login.html").decode().replace("{{TOKEN_FILE}}", html.escape(self.token_file))
-            return web.Response(text=page, content_type="text/html", status=401)
-        return web.json_response(
-            {
-                "error": f"unauthorized: send the job's token (Authorization: Bearer ..., from {self.token_file})"
-            },
-            status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="sluice"'},
-        )
-
-    def _with_cookie(self, response: web.StreamResponse) -> web.StreamResponse:
-        response.set_cookie(self._cookie, self._token.decode(), httponly=True, samesite="Strict", path="/")
-        return response
-
-    async def _login(self, request: web.Request) -> web.StreamResponse:
-        form = await request.post()
-        given = form.get("token")
-        if not isinstance(given, str) or not self._valid(given.strip()):
-            return _redirect("/?login=failed")
-        return self._with_cookie(_redirect("/"))
-
-    # -- pages -----------------------------------------------------------------------------------------
-    async def _dashboard(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(body=_static("dashboard.html"), content_type="text/html")
-
-    async def _static_file(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
-        if name not in _STATIC:
-            raise web.HTTPNotFound()
-        return web.Response(body=_static(name), content_type=_STATIC[name])
 
     # -- reads -----------------------------------------------------------------------------------------
     async def _job(self, request: web.Request) -> web.StreamResponse:
@@ -292,10 +284,32 @@ class ControlEndpoint:
         if not request.can_read_body:
             return {}
         try:
-            data = await request.json()
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=json.dumps({"error": f"the body is not JSON: {exc}"})) from exc
-        return data if isinstance(data, dict) else {}
+            data = await asyncio.wait_for(request.json(), 10.0)  # a body sent a byte at a time ends here
+        except (TimeoutError, ValueError) as exc:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": f"the body is not JSON: {exc}"}), content_type="application/json"
+            ) from exc
+        if not isinstance(data, dict):
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": "the body must be a JSON object"}), content_type="application/json"
+            )
+        return data
+
+    async def _options(self, request: web.Request, *names: str) -> dict[str, Any]:
+        """The action's fields from the body, checked (400 names the field and what it allows)."""
+        body = await self._body(request)
+        unknown = sorted(set(body) - set(names))
+        if unknown:
+            allowed = ", ".join(f'"{n}"' for n in names) or "none"
+            raise _bad_request(f'unknown field "{unknown[0]}" (allowed: {allowed})')
+        out = {}
+        for name in names:
+            check, allowed, default = _FIELDS[name]
+            value = body.get(name, default)
+            if not check(value):
+                raise _bad_request(f'"{name}" must be {allowed} (got {json.dumps(value)})')
+            out[name] = value
+        return out
 
     async def _blocking(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -307,11 +321,10 @@ class ControlEndpoint:
         return _error(409, f"the job is {status.value}: only a running job can {action}")
 
     async def _savepoint(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        timeout = float((await self._options(request, "timeout"))["timeout"])
         refused = self._not_running("take a savepoint")
         if refused is not None:
             return refused
-        timeout = float(body.get("timeout", 600.0))
         try:
             path = await self._blocking(lambda: self.client.trigger_savepoint(timeout))
         except CheckpointError as exc:
@@ -319,12 +332,11 @@ class ControlEndpoint:
         return _json({"path": path})
 
     async def _stop(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        o = await self._options(request, "savepoint", "drain", "timeout")
+        savepoint, drain, timeout = o["savepoint"], o["drain"], float(o["timeout"])
         refused = self._not_running("be stopped")
         if refused is not None:
             return refused
-        savepoint, drain = bool(body.get("savepoint", True)), bool(body.get("drain", False))
-        timeout = float(body.get("timeout", 600.0))
         try:
             result = await self._blocking(lambda: self.client.stop(savepoint, drain, timeout))
         except CheckpointError as exc:
@@ -338,6 +350,7 @@ class ControlEndpoint:
         )
 
     async def _cancel(self, request: web.Request) -> web.StreamResponse:
+        await self._options(request)
         try:
             result = await self._blocking(self.client.cancel)
         except SluiceError as exc:
@@ -349,9 +362,9 @@ def _json(data: Any) -> web.Response:
     return web.json_response(data, dumps=lambda d: json.dumps(d, default=str))
 
 
-def _redirect(location: str) -> web.Response:
-    return web.Response(status=303, headers={"Location": location})
-
-
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")

@@ -5,6 +5,7 @@ Both runtimes call :func:`build_task` once per subtask they host; only the chann
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from sluice.checkpoint.storage import CheckpointStorage
@@ -105,6 +106,8 @@ def build_task(
         restore=restored.for_subtask(job, vertex, index) if restored is not None else None,
         max_batch_rows=cfg.max_batch_rows,
         metrics=cfg.metrics,
+        checkpoint_key=cfg.checkpoint.resolved_key(),
+        split_serializer=head.spec.split_serializer() if head.kind is NodeKind.SOURCE else None,
     )
     return Task(spec, gateway, storage, faults)
 
@@ -141,3 +144,7 @@ class _ReaderCtx:
 
     def gauge(self, name: str, value: float) -> None:
         self._op_ctx.gauge(name, value)
+
+    def stalled(self, reason: str | None) -> None:
+        stall = self._op_ctx.stall  # kept with the time the stall began
+        self._op_ctx.stall = None if reason is None else (stall[0] if stall else time.time(), reason)

@@ -20,12 +20,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from sluice.checkpoint.codec import MetadataCodec
 from sluice.checkpoint.coordinator import CheckpointCoordinator
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
+from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.sink_operator import commit_with_retry
 from sluice.sink import GlobalCommitter, Sink
@@ -70,6 +72,11 @@ class _EnumeratorCtx:
     @property
     def parallelism(self) -> int:
         return self._v.parallelism
+
+    @property
+    def attempt(self) -> int:
+        """The attempt's number (0: the run starts; a source resolves run-wide bounds then)."""
+        return self._a.attempt
 
     def assign_splits(self, assignment: dict[int, list[SourceSplit]]) -> None:
         for i, splits in assignment.items():
@@ -120,16 +127,19 @@ class JobAttempt:
         #: seconds each global commit took, per sink uid (in checkpoint order)
         self.commit_latencies: dict[str, list[float]] = {}
         self.faults: FaultHook = NO_FAULTS
+        #: the highest checkpoint id a sink's output holds beyond the restored one (allow_reprocessing)
+        self.checkpoint_floor = 0
 
     # -- setup -----------------------------------------------------------------------------------------
     def recover_sinks(self) -> None:
         """Before tasks start: sinks abort leftovers of unfinished checkpoints; global commits are redone."""
         r = self.restored
+        self.checkpoint_floor = check_sink_lineage(self.job, self.cfg, self.storage, r)  # before any write
         for node in self.job.logical.nodes.values():
             if node.kind is not NodeKind.SINK:
                 continue
             sink: Sink[Any] = node.spec
-            comms = r.sink_committables(node.uid) if r is not None else []
+            comms = r.sink_committables(node.uid, sink) if r is not None else []
             sink.recover(self.cfg.job_id, comms)
             gc = (
                 sink.create_global_committer(_GlobalCommitterCtx(self, node.uid))
@@ -140,7 +150,7 @@ class JobAttempt:
                 continue
             self.global_committers[node.uid] = gc
             if r is not None:  # every checkpoint whose commit the restored one could not see return, in order
-                for cid, comms in r.global_committables().get(node.uid, []):
+                for cid, comms in r.global_committables(node.uid, sink.committable_serializer()):
                     self._global_commit(node.uid, gc, cid, comms)
 
     def metric(self, name: str, increment: int = 1) -> None:
@@ -165,7 +175,8 @@ class JobAttempt:
             src: Source = node.spec
             ctx = _EnumeratorCtx(self, v)
             self._enum_ctx[v.id] = ctx
-            enum = src.create_enumerator(ctx, r.enumerator_state(node.uid) if r else None)
+            state = r.enumerator_state(node.uid, src.enumerator_state_serializer()) if r else None
+            enum = src.create_enumerator(ctx, state)
             self.enumerators[node.uid] = enum
             source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
         self.global_commits = GlobalCommitQueue(
@@ -191,7 +202,7 @@ class JobAttempt:
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = self._latest_id()
-        next_id = max(next_id, prior + 1)
+        next_id = max(next_id, prior + 1, self.checkpoint_floor + 1)
         completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
         self.coordinator = CheckpointCoordinator(
             self.cfg.checkpoint,
@@ -206,6 +217,7 @@ class JobAttempt:
             on_fatal=lambda exc: self.failed(None, exc),
             completed=completed,
             committed_upto=r.checkpoint_id if r is not None else 0,
+            codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
         )
         with self.lock:
             for v in self.job.vertices.values():
@@ -214,7 +226,7 @@ class JobAttempt:
                 enum = self.enumerators[v.chain[0].uid]
                 enum.start()
                 if r is not None:
-                    splits = r.reader_splits(v.chain[0].uid)
+                    splits = r.reader_splits(v.chain[0].uid, v.chain[0].spec.split_serializer())
                     if splits:
                         enum.add_splits_back(splits)
                 for i in range(v.parallelism):

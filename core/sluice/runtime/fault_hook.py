@@ -30,6 +30,8 @@ POINTS = (
     "channel_state",  # writing unaligned channel state
     "compaction",  # a file sink compacts files
     "final_checkpoint",  # the final checkpoint completed, the task has not finished yet
+    "listening",  # Spark: a listener is up (the driver's control server; a slot's data plane, as the
+    # driver learns its address before telling the other slots); where = "... HOST:PORT"
 )
 
 

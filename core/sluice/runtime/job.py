@@ -46,6 +46,8 @@ class JobConfig:
     recover_without_channel_state: int | None = None
     #: restore even if the checkpoint holds state of operator uids the job no longer has (that state is dropped)
     allow_non_restored_state: bool = False
+    #: run even if a sink's output holds checkpoints newer than the restored one (their data comes again)
+    allow_reprocessing: bool = False
     #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
     metrics: bool = True
 
@@ -103,13 +105,15 @@ def _load(cfg: JobConfig, storage: CheckpointStorage, path: str) -> RestoredChec
         meta = storage.read_metadata_at(path)
     except FileNotFoundError as exc:
         raise RestoreError(f"no checkpoint at {path}") from exc
+    except ValueError as exc:  # not JSON (a planted or truncated file)
+        raise RestoreError(f"{path.rstrip('/')}/_metadata is not a sluice checkpoint metadata file: {exc}") from None
     drop = (
         cfg.recover_without_channel_state is not None
         and int(meta["checkpoint_id"]) == cfg.recover_without_channel_state
     )
     if drop:
         log.warning("restoring checkpoint %s WITHOUT its channel state: its in-flight data is lost", path)
-    return RestoredCheckpoint.load(storage, path, drop_channel_state=drop)
+    return RestoredCheckpoint.load(storage, path, drop_channel_state=drop, key=cfg.checkpoint.resolved_key())
 
 
 def run_job(

@@ -67,6 +67,7 @@ class OperatorContext:
     fault_hook: Callable[[str], None] = lambda point: None
     #: values set with :meth:`gauge` (the last one counts)
     gauges: dict[str, float] = field(default_factory=dict)
+    stall: tuple[float, str] | None = None  #: (since, epoch s; reason) while a source reader is stalled
 
     def metric(self, name: str, increment: int = 1) -> None:
         """Add ``increment`` to the counter ``name``."""

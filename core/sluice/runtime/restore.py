@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import base64
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.checkpoint.channel_state import read_ipc
+from sluice.checkpoint.codec import from_metadata, open_envelope, read_commit_groups, verify_metadata
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import decode_task_state
-from sluice.checkpoint.storage import CheckpointStorage
+from sluice.checkpoint.storage import METADATA, CheckpointStorage
 from sluice.errors import RestoreError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.runtime.partitioners import HashPartitioner
+from sluice.runtime.sink_operator import unpack_pending
 from sluice.runtime.task_spec import TaskRestore
+from sluice.serializers import SimpleVersionedSerializer
+from sluice.sink import Sink
 from sluice.source import SourceSplit
 from sluice.state.keygroups import key_group_range
 
@@ -40,19 +42,26 @@ class RestoredCheckpoint:
 
     @classmethod
     def load(
-        cls, storage: CheckpointStorage, path: str, drop_channel_state: bool = False
+        cls, storage: CheckpointStorage, path: str, drop_channel_state: bool = False, *, key: bytes
     ) -> RestoredCheckpoint:
-        meta = storage.read_metadata_at(path)
+        """Read the checkpoint at ``path``; every file must verify with the job's checkpoint ``key``
+        (:mod:`sluice.checkpoint.codec`, :mod:`sluice.checkpoint.payload`) before anything of it is decoded."""
+        name = f"{path.rstrip('/')}/{METADATA}"
+        try:
+            meta = storage.read_metadata_at(path)
+        except ValueError as exc:  # not JSON (UnicodeDecodeError is a ValueError too)
+            raise RestoreError(f"{name} is not a sluice checkpoint metadata file: {exc}") from None
+        verify_metadata(meta, key, name)
         rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
         seen: set[str] = set()
-        for key, handle in meta["tasks"].items():
+        for task, handle in meta["tasks"].items():
             file = handle.get("path")
             if not file or file in seen:
                 continue
             seen.add(file)
-            v, i = (int(x) for x in key.split("."))
+            v, i = (int(x) for x in task.split("."))
             try:
-                payload = decode_task_state(storage.read_file(file))
+                payload = decode_task_state(storage.read_file(file), key, file)
             except FileNotFoundError as exc:
                 raise RestoreError(f"checkpoint {path}: state file {file} is missing") from exc
             rc.tasks.append(_OldTask(v, i, payload))
@@ -64,8 +73,8 @@ class RestoredCheckpoint:
 
     def state_uids(self) -> set[str]:
         """Uids of the operators this checkpoint holds state for (stateless operators hold none)."""
-        uids = {u for u, blob in self.metadata.get("enumerators", {}).items() if blob}
-        uids |= {u for u, comms in self.global_committables().items() if comms}
+        uids = {u for u, blob in (self.metadata.get("enumerators") or {}).items() if blob}
+        uids |= {u for u, groups in (self.metadata.get("global_committables") or {}).items() if groups}
         for t in self.tasks:
             for uid, st in t.payload["operators"].items():
                 if st.get("keyed") or not _empty(st.get("operator")):
@@ -175,36 +184,37 @@ class RestoredCheckpoint:
             if t.index % vertex.parallelism == index:
                 r.resend_output.extend((w, read_ipc(b)) for w, b in t.payload.get("output_state", []))
 
-    def reader_splits(self, node_name: str) -> list[SourceSplit]:
-        out: list[SourceSplit] = []
-        for t in self._tasks_of(node_name):
-            out.extend(t.payload.get("splits") or [])
-        return out
+    def reader_splits(self, node_name: str, serializer: SimpleVersionedSerializer[Any]) -> list[SourceSplit]:
+        """The splits (with positions) every reader of source ``node_name`` checkpointed."""
+        what = f"checkpoint {self.path}: a split of source {node_name!r}"
+        return [
+            open_envelope(serializer, env, what)
+            for t in self._tasks_of(node_name)
+            for env in t.payload.get("splits") or []
+        ]
 
-    def enumerator_state(self, node_name: str) -> Any:
-        blob = self.metadata.get("enumerators", {}).get(node_name)
-        return pickle.loads(base64.b64decode(blob)) if blob else None
+    def enumerator_state(self, node_name: str, serializer: SimpleVersionedSerializer[Any]) -> Any:
+        """The enumerator state of source ``node_name``, or None."""
+        tree = (self.metadata.get("enumerators") or {}).get(node_name)
+        if tree is None:
+            return None
+        what = f"checkpoint {self.path}: the enumerator state of source {node_name!r}"
+        return open_envelope(serializer, from_metadata(tree, what), what)
 
-    def global_committables(self) -> dict[str, CommitGroups]:
-        """Per sink, the committables its global committer must (re)commit, by checkpoint, oldest first."""
-        blob = self.metadata.get("global_committables")
-        stored: dict[str, Any] = pickle.loads(base64.b64decode(blob)) if blob else {}
-        out: dict[str, CommitGroups] = {}
-        for uid, value in stored.items():
-            if value and not isinstance(value[0], tuple):  # written before commits were queued: one group
-                out[uid] = [(self.checkpoint_id, list(value))]
-            else:
-                out[uid] = [(int(cid), list(comms)) for cid, comms in value]
-        return out
+    def global_committables(self, node_name: str, serializer: SimpleVersionedSerializer[Any]) -> CommitGroups:
+        """The committables sink ``node_name``'s global committer must (re)commit, by checkpoint, oldest first."""
+        tree = (self.metadata.get("global_committables") or {}).get(node_name)
+        what = f"checkpoint {self.path}: the global committables of sink {node_name!r}"
+        return read_commit_groups(from_metadata(tree, what), serializer, what) if tree else []
 
-    def sink_committables(self, node_name: str) -> list[Any]:
+    def sink_committables(self, node_name: str, sink: Sink[Any]) -> list[Any]:
         """Committables of sink ``node_name`` in this checkpoint (per-subtask pending plus global)."""
         out: list[Any] = []
         for t in self._tasks_of(node_name):
             st = t.payload["operators"][node_name]["operator"] or {}
-            for _, comms in sorted(st.get("pending", {}).items()):
+            for _, comms in unpack_pending(sink, st.get("pending"), node_name):
                 out.extend(comms)
-        for _, comms in self.global_committables().get(node_name, []):
+        for _, comms in self.global_committables(node_name, sink.committable_serializer()):
             out.extend(comms)
         return out
 

@@ -4,7 +4,6 @@ for a sink that compacts, a writer stage and a compactor/committer stage keyed b
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,9 +11,12 @@ from typing import Any
 import pyarrow as pa
 import tenacity
 
+from sluice.checkpoint.codec import envelope, open_envelope, read_commit_groups, write_commit_groups
+from sluice.checkpoint.global_commit import CommitGroups
 from sluice.errors import CommitError, ConfigError, is_recoverable
 from sluice.runtime.operators import Operator, OperatorSnapshot
 from sluice.runtime.task_metrics import SINK_RECORDS
+from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import CommitOutcome, CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
 
 __all__ = [
@@ -24,6 +26,10 @@ __all__ = [
     "commit_with_retry",
     "decode_committables",
     "encode_committables",
+    "pack_pending",
+    "pack_writer_state",
+    "unpack_pending",
+    "unpack_writer_state",
 ]
 
 log = logging.getLogger("sluice.sink")
@@ -87,7 +93,8 @@ class SinkOperator(Operator):
     send it their committables keyed by :meth:`Compactor.key`; at the barrier it takes what arrived, and in
     the asynchronous part of the checkpoint merges each key's committables with the sink's compactor.
 
-    State: the writer's state plus the committables not yet committed, by checkpoint id. After a restore
+    State: the writer's state plus the committables not yet committed, by checkpoint id, written with the
+    sink's writer-state and committable serializers (:func:`pack_writer_state`, :func:`pack_pending`). After a restore
     they are committed again (the committer is idempotent). Committables of a checkpoint that fails stay
     pending and go with the next checkpoint (per-subtask commit: committed when it completes; global commit:
     shipped again with its acknowledgement, tagged with their checkpoint, until a completion covers them).
@@ -112,8 +119,8 @@ class SinkOperator(Operator):
         for st in operator_states:
             if not st:
                 continue
-            writer_states.append(st.get("writer"))
-            for cid, comms in st.get("pending", {}).items():
+            writer_states.append(unpack_writer_state(self.sink, st.get("writer"), self.name))
+            for cid, comms in unpack_pending(self.sink, st.get("pending"), self.name):
                 self._pending.setdefault(cid, []).extend(comms)
         self._restored = [w for w in writer_states if w is not None]
 
@@ -131,7 +138,7 @@ class SinkOperator(Operator):
             self.writer.write(batch)
             self.ctx.metric(SINK_RECORDS, batch.num_rows)
         else:
-            self._incoming.extend(decode_committables(batch))
+            self._incoming.extend(decode_committables(batch, self.sink.committable_serializer()))
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         if self.writer is not None:
@@ -143,7 +150,7 @@ class SinkOperator(Operator):
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
         writer_state = self.writer.snapshot_state(checkpoint_id) if self.writer is not None else None
-        snap = OperatorSnapshot(operator={"writer": writer_state, "pending": {}})
+        snap = OperatorSnapshot(operator={"writer": pack_writer_state(self.sink, writer_state), "pending": []})
         if self.global_commit:
             snap.committables = self._lineage(checkpoint_id)
         own = self._pending.get(checkpoint_id) if self.compactor is not None else None
@@ -174,7 +181,8 @@ class SinkOperator(Operator):
                 snap.committables = self._lineage(checkpoint_id)
         if not self.global_commit:
             pending = dict(self._pending)  # one C-level copy while the task thread may add entries
-            snap.operator["pending"] = {k: list(v) for k, v in pending.items() if k <= checkpoint_id}
+            mine = [(k, list(v)) for k, v in sorted(pending.items()) if k <= checkpoint_id]
+            snap.operator["pending"] = pack_pending(self.sink, mine)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.ctx.fault_hook("complete_to_commit")
@@ -224,7 +232,8 @@ class SinkWriterOperator(Operator):
         self._restored: list[Any] = []
 
     def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
-        self._restored = [st["writer"] for st in operator_states if st and st.get("writer") is not None]
+        states = [unpack_writer_state(self.sink, st.get("writer"), self.name) for st in operator_states if st]
+        self._restored = [w for w in states if w is not None]
 
     def open(self) -> None:
         self.writer = self.sink.create_writer(_Ctx(self), self._restored)
@@ -240,10 +249,11 @@ class SinkWriterOperator(Operator):
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         comms = self.writer.prepare_commit(checkpoint_id)
         if comms:
-            self.output.emit(encode_committables(comms, self._key))
+            self.output.emit(encode_committables(comms, self._key, self.sink.committable_serializer()))
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        return OperatorSnapshot(operator={"writer": self.writer.snapshot_state(checkpoint_id)})
+        state = pack_writer_state(self.sink, self.writer.snapshot_state(checkpoint_id))
+        return OperatorSnapshot(operator={"writer": state})
 
     def end_input(self) -> None:
         self.writer.end_input()
@@ -253,24 +263,55 @@ class SinkWriterOperator(Operator):
             self.writer.close()
 
 
+def pack_writer_state(sink: Sink[Any], state: Any) -> Any:
+    """A writer's snapshot as the task state stores it: None, or its sink's writer-state serializer's
+    envelope."""
+    return None if state is None else envelope(sink.writer_state_serializer(), state)
+
+
+def unpack_writer_state(sink: Sink[Any], stored: Any, name: str) -> Any:
+    """Inverse of :func:`pack_writer_state` (RestoreError naming the sink if it cannot be read)."""
+    if stored is None:
+        return None
+    return open_envelope(sink.writer_state_serializer(), stored, f"sink {name!r}: a writer state")
+
+
+def pack_pending(sink: Sink[Any], groups: CommitGroups) -> list[Any]:
+    """Committables not committed yet, by checkpoint, as the task state stores them."""
+    return write_commit_groups(groups, sink.committable_serializer())
+
+
+def unpack_pending(sink: Sink[Any], stored: Any, name: str) -> CommitGroups:
+    """Inverse of :func:`pack_pending`."""
+    if not stored:
+        return []
+    return read_commit_groups(stored, sink.committable_serializer(), f"sink {name!r}: pending committables")
+
+
 #: the schema of committables travelling from a sink's writer stage to its compactor stage
-COMMITTABLES = pa.schema([("key", pa.string()), ("committable", pa.binary())])
+COMMITTABLES = pa.schema([("key", pa.string()), ("version", pa.int32()), ("committable", pa.binary())])
 
 
-def encode_committables(committables: list[Any], key: Callable[[Any], str]) -> pa.RecordBatch:
-    """Committables as rows: the compactor key (for the hash exchange) and the pickled committable."""
+def encode_committables(
+    committables: list[Any], key: Callable[[Any], str], serializer: SimpleVersionedSerializer[Any]
+) -> pa.RecordBatch:
+    """Committables as rows: the compactor key (for the hash exchange) and the committable, written by the
+    sink's committable serializer."""
     return pa.RecordBatch.from_arrays(
         [
             pa.array([key(c) for c in committables], pa.string()),
-            pa.array([pickle.dumps(c) for c in committables], pa.binary()),
+            pa.array([serializer.version] * len(committables), pa.int32()),
+            pa.array([serializer.serialize(c) for c in committables], pa.binary()),
         ],
         schema=COMMITTABLES,
     )
 
 
-def decode_committables(batch: pa.RecordBatch) -> list[Any]:
+def decode_committables(batch: pa.RecordBatch, serializer: SimpleVersionedSerializer[Any]) -> list[Any]:
     """Inverse of :func:`encode_committables`."""
-    return [pickle.loads(b) for b in batch.column("committable").to_pylist()]
+    versions = batch.column("version").to_pylist()
+    data = batch.column("committable").to_pylist()
+    return [serializer.deserialize(v, b) for v, b in zip(versions, data, strict=True)]
 
 
 class _Ctx:

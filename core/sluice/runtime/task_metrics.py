@@ -18,7 +18,9 @@ A snapshot holds (every key always present):
 * ``side_records``: rows sent to each side output tag (``dead_letters`` ...);
 * ``counters`` / ``gauges``: what operators, readers and writers counted (``ctx.metric``) and set
   (``ctx.gauge``), summed over the operator chain; among them :data:`SINK_RECORDS`, the rows handed to
-  sink writers (a sink chained behind its source has no exchange to count them on).
+  sink writers (a sink chained behind its source has no exchange to count them on);
+* ``stalled``: None, or ``{"since": epoch s, "reason": text, "subtasks": n}`` while a source reader
+  reports it cannot make progress (``ctx.stalled``); added up per vertex, the earliest since counts.
 """
 
 from __future__ import annotations
@@ -123,13 +125,16 @@ class TaskMetrics:
                 snap["counters"][k] = snap["counters"].get(k, 0) + v
             for k, g in dict(ctx.gauges).items():
                 snap["gauges"][k] = snap["gauges"].get(k, 0.0) + g
+            stall = getattr(ctx, "stall", None)
+            if stall is not None:
+                snap["stalled"] = {"since": stall[0], "reason": stall[1], "subtasks": 1}
         return snap
 
 
 def empty_snapshot() -> dict[str, Any]:
     """A snapshot of a task that did nothing yet."""
     snap: dict[str, Any] = dict.fromkeys(SUMMED, 0)
-    snap.update(watermark=None, side_records={}, counters={}, gauges={})
+    snap.update(watermark=None, side_records={}, counters={}, gauges={}, stalled=None)
     return snap
 
 
@@ -147,6 +152,11 @@ def add_totals(totals: dict[str, Any], snap: Mapping[str, Any]) -> None:
     wm = snap.get("watermark")
     if wm is not None:
         totals["watermark"] = wm if totals.get("watermark") is None else min(totals["watermark"], wm)
+    stall, acc_stall = snap.get("stalled"), totals.get("stalled")
+    if stall:
+        n = (acc_stall or {}).get("subtasks", 0) + stall.get("subtasks", 1)
+        first = stall if not acc_stall or stall["since"] < acc_stall["since"] else acc_stall
+        totals["stalled"] = {**first, "subtasks": n}
 
 
 def task_snapshot(handle: Any) -> dict[str, Any] | None:
@@ -172,6 +182,6 @@ def merge_attempt(job_totals: dict[Any, dict[str, Any]], attempt: Mapping[Any, M
     for key, snap in attempt.items():
         acc = job_totals.setdefault(key, empty_snapshot())
         gauges, watermark = dict(snap.get("gauges") or {}), snap.get("watermark")
-        acc["gauges"], acc["watermark"] = {}, None
+        acc["gauges"], acc["watermark"], acc["stalled"] = {}, None, None
         add_totals(acc, snap)
-        acc["gauges"], acc["watermark"] = gauges, watermark
+        acc["gauges"], acc["watermark"], acc["stalled"] = gauges, watermark, snap.get("stalled")

@@ -13,12 +13,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from sluice.checkpoint.codec import envelope
 from sluice.events import AlignmentMode
 from sluice.graph import SubtaskId
 from sluice.runtime.channels import InputChannel, Signal
 from sluice.runtime.operators import Operator, OperatorContext
 from sluice.runtime.output import RecordWriter
-from sluice.source import SourceReader
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
+from sluice.source import SourceReader, SourceSplit
 
 __all__ = ["TaskRestore", "TaskSpec"]
 
@@ -56,6 +58,8 @@ class TaskSpec:
         restore: What the task restores, None on a fresh start.
         max_batch_rows: Input batches are processed in slices of at most this many rows (0: whole).
         metrics: Count the task's built-in metrics (:mod:`sluice.runtime.task_metrics`).
+        checkpoint_key: The job's checkpoint key: signs the task's state files.
+        split_serializer: The source's split serializer, if the chain's head is a source.
     """
 
     task_id: SubtaskId
@@ -71,11 +75,20 @@ class TaskSpec:
     restore: TaskRestore | None = None
     max_batch_rows: int = 0
     metrics: bool = True
+    checkpoint_key: bytes = field(default=b"", repr=False)
+    split_serializer: SimpleVersionedSerializer[SourceSplit] | None = None
 
     @property
     def subtask_name(self) -> str:
         """``name (i/parallelism)``, as logs and decline reasons name the subtask."""
         return f"{self.name} ({self.task_id.index + 1}/{self.contexts[0].parallelism})"
+
+    def pack_splits(self, splits: list[SourceSplit] | None) -> list[Any] | None:
+        """The reader's snapshot as the task state stores it: its split serializer's envelopes."""
+        if splits is None:
+            return None
+        serializer = self.split_serializer or PickleSerializer()
+        return [envelope(serializer, s) for s in splits]
 
     @cached_property
     def all_writers(self) -> list[RecordWriter]:

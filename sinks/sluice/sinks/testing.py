@@ -3,17 +3,21 @@
 It is the reference the fault-injection suite reads back: :func:`read_committed` is what a downstream
 reader would see. Pending file names are unique per (job, subtask, attempt, checkpoint), commit is an
 atomic rename that is skipped when already done, and :meth:`TwoPhaseCommitTestSink.recover` deletes pending
-files no completed checkpoint refers to.
+files no completed checkpoint refers to. The committed names are its lineage record
+(:meth:`TwoPhaseCommitTestSink.committed_checkpoint`), so every fault scenario also checks that no restore
+is refused that should not be.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 from sluice.errors import CommitError
+from sluice.serializers import JsonSerializer, SimpleVersionedSerializer
 from sluice.sink import (
     CommitOutcome,
     Committer,
@@ -25,6 +29,8 @@ from sluice.sink import (
 )
 
 __all__ = ["TwoPhaseCommitTestSink", "read_committed"]
+
+_COMMITTED = re.compile(r"^(\d{8})-\d{3}-a\d+\.arrow$")
 
 
 class _Writer(SinkWriter[str]):
@@ -71,6 +77,16 @@ class _Committer(Committer[str], GlobalCommitter[str]):
         return CommitOutcome.COMMITTED if published or not committables else CommitOutcome.ALREADY_COMMITTED
 
 
+class _NameSerializer(JsonSerializer[str]):
+    def to_json(self, obj: str) -> Any:
+        return str(obj)
+
+    def from_json(self, version: int, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError("a committable of the test sink is a file name")
+        return value
+
+
 class TwoPhaseCommitTestSink(Sink[str]):
     """Arrow files in ``directory``: pending at pre-commit, committed when the checkpoint completes.
 
@@ -96,6 +112,17 @@ class TwoPhaseCommitTestSink(Sink[str]):
 
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[str] | None:
         return _Committer(self, ctx)
+
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """The newest checkpoint of ``job_id`` among the committed file names (0 if none)."""
+        head = f"{job_id}-"
+        names = os.listdir(os.path.join(self.directory, "committed"))
+        tails = [n[len(head) :] for n in names if n.startswith(head)]
+        return max((int(m.group(1)) for t in tails if (m := _COMMITTED.match(t))), default=0)
+
+    def committable_serializer(self) -> SimpleVersionedSerializer[str]:
+        """Committables (pending file names) go into checkpoints as JSON strings."""
+        return _NameSerializer()
 
     def recover(self, job_id: str, committables: Sequence[str]) -> None:
         keep = set(committables)

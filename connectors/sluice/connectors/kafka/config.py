@@ -11,7 +11,42 @@ from typing import Any
 
 from sluice.errors import ConfigError
 
-__all__ = ["FILE_SETTINGS", "LIBRDKAFKA_LOG", "RESERVED", "TUNING", "check_files", "is_secret", "redact", "redact_text"]
+__all__ = [
+    "DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "FILE_SETTINGS",
+    "LIBRDKAFKA_LOG",
+    "MAX_RECORD_BYTES_CAP",
+    "RESERVED",
+    "TUNING",
+    "check_consumer_config",
+    "check_files",
+    "is_secret",
+    "receive_max_bytes",
+    "redact",
+    "redact_text",
+]
+
+#: Kafka's default ``message.max.bytes`` (1 MiB): the largest value decoded unless ``max_record_bytes`` says
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
+#: what librdkafka can receive at most (``receive.message.max.bytes`` is capped at 2^31 - 1), less a margin
+MAX_RECORD_BYTES_CAP = 1024 * 1024 * 1024
+#: how long a reader waits for an unreachable broker before failing over to a restart: longer than a
+#: broker's rolling restart or a network blip, short enough that a supervisor learns of a lasting outage
+#: (once the restarts are spent) within minutes; Kafka's max.poll.interval.ms has the same default
+DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S = 300.0
+_RECEIVE_MAX_DEFAULT = 100_000_000  # librdkafka's receive.message.max.bytes
+
+
+def receive_max_bytes(max_record_bytes: int, conf: Mapping[str, Any]) -> int:
+    """librdkafka's ``receive.message.max.bytes`` for a consumer whose fetch responses must hold one record
+    of ``max_record_bytes`` (and at least ``fetch.max.bytes`` + 512, which librdkafka requires)."""
+    try:
+        fetch = int(conf["fetch.max.bytes"])
+    except (TypeError, ValueError):  # a wrong value: librdkafka names it when the client is created
+        fetch = int(TUNING["fetch.max.bytes"])
+    needed = max_record_bytes + fetch + 1024 * 1024
+    return max(_RECEIVE_MAX_DEFAULT, min(needed, 2**31 - 1))
 
 #: fetch/queue tuning (overridable through ``consumer_config``): fetch large batches and keep a prefetch
 #: queue, so the reader never waits on the network while it decodes (librdkafka's defaults pause fetching
@@ -118,3 +153,23 @@ def redact_text(text: str, conf: Mapping[str, Any]) -> str:
         if is_secret(k) and isinstance(v, str) and v:
             text = text.replace(v, "***")
     return text
+
+
+def check_consumer_config(conf: Mapping[str, Any], group_id: str | None, full: Mapping[str, Any]) -> None:
+    """Refuse reserved or misspelled librdkafka settings, missing files and bad values in the source's
+    ``consumer_config`` (``conf``); ``full`` is the configuration a client would get (librdkafka checks
+    names and values when a client is created, no network needed)."""
+    from confluent_kafka import Consumer, KafkaException
+
+    for key in conf:
+        if not isinstance(key, str):
+            raise ConfigError(f"KafkaSource: consumer_config keys must be librdkafka setting names (got {key!r})")
+        if key in RESERVED:
+            raise ConfigError(f"KafkaSource: consumer_config must not set {key!r}: use {RESERVED[key]}")
+    if group_id is not None and "group.id" in conf:
+        raise ConfigError("KafkaSource: give group_id or consumer_config['group.id'], not both")
+    check_files(conf)
+    try:
+        Consumer(dict(full)).close()
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError("KafkaSource: consumer_config: " + redact_text(str(exc), conf)) from None

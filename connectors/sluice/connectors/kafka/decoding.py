@@ -39,14 +39,20 @@ __all__ = [
     "make_decoder",
 ]
 
-#: columns of the ``dead_letters`` side output
+#: columns of the ``dead_letters`` side output: where the record was, its key and value as UTF-8 text
+#: (``*_text``) or, when they are not valid UTF-8, as base64 (``*_base64``; the other column is null then),
+#: the value's size and why it is a dead letter (docs/kafka.md, "Dead letters")
 DEAD_LETTER_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
+        ("timestamp", pa.timestamp("ms", tz="UTC")),
+        ("key_text", pa.string()),
+        ("key_base64", pa.string()),
+        ("value_text", pa.string()),
+        ("value_base64", pa.string()),
+        ("value_bytes", pa.int64()),
         ("error", pa.string()),
     ]
 )
@@ -79,23 +85,37 @@ class Decoded:
 
 
 class ValueDecoder(ABC):
-    """Decodes message values of one format; ``schema`` is the schema of the batches it returns so far."""
+    """Decodes message values of one format; ``schema`` is the schema of the batches it returns so far.
+
+    A value longer than ``max_record_bytes`` is a bad record before any parser sees it.
+    """
 
     schema: pa.Schema | None
+    #: the longest value decoded (None: no limit)
+    max_record_bytes: int | None = None
 
-    def decode(self, values: list[bytes | None]) -> Decoded:
-        """Decode ``values``, skipping (and counting) null values."""
-        if None not in values:
+    def decode(self, values: list[bytes | None], nbytes: int | None = None) -> Decoded:
+        """Decode ``values``, skipping (and counting) null values; ``nbytes``, their total length if
+        known, spares the length check of batches that cannot hold a value over the limit."""
+        limit = self.max_record_bytes
+        too_long: list[tuple[int, str]] = []
+        if limit is not None and (nbytes is None or nbytes > limit) and _longest(values) > limit:
+            too_long = [
+                (i, _too_long(len(v), limit)) for i, v in enumerate(values) if v is not None and len(v) > limit
+            ]
+        if None not in values and not too_long:
             return self._decode(values)  # type: ignore[arg-type]
-        keep = [i for i, v in enumerate(values) if v is not None]
+        skip = {i for i, _ in too_long}
+        keep = [i for i, v in enumerate(values) if v is not None and i not in skip]
         kept = np.asarray(keep, dtype=np.int64)
         present: list[bytes] = [values[i] for i in keep]  # type: ignore[misc]
-        tombstones = len(values) - len(keep)
+        tombstones = sum(1 for v in values if v is None)
         if not present:
-            return Decoded(None, kept, [], tombstones)
+            return Decoded(None, kept, too_long, tombstones)
         d = self._decode(present)
         rows = kept if d.rows is None else kept[d.rows]
-        return Decoded(d.batch, rows, [(int(kept[i]), e) for i, e in d.bad], tombstones)
+        bad = sorted([*too_long, *((int(kept[i]), e) for i, e in d.bad)])
+        return Decoded(d.batch, rows, bad, tombstones)
 
     @abstractmethod
     def _decode(self, values: list[bytes]) -> Decoded:
@@ -208,7 +228,18 @@ class JsonDecoder(_TextDecoder):
         )
         # an explicit schema parses in 256 KiB blocks, which pyarrow spreads over its threads (1.5x on two
         # cores for 10k records); inferring types needs the batch in one block, or blocks could disagree
-        read = pjson.ReadOptions(block_size=_BLOCK if self.explicit else max(len(buf) + 1, 1 << 20))
+        whole = max(len(buf) + 1, 1 << 20)
+        if not self.explicit or len(buf) < _BLOCK:
+            return pjson.read_json(
+                io.BytesIO(buf), read_options=pjson.ReadOptions(block_size=whole), parse_options=parse
+            )
+        try:
+            read = pjson.ReadOptions(block_size=_BLOCK)
+            return pjson.read_json(io.BytesIO(buf), read_options=read, parse_options=parse)
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc):  # a record larger than a block: parse the batch as one block
+                raise
+        read = pjson.ReadOptions(block_size=whole)
         return pjson.read_json(io.BytesIO(buf), read_options=read, parse_options=parse)
 
 
@@ -244,15 +275,33 @@ class CsvDecoder(_TextDecoder):
 def make_decoder(source: KafkaSource) -> ValueDecoder | None:
     """The decoder of the source's format (None for ``raw``, whose columns are the message fields)."""
     explicit = source.schema is not None
+    decoder: ValueDecoder
     if source.format == "avro" or (source.format == "json" and source.schema_registry is not None):
         from sluice.connectors.kafka.wire_decoding import registry_decoder
 
-        return registry_decoder(source)
-    if source.format == "json":
-        return JsonDecoder(source.schema, explicit=explicit)
-    if source.format == "csv":
-        return CsvDecoder(source.schema, source.csv_delimiter, explicit=explicit)
-    return None
+        decoder = registry_decoder(source)
+    elif source.format == "json":
+        decoder = JsonDecoder(source.schema, explicit=explicit)
+    elif source.format == "csv":
+        decoder = CsvDecoder(source.schema, source.csv_delimiter, explicit=explicit)
+    else:
+        return None
+    decoder.max_record_bytes = source.max_record_bytes
+    return decoder
+
+
+def _longest(values: list[bytes | None]) -> int:
+    try:
+        return max(map(len, values), default=0)  # type: ignore[arg-type]
+    except TypeError:  # tombstones
+        return max((len(v) for v in values if v is not None), default=0)
+
+
+def _too_long(n: int, limit: int) -> str:
+    return (
+        f"the value is {n} bytes, over max_record_bytes ({limit}): raise the KafkaSource option "
+        "max_record_bytes (and the brokers' message.max.bytes) to read it"
+    )
 
 
 def _to_batch(table: pa.Table) -> pa.RecordBatch:

@@ -32,11 +32,18 @@ class ReaderMetrics:
     Args:
         ctx: The reader's context (where the gauge and counters go).
         positions: The reader's live splits: (topic, partition) -> the next offset it emits.
+        on_brokers: Called with each report's ``brokers`` (their connection states).
     """
 
-    def __init__(self, ctx: ReaderContext, positions: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+    def __init__(
+        self,
+        ctx: ReaderContext,
+        positions: Callable[[], Mapping[tuple[str, int], int]],
+        on_brokers: Callable[[Mapping[str, Any] | None], None] | None = None,
+    ) -> None:
         self._ctx = ctx
         self._positions = positions
+        self._on_brokers = on_brokers
         self._records = 0
         self._bytes = 0
 
@@ -53,6 +60,8 @@ class ReaderMetrics:
             data = json.loads(raw)
         except ValueError:
             return
+        if self._on_brokers is not None:
+            self._on_brokers(data.get("brokers"))
         positions = self._positions()
         lag, known = 0, False
         for topic, t in (data.get("topics") or {}).items():

@@ -155,7 +155,7 @@ class Preparer:
             return item
         if self.decoder is not None:
             with self._lock:  # the decoder's schema state: one batch at a time
-                item.decoded = self.decoder.decode(item.values)
+                item.decoded = self.decoder.decode(item.values, item.nbytes)
         else:
             assert item.ts is not None
             only_topic = item.key_tps[int(item.keys[0])][0]

@@ -20,19 +20,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sluice.connectors.kafka.columns import (
-    dead_letters,
-    topic_column,
-    with_metadata,
-)
-from sluice.connectors.kafka.decoding import Decoded, make_decoder
+from sluice.connectors.kafka.columns import route_bad_records, topic_column, with_metadata
+from sluice.connectors.kafka.decoding import make_decoder
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
 from sluice.connectors.kafka.fetcher import Fetcher
+from sluice.connectors.kafka.health import OutageGuard
 from sluice.connectors.kafka.metrics import ReaderMetrics
 from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
 from sluice.connectors.kafka.prepared import Prepared, Preparer
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
-from sluice.errors import BadRecordError, ConfigError
+from sluice.errors import ConfigError
 from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
 if TYPE_CHECKING:
@@ -41,8 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["KafkaSourceReader"]
 
 log = logging.getLogger("sluice.kafka")
-
-DEAD_LETTERS = "dead_letters"
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 _WARN_EVERY_S = 30.0
 
@@ -86,6 +81,7 @@ class KafkaSourceReader(SourceReader):
         self._committed: dict[TopicPartitionKey, int] = {}
         self._timeout_s = source.poll_timeout_ms / 1000
         self._warned: dict[tuple[int, str], float] = {}
+        self._outages = OutageGuard(source, ctx)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -93,7 +89,9 @@ class KafkaSourceReader(SourceReader):
             group = f"sluice-{self.ctx.job_id}-{self.source.name}"
             conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
-            ReaderMetrics(self.ctx, self._live_positions).configure(conf)  # lag and fetch rates
+            conf.setdefault("error_cb", self._outages.health.on_error)
+            # lag, fetch rates and the brokers' connection states
+            ReaderMetrics(self.ctx, self._live_positions, self._outages.health.on_stats).configure(conf)
             self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
             if self.source.fetch_thread:
@@ -151,15 +149,18 @@ class KafkaSourceReader(SourceReader):
     # -- reading ---------------------------------------------------------------------------------------
     def poll_next(self, output: ReaderOutput) -> InputStatus:
         if not any(not sp.done for sp in self._splits.values()):
+            self._outages.report(None)  # nothing to read: nothing stalls
             if self.bounded and self._no_more:
                 return InputStatus.END_OF_INPUT
             return InputStatus.NOTHING_AVAILABLE
         self._report_commit_failures()
+        self._outages.check()
         item = self._next_fetched()
         if item is None:
             self._emit_watermark(output)
             return InputStatus.NOTHING_AVAILABLE
         if item.msgs:  # data first: an EOF or reset event follows the messages before it
+            self._outages.health.on_records()
             self._process(item, output)
         for m in item.events:
             self._on_error(m, m.error())
@@ -214,7 +215,7 @@ class KafkaSourceReader(SourceReader):
         rows: np.ndarray | None = None
         batch = item.raw
         if item.decoded is not None:
-            self._handle_bad(item.decoded, item.msgs, item.values, output)
+            route_bad_records(self.source, self.ctx, item.decoded, item.msgs, item.values, output)
             batch, rows = item.decoded.batch, item.decoded.rows
             if batch is not None and self.source.include_metadata:
                 assert item.ts is not None
@@ -224,27 +225,6 @@ class KafkaSourceReader(SourceReader):
             output.emit(batch)
         if self._wm is not None:
             self._track_event_time(batch, rows, item.keys, item.ts, by_key)
-
-    # -- bad records -----------------------------------------------------------------------------------
-    def _handle_bad(
-        self, decoded: Decoded, msgs: list[Message], values: list[bytes | None], output: ReaderOutput
-    ) -> None:
-        if decoded.tombstones:
-            self.ctx.metric("tombstones", decoded.tombstones)
-        if not decoded.bad:
-            return
-        self.ctx.metric("bad_records", len(decoded.bad))
-        if self.source.on_bad_record == "fail":
-            i, err = decoded.bad[0]
-            m = msgs[i]
-            raise BadRecordError(
-                f"KafkaSource {self.source.name!r}: cannot decode a record as {self.source.format}: {err}",
-                topic=m.topic() or "",
-                partition=m.partition() or 0,
-                offset=m.offset() or 0,
-                snippet=values[i] or b"",
-            )
-        output.emit_side(DEAD_LETTERS, dead_letters(msgs, values, decoded.bad))
 
     # -- event time ------------------------------------------------------------------------------------
     def _track_event_time(

@@ -7,11 +7,29 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from sluice.connectors.kafka.config import LIBRDKAFKA_LOG, RESERVED, TUNING, check_files, redact, redact_text
+from sluice.connectors.kafka.config import (
+    DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
+    DEFAULT_MAX_RECORD_BYTES,
+    LIBRDKAFKA_LOG,
+    MAX_RECORD_BYTES_CAP,
+    TUNING,
+    check_consumer_config,
+    receive_max_bytes,
+    redact,
+)
 from sluice.connectors.kafka.offsets import OffsetsInitializer
 from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.errors import ConfigError
-from sluice.source import Boundedness, EnumeratorContext, ReaderContext, Source, SourceReader, SplitEnumerator
+from sluice.serializers import SimpleVersionedSerializer
+from sluice.source import (
+    Boundedness,
+    EnumeratorContext,
+    ReaderContext,
+    Source,
+    SourceReader,
+    SourceSplit,
+    SplitEnumerator,
+)
 
 __all__ = ["FORMATS", "KafkaSource"]
 
@@ -58,6 +76,9 @@ class KafkaSource(Source):
         commit_offsets_on_checkpoint: commit each completed checkpoint's offsets to the group.
         on_bad_record: ``"fail"`` (raise BadRecordError) or ``"dead_letter"`` (emit the raw record and the
             error to the ``"dead_letters"`` side output: ``stream.side_output("dead_letters").sink(...)``).
+        max_record_bytes: the largest value json/csv/avro decode (default 1 MiB, Kafka's default
+            ``message.max.bytes``); a larger one is a bad record (``on_bad_record``). Raise it with the
+            brokers' ``message.max.bytes`` (and the topic's ``max.message.bytes``).
         event_time: ``"kafka"`` (the message timestamp) or the name of a decoded column (int64 ms or
             timestamp); None = no watermarks.
         max_out_of_orderness_ms: watermark = max timestamp seen in a partition minus this.
@@ -75,6 +96,9 @@ class KafkaSource(Source):
             fetch thread's hand-over queue, half for librdkafka's queue (``queued.max.messages.kbytes``,
             ``fetch.max.bytes``), so a slow sink stops the fetching.
         request_timeout_s: bound on metadata and offset requests (an unreachable broker fails after this).
+        broker_unavailable_timeout_s: a reader that reaches no broker shows as stalled at once, and after
+            this many seconds fails over to a restart (a recoverable error naming the brokers and the
+            cause), so an outage costs restarts instead of a job that hangs. None: wait for ever.
         name: the source's name in metrics, errors and the graph.
     """
 
@@ -96,6 +120,7 @@ class KafkaSource(Source):
         group_id: str | None = None,
         commit_offsets_on_checkpoint: bool = True,
         on_bad_record: str = "fail",
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         event_time: str | None = None,
         max_out_of_orderness_ms: int = 0,
         idle_timeout_s: float | None = None,
@@ -107,11 +132,14 @@ class KafkaSource(Source):
         fetch_thread: bool = True,
         max_prefetch_bytes: int = 64 * 1024 * 1024,
         request_timeout_s: float = 10.0,
+        broker_unavailable_timeout_s: float | None = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
         name: str = "kafka",
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         #: set once an enumerator of this source reached the brokers (unreachable after that: an outage)
         self.brokers_reached = False
+        #: this run's stop offsets, resolved when the run starts (its failover attempts keep them)
+        self.run_stops: dict[tuple[str, int], int] = {}
         self.topics = [topics] if isinstance(topics, str) else list(topics) if topics is not None else None
         self.topic_pattern = topic_pattern
         self.format = format
@@ -126,6 +154,7 @@ class KafkaSource(Source):
         self.group_id = group_id
         self.commit_offsets_on_checkpoint = commit_offsets_on_checkpoint
         self.on_bad_record = on_bad_record
+        self.max_record_bytes = max_record_bytes
         self.event_time = event_time
         self.max_out_of_orderness_ms = max_out_of_orderness_ms
         self.idle_timeout_s = idle_timeout_s
@@ -137,6 +166,7 @@ class KafkaSource(Source):
         self.fetch_thread = fetch_thread
         self.max_prefetch_bytes = max_prefetch_bytes
         self.request_timeout_s = request_timeout_s
+        self.broker_unavailable_timeout_s = broker_unavailable_timeout_s
         self.name = name
 
     def __repr__(self) -> str:
@@ -229,6 +259,9 @@ class KafkaSource(Source):
             )
         if self.format == "raw" and self.event_time not in (None, "kafka", "timestamp"):
             raise bad("event_time", "'kafka' or None for format 'raw'", self.event_time)
+        limit = self.max_record_bytes
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RECORD_BYTES_CAP:
+            raise bad("max_record_bytes", f"an integer in 1..{MAX_RECORD_BYTES_CAP} (bytes)", limit)
         for opt, val in (
             ("max_out_of_orderness_ms", self.max_out_of_orderness_ms),
             ("batch_size", self.batch_size),
@@ -244,6 +277,7 @@ class KafkaSource(Source):
         seconds: tuple[tuple[str, float | None], ...] = (
             ("idle_timeout_s", self.idle_timeout_s),
             ("discovery_interval_s", self.discovery_interval_s),
+            ("broker_unavailable_timeout_s", self.broker_unavailable_timeout_s),
         )
         for opt, fval in seconds:
             if fval is not None and (not isinstance(fval, int | float) or fval <= 0):
@@ -261,7 +295,7 @@ class KafkaSource(Source):
                 raise bad(opt, "True or False", getattr(self, opt))
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
             raise bad("group_id", "a non-empty string or None", self.group_id)
-        self._validate_consumer_config()
+        check_consumer_config(self.consumer_config, self.group_id, self.consumer_conf("sluice-validate", bounded=False))
 
     def _validate_schemas(self) -> None:
         if self.schema_registry is not None:
@@ -290,26 +324,6 @@ class KafkaSource(Source):
         """Whether the value schema is inferred from the data (json/csv without schema or registry)."""
         return self.format in ("json", "csv") and self.schema is None and self.schema_registry is None
 
-    def _validate_consumer_config(self) -> None:
-        from confluent_kafka import Consumer, KafkaException
-
-        for key in self.consumer_config:
-            if not isinstance(key, str):
-                raise ConfigError(
-                    f"KafkaSource: consumer_config keys must be librdkafka setting names (got {key!r})"
-                )
-            if key in RESERVED:
-                raise ConfigError(f"KafkaSource: consumer_config must not set {key!r}: use {RESERVED[key]}")
-        if self.group_id is not None and "group.id" in self.consumer_config:
-            raise ConfigError("KafkaSource: give group_id or consumer_config['group.id'], not both")
-        check_files(self.consumer_config)
-        try:  # librdkafka checks names and values when a client is created (no network needed)
-            Consumer(self.consumer_conf("sluice-validate", bounded=False)).close()
-        except (KafkaException, ValueError, TypeError) as exc:
-            raise ConfigError(
-                "KafkaSource: consumer_config: " + redact_text(str(exc), self.consumer_config)
-            ) from None
-
     # -- librdkafka ------------------------------------------------------------------------------------
     def consumer_conf(self, default_group: str, *, bounded: bool, reader: bool = False) -> dict[str, Any]:
         """The full librdkafka configuration of a reader (``reader=True``: within the prefetch budget) or the
@@ -334,6 +348,8 @@ class KafkaSource(Source):
                 conf["max.partition.fetch.bytes"] = min(
                     int(conf["max.partition.fetch.bytes"]), int(conf["fetch.max.bytes"])
                 )
+        if "receive.message.max.bytes" not in self.consumer_config:
+            conf["receive.message.max.bytes"] = receive_max_bytes(self.max_record_bytes, conf)
         conf.setdefault("logger", LIBRDKAFKA_LOG)
         return conf
 
@@ -378,3 +394,15 @@ class KafkaSource(Source):
         from sluice.connectors.kafka.reader import KafkaSourceReader
 
         return KafkaSourceReader(self, ctx)
+
+    def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
+        """Splits go into checkpoints as JSON (:mod:`sluice.connectors.kafka.serializers`)."""
+        from sluice.connectors.kafka.serializers import KafkaSplitSerializer
+
+        return KafkaSplitSerializer()
+
+    def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """The enumerator's state goes into checkpoints as JSON."""
+        from sluice.connectors.kafka.serializers import KafkaEnumeratorStateSerializer
+
+        return KafkaEnumeratorStateSerializer()

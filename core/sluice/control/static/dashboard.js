@@ -46,12 +46,17 @@ function secs(s) {
 
 function pct(x) { return x === undefined ? "-" : Math.round(x * 100) + "%"; }
 
+// Paths are relative to the session's address (/s/<session>/), where its cookie is valid.
 async function api(path, options) {
   const opts = Object.assign({ credentials: "same-origin" }, options || {});
   if (opts.method === "POST") {
     opts.headers = { "X-Sluice-Request": "1", "Content-Type": "application/json" };
   }
   const r = await fetch(path, opts);
+  if (r.status === 401) {
+    location.replace("/login"); // the session ended: log in again
+    throw new Error("the session ended");
+  }
   const body = await r.json().catch(() => ({}));
   if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
   return body;
@@ -283,9 +288,9 @@ function renderFailures(job) {
 
 async function refresh() {
   try {
-    if (!state.graph) state.graph = await api("/api/v1/graph");
+    if (!state.graph) state.graph = await api("api/v1/graph");
     const [job, metrics, checkpoints] = await Promise.all([
-      api("/api/v1/job"), api("/api/v1/metrics"), api("/api/v1/checkpoints?limit=60"),
+      api("api/v1/job"), api("api/v1/metrics"), api("api/v1/checkpoints?limit=60"),
     ]);
     renderHeader(job);
     renderGraph(state.graph, metrics);
@@ -297,9 +302,13 @@ async function refresh() {
   }
 }
 
-action("btn-savepoint", "Savepoint", "/api/v1/savepoint");
-action("btn-stop", "Stop with a savepoint", "/api/v1/stop", { savepoint: true, drain: false });
-action("btn-stop-drain", "Stop and drain", "/api/v1/stop", { savepoint: true, drain: true });
-action("btn-cancel", "Cancel the job", "/api/v1/cancel");
+action("btn-savepoint", "Savepoint", "api/v1/savepoint");
+action("btn-stop", "Stop with a savepoint", "api/v1/stop", { savepoint: true, drain: false });
+action("btn-stop-drain", "Stop and drain", "api/v1/stop", { savepoint: true, drain: true });
+action("btn-cancel", "Cancel the job", "api/v1/cancel");
+document.getElementById("btn-logout").addEventListener("click", async () => {
+  await api("logout", { method: "POST" }).catch(() => null);
+  location.replace("/login");
+});
 refresh();
 setInterval(refresh, 1000);

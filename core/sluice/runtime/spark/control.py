@@ -29,6 +29,7 @@ from sluice.runtime.attempt import FailureKind, JobAttempt
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.spark import messages as m
 from sluice.runtime.spark import rpc
+from sluice.runtime.spark.listener import Listener, max_pending
 from sluice.source import SourceSplit
 
 __all__ = ["ControlServer", "RemoteTaskHandle", "SlotLostError"]
@@ -114,6 +115,9 @@ class ControlServer:
         self._tls = tls
         self._faults = faults
         self.server = socket.create_server((bind_host, 0), family=rpc.address_family(bind_host))
+        self._listener = Listener(
+            self.server, secret, tls, self._accepted, "sluice-control", max_pending(slots)
+        )
         self.handles: dict[SubtaskId, RemoteTaskHandle] = {}
         self._conns: dict[int, rpc.MessageConnection] = {}
         self._live: set[_SlotConnection] = set()
@@ -127,9 +131,8 @@ class ControlServer:
         #: the driver is killing the stage: connections that end from now on were ended by it
         self._killing = False
         self._lock = threading.Condition()
-        self._closed = False
-        self._acceptor = threading.Thread(target=self._accept, name="sluice-control-accept", daemon=True)
-        self._acceptor.start()
+        self._listener.start()
+        faults.hit("listening", f"driver control {bind_host}:{self.port}")
 
     @property
     def port(self) -> int:
@@ -175,33 +178,23 @@ class ControlServer:
     def close(self) -> None:
         """Close the server and every slot connection (slots that still run stop: they lost the driver)."""
         self._killing = True
-        self._closed = True
-        try:
-            self.server.close()
-        except OSError:
-            pass
+        self._listener.close()
         for conn in list(self._conns.values()):
             conn.close(flush_timeout=1.0)
 
     # -- connections ---------------------------------------------------------------------------------
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                got = rpc.accept(self.server, self._secret, self._tls)
-            except OSError:
-                return
-            if got is None:
-                continue
-            sc = _SlotConnection()
-            sc.conn = rpc.MessageConnection(
-                got[0],
-                functools.partial(self._on_message, sc),
-                functools.partial(self._on_closed, sc),
-                "sluice-control",
-            )
-            with self._lock:
-                self._live.add(sc)
-            sc.conn.start()
+    def _accepted(self, sock: socket.socket, addr: tuple[str, int]) -> None:
+        """An authenticated slot connection (the Listener calls it in the connection's own thread)."""
+        sc = _SlotConnection()
+        sc.conn = rpc.MessageConnection(
+            sock,
+            functools.partial(self._on_message, sc),
+            functools.partial(self._on_closed, sc),
+            "sluice-control",
+        )
+        with self._lock:
+            self._live.add(sc)
+        sc.conn.start()
 
     def _on_closed(self, sc: _SlotConnection, error: BaseException | None) -> None:
         with self._lock:
@@ -272,6 +265,7 @@ class ControlServer:
             fresh = None
             if late is None and len(self._addresses) == self.slots:
                 fresh = self._peers = m.Peers(tuple(self._addresses[i] for i in range(self.slots)))
+        self._faults.hit("listening", f"slot {slot} data plane {address[0]}:{address[1]}")
         if final is not None:
             sc.conn.send(final)
         elif late is not None:

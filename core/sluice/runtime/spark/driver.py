@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import secrets
 import sys
 import tempfile
@@ -41,29 +42,13 @@ from sluice.runtime.spark.cluster import (
     wait_for_slots,
 )
 from sluice.runtime.spark.control import ControlServer
+from sluice.runtime.spark.jvm import LOG4J2, launch_gateway, local_python
 from sluice.runtime.spark.rpc import TlsConfig
 from sluice.runtime.spark.slot import SlotSpec, slot_function
 
 __all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "spark_context"]
 
 log = logging.getLogger("sluice.spark")
-
-# slot failures are reported by sluice (run_job's failures, the driver log): Spark's copies are noise
-_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stdout.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-logger.executor.name = org.apache.spark.executor.Executor
-logger.executor.level = fatal
-logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
-logger.tsm.level = fatal
-logger.pyrunner.name = org.apache.spark.api.python.PythonRunner
-logger.pyrunner.level = fatal
-"""
 
 #: settings of an embedded (local-mode) SparkContext: quiet, loopback only, no Spark task retries
 LOCAL_CONF = {
@@ -156,7 +141,10 @@ def spark_context(slots: int, master: str | None = None) -> Any:
             # a failed slot fails the attempt and sluice's restart strategy restarts the job from its latest
             # checkpoint; Spark retrying the barrier stage by itself first only delays that
             submitted.set("spark.task.maxFailures", "1")
-        return SparkContext.getOrCreate(submitted)
+        sc = SparkContext.getOrCreate(submitted)
+        if is_local_master(str(sc.master)):
+            local_python(sc)  # PYSPARK_PYTHON=./environment/bin/python with --archives, in local mode
+        return sc
     master = master or os.environ.get("SLUICE_SPARK_MASTER") or f"local[{slots},1]"
     conf = SparkConf().setMaster(master).setAppName("sluice")
     if is_local_master(master):
@@ -166,11 +154,13 @@ def spark_context(slots: int, master: str | None = None) -> Any:
             conf.set(k, v)
         fd, path = tempfile.mkstemp(prefix="sluice-log4j2-", suffix=".properties")
         with os.fdopen(fd, "w") as f:
-            f.write(_LOG4J2)
+            f.write(LOG4J2)
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{path}")
     else:
         conf.set("spark.task.maxFailures", "1")
-    sc = SparkContext.getOrCreate(conf)
+    # a new JVM's start-up banner is dropped (kept with `sluice -v`); a stopped context's JVM is reused
+    gateway = launch_gateway(conf) if SparkContext._gateway is None else None
+    sc = SparkContext(conf=conf, gateway=gateway)
     sc.setLogLevel("ERROR")
     return sc
 
@@ -329,16 +319,70 @@ class SparkRuntime:
             rdd.barrier().mapPartitions(slot_function(spec)).collect()
         except Exception as exc:
             if not server.ending:  # a slot failed (it reported why, or its connection tells) or Spark did
-                error = SparkStageError(f"the Spark stage of attempt {spec.attempt} failed: {_summary(exc)}")
-                a.failed(None, error, FailureKind.CONSEQUENCE)
+                a.failed(None, _stage_error(exc, spec.attempt), FailureKind.CONSEQUENCE)
         else:
             if not server.ending and not a.done.is_set():
                 a.failed(None, SparkStageError(f"the slots of attempt {spec.attempt} ended early"))
 
 
-def _summary(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    for ln in lines:
-        if "Error:" in ln and "Py4JJavaError" not in ln and not ln.startswith("at "):
-            return ln[:500]
-    return (lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__)[:500]
+#: an exception line of a Java stack trace or a Python traceback: ``pkg.Type[: message]``
+_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.$]*(?:Exception|Error|Exit|Interrupt))(?::\s*(?P<msg>.*))?$")
+
+
+def _wrapper(kind: str, message: str) -> bool:
+    """Whether an exception line only wraps the executor's: py4j's call failure, Spark's job abort, a
+    Python worker's traceback (its last line is the exception)."""
+    name = kind.rsplit(".", 1)[-1]
+    return (
+        name == "Py4JJavaError"
+        or (name == "SparkException" and message.startswith("Job aborted"))
+        or (name == "PythonException" and message.startswith("Traceback"))
+    )
+
+
+def executor_cause(text: str) -> str | None:
+    """The executor-side cause in the text of a failed Spark job (``str`` of py4j's error: the driver's
+    stack trace with the failed task's exception in it), as ``Type: message``; None if there is none.
+
+    A Python exception (the last line of a traceback a Python worker sent) is preferred over the Java
+    exceptions around it; wrappers (the job abort, a ``PythonException`` holding a traceback) are skipped,
+    and so are ``Caused by:`` lines (the exception they explain comes first).
+    """
+    python: list[str] = []
+    java: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip().removeprefix(": ")
+        m = _EXCEPTION_LINE.match(line)
+        if m is None or _wrapper(m["type"], m["msg"] or ""):
+            continue
+        if m["type"].startswith(("java.", "javax.", "org.", "py4j.", "scala.")):
+            java.append(line)
+        else:
+            python.append(line)
+    found = python or java
+    return found[0] if found else None
+
+
+def _stage_error(exc: BaseException, attempt: int) -> SparkStageError:
+    """The error a failed barrier stage ends its attempt with: the executor's exception, not Spark's
+    "barrier task finished unsuccessfully"."""
+    text = str(exc)
+    cause = executor_cause(text)
+    if cause is None:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        cause = (lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__)
+    cause = " ".join(cause.split())[:500]
+    if "Cannot run program" in cause:  # the executors' Python does not exist: no restart cures that
+        return SparkStageError(
+            f"the executors cannot start Python ({cause}): PYSPARK_PYTHON (spark.pyspark.python) must name a "
+            "Python that every executor has, e.g. ./environment/bin/python with --archives ENV.tar.gz#environment "
+            "(sluice package prints that line)",
+            recoverable=False,
+        )
+    if cause.startswith("ModuleNotFoundError"):  # the executors' Python lacks a module the job needs
+        return SparkStageError(
+            f"the executors' Python cannot import what the job needs ({cause}): install it there, or ship "
+            "the job's virtualenv (sluice package prints the spark-submit line)",
+            recoverable=False,
+        )
+    return SparkStageError(f"the Spark stage of attempt {attempt} failed on an executor: {cause}")

@@ -5,6 +5,7 @@ over a per-job secret: the server sends a nonce, the client answers ``HMAC(secre
 its own nonce, the server answers ``HMAC(secret, "server" + client nonce)``. A peer without the secret is
 dropped before it can read or inject a single frame. With :class:`TlsConfig` the socket is wrapped in TLS
 (both sides present the certificate and verify the other against the CA) before the handshake.
+:class:`~sluice.runtime.spark.listener.Listener` serves the listening sockets.
 
 :class:`MessageConnection` carries control messages (:mod:`sluice.runtime.spark.messages`, which encodes and
 decodes them) in length-prefixed frames. A frame is only ever decoded from a peer that proved it holds the
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from sluice.runtime.spark import messages
 
 __all__ = [
+    "HANDSHAKE_TIMEOUT",
     "AuthenticationError",
     "MessageConnection",
     "TlsConfig",
@@ -44,7 +46,9 @@ log = logging.getLogger("sluice.spark.rpc")
 _MAGIC = b"SLUICE1\n"
 _NONCE = 32
 _LEN = struct.Struct("!I")
-HANDSHAKE_TIMEOUT = 10.0
+#: seconds an accepted connection has for its whole authentication handshake (a peer connects and answers
+#: at once; this only bounds how long an idle connection holds a place)
+HANDSHAKE_TIMEOUT = 5.0
 
 
 class AuthenticationError(ConnectionError):

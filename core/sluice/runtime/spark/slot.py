@@ -390,7 +390,8 @@ class Slot:
         storage = checkpoint_storage(cfg.checkpoint.storage, cfg.job_id)
         restored = None
         if spec.restore_path is not None:
-            restored = RestoredCheckpoint.load(storage, spec.restore_path, spec.drop_channel_state)
+            key = cfg.checkpoint.resolved_key()
+            restored = RestoredCheckpoint.load(storage, spec.restore_path, spec.drop_channel_state, key=key)
         bound = spec.faults.in_slot(self.index, self._report_crash) if spec.faults is not None else None
         faults = bound or NO_FAULTS
         gateway = _Gateway(self)

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from sluice.runtime.channels import InputQueue, Signal
 from sluice.runtime.spark import rpc
+from sluice.runtime.spark.listener import Listener, max_pending
 
 __all__ = ["DataPlane", "FrameKind", "Link", "RemoteInputChannel", "RemoteOutputChannel"]
 
@@ -311,6 +312,9 @@ class DataPlane:
         peers = [j for j in range(slots) if j != me]
         self.outbound = {j: Link(j, on_lost) for j in peers}
         self.inbound = {j: Link(j, on_lost) for j in peers}
+        self._accepted: set[int] = set()
+        self._accepted_changed = threading.Condition()
+        self._listener: Listener | None = None
 
     @property
     def port(self) -> int:
@@ -323,14 +327,17 @@ class DataPlane:
         return RemoteInputChannel(self.inbound[peer], channel, receiver)
 
     def connect(self, addresses: list[tuple[str, int]], timeout: float = 60.0) -> None:
-        """Open a link to every peer and accept one from every peer (stray connections are rejected)."""
-        accepted: dict[int, socket.socket] = {}
-        errors: list[BaseException] = []
+        """Open a link to every peer and accept one from every peer; connections that do not authenticate
+        or say hello are dropped without holding up the others (:class:`~sluice.runtime.spark.listener.Listener`)."""
         deadline = time.monotonic() + timeout
-        acceptor = threading.Thread(
-            target=self._accept_all, args=(accepted, errors, deadline), name="link-accept", daemon=True
-        )
-        acceptor.start()
+        self._listener = Listener(
+            self.server,
+            self.secret,
+            self.tls,
+            self._inbound,
+            f"slot-{self.me}-links",
+            max_pending(len(self.inbound)),
+        ).start()
         for j, link in self.outbound.items():
             host, port = addresses[j]
             sock = rpc.connect(
@@ -338,46 +345,39 @@ class DataPlane:
             )
             link.attach(sock)
             link.enqueue(0, FrameKind.HELLO, self.me)
-        acceptor.join(max(0.0, deadline - time.monotonic()))
-        if errors:
-            raise errors[0]
-        if len(accepted) < len(self.inbound):
-            missing = sorted(set(self.inbound) - set(accepted))
+        with self._accepted_changed:
+            done = self._accepted_changed.wait_for(
+                lambda: len(self._accepted) == len(self.inbound), max(0.0, deadline - time.monotonic())
+            )
+            missing = sorted(set(self.inbound) - self._accepted)
+        self._listener.close()  # every peer is linked: accept nothing more
+        if not done:
             raise TimeoutError(f"slot {self.me}: slots {missing} did not connect within {timeout:.0f}s")
 
-    def _accept_all(
-        self, accepted: dict[int, socket.socket], errors: list[BaseException], deadline: float
-    ) -> None:
+    def _inbound(self, sock: socket.socket, addr: tuple[str, int]) -> None:
+        """An authenticated peer's link: its hello names the peer (Listener calls it in its own thread)."""
         try:
-            while len(accepted) < len(self.inbound):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                self.server.settimeout(remaining)
-                got = rpc.accept(self.server, self.secret, self.tls)
-                if got is None:
-                    continue
-                sock = got[0]
-                try:
-                    sock.settimeout(rpc.HANDSHAKE_TIMEOUT)
-                    _, kind, n = _HEADER.unpack(rpc.recv_exact(sock, _HEADER.size))
-                    (peer,) = _CREDIT.unpack(rpc.recv_exact(sock, n))
-                    sock.settimeout(None)
-                except (OSError, struct.error) as exc:
-                    log.warning("slot %d: a peer link broke before its hello: %s", self.me, exc)
-                    sock.close()
-                    continue
-                if kind != FrameKind.HELLO or peer not in self.inbound or peer in accepted:
-                    sock.close()
-                    continue
-                accepted[peer] = sock
-                self.inbound[peer].attach(sock)
-        except TimeoutError:
+            sock.settimeout(rpc.HANDSHAKE_TIMEOUT)
+            _, kind, n = _HEADER.unpack(rpc.recv_exact(sock, _HEADER.size))
+            if kind != FrameKind.HELLO or n != _CREDIT.size:
+                raise ValueError(f"the first frame is {kind} of {n} bytes, not a hello")
+            (peer,) = _CREDIT.unpack(rpc.recv_exact(sock, n))
+            sock.settimeout(None)
+        except (OSError, ValueError, struct.error) as exc:
+            log.warning("slot %d: a peer link from %s:%s broke before its hello: %s", self.me, *addr[:2], exc)
+            rpc.shutdown(sock)
             return
-        except BaseException as exc:
-            errors.append(exc)
+        with self._accepted_changed:
+            if peer not in self.inbound or peer in self._accepted:
+                rpc.shutdown(sock)
+                return
+            self._accepted.add(peer)
+            self.inbound[peer].attach(sock)
+            self._accepted_changed.notify_all()
 
     def close(self, orderly: bool) -> None:
+        if self._listener is not None:
+            self._listener.close()
         try:
             self.server.close()
         except OSError:

@@ -4,11 +4,13 @@ Give the kit the connector under test, not the other way round: the kit imports 
 
 * Sources (:class:`SourceCase`: a bounded source and the records it must emit): every split read exactly
   once, bounded end of input, no record after the stopping position, reader restore at checkpointed
-  positions, enumerator restore, rescale up and down, split re-assignment after a failed reader.
+  positions, enumerator restore, rescale up and down, split re-assignment after a failed reader, splits
+  and enumerator state round-tripping through the source's serializers.
 * Sinks (:class:`SinkCase`: a factory of :class:`SinkTarget`, a sink on its own empty place with a way to
   read what is visible and what is staged): nothing visible before commit, commit idempotent and
   reporting its :class:`~sluice.sink.CommitOutcome`, recover after a crash at each lifecycle step
-  (:data:`RECOVERY_STEPS`), abort of uncommitted data, one global commit per checkpoint.
+  (:data:`RECOVERY_STEPS`), abort of uncommitted data, one global commit per checkpoint, committables and
+  writer state round-tripping through the sink's serializers.
 * Both, inside a real job (the in-process runtime, one injected crash, a restore): exactly once.
 
 Use the ``check_*`` functions directly, the :data:`SOURCE_CHECKS` / :data:`SINK_CHECKS` tables with
@@ -19,6 +21,7 @@ contract raises :class:`ConformanceError` whose message starts with ``[source: <
 
 from sluice.testing.conformance.contracts import SINK_CONTRACTS, SOURCE_CONTRACTS, ConformanceError
 from sluice.testing.conformance.jobs import check_sink_in_a_job, check_source_in_a_job
+from sluice.testing.conformance.serializers import check_sink_serializers, check_source_serializers
 from sluice.testing.conformance.sink_harness import SinkTarget
 from sluice.testing.conformance.sinks import (
     RECOVERY_STEPS,
@@ -67,6 +70,8 @@ __all__ = [
     "check_recover_after_crash",
     "check_rescale",
     "check_sink_in_a_job",
+    "check_sink_serializers",
     "check_source_in_a_job",
+    "check_source_serializers",
     "sample_batch",
 ]

@@ -13,13 +13,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from sluice.errors import SluiceError
+from sluice.serializers import SimpleVersionedSerializer
 
 __all__ = [
     "SINK_CONTRACTS",
@@ -29,6 +30,7 @@ __all__ = [
     "attributed",
     "diff_records",
     "row_counts",
+    "through_serializer",
 ]
 
 #: the source contracts, by the short name the checks use
@@ -41,7 +43,8 @@ SOURCE_CONTRACTS = {
     "bounded_end": "bounded end of input",
     "stop_position": "no record after the stopping position",
     "assignment": "splits go to registered readers, one owner each",
-    "snapshot": "snapshots are picklable and name only owned splits",
+    "snapshot": "snapshots name only owned splits and assigned splits pickle",
+    "serializers": "splits and enumerator state round-trip through the source's serializers",
     "in_job": "exactly once in a job with a crash",
 }
 
@@ -54,6 +57,7 @@ SINK_CONTRACTS = {
     "recover": "recover after a crash",
     "abort": "abort of uncommitted data",
     "global_once": "one global commit per checkpoint",
+    "serializers": "committables and writer state round-trip through the sink's serializers",
     "in_job": "exactly once in a job with a crash",
 }
 
@@ -84,6 +88,63 @@ def attributed(kind: str, contract: str, when: str, others: bool = True) -> Iter
         raise ConformanceError(
             kind, contract, f"{when}: the connector raised {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def through_serializer(
+    serializer: SimpleVersionedSerializer[Any], value: Any, what: str, fail: Callable[[str], ConformanceError]
+) -> Any:
+    """``value`` after the trip into a checkpoint and back: ``deserialize(version, serialize(value))``.
+
+    What comes back must equal ``value``, or at least serialize to the same bytes (for values without
+    ``==`` nor attributes to compare); anything else is reported through ``fail`` (a ConformanceError of
+    the caller's contract).
+    """
+    name = type(serializer).__name__
+    try:
+        version = serializer.version
+        data = serializer.serialize(value)
+    except Exception as exc:
+        raise fail(f"{name} cannot serialize {what}: {type(exc).__name__}: {exc}") from exc
+    if type(version) is not int or not isinstance(data, bytes):
+        raise fail(f"{name}: version must be an int and serialize() must return bytes (got "
+                   f"{type(version).__name__}, {type(data).__name__})")
+    try:
+        back = serializer.deserialize(version, data)
+    except Exception as exc:
+        raise fail(f"{name} cannot read back {what} it wrote: {type(exc).__name__}: {exc}") from exc
+    try:
+        same = _same(back, value) or (_no_eq(value) and serializer.serialize(back) == data)
+    except Exception:
+        same = False
+    if not same:
+        raise fail(
+            f"{what} does not survive {name}: {value!r} came back as {back!r} (a restore would resume from "
+            "something else than what was checkpointed)"
+        )
+    return back
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, or (for objects without their own ``==``) of one type with equal contents."""
+    if a == b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return not _has_eq(a) and hasattr(a, "__dict__") and _same(vars(a), vars(b))
+
+
+def _has_eq(value: Any) -> bool:
+    """Whether ``value``'s class (or a base other than ``object``) defines ``==``."""
+    return any("__eq__" in vars(c) for c in type(value).__mro__[:-1])
+
+
+def _no_eq(value: Any) -> bool:
+    """An object with neither its own ``==`` nor a ``__dict__`` (only its bytes can be compared)."""
+    return not _has_eq(value) and not hasattr(value, "__dict__")
 
 
 def _canonical(row: dict[str, Any]) -> str:

@@ -16,7 +16,6 @@ abandoned without ``close()``, as a killed process leaves them.
 from __future__ import annotations
 
 import copy
-import pickle
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -24,8 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import CommitOutcome, Committer, Compactor, GlobalCommitter, Sink, SinkWriter
-from sluice.testing.conformance.contracts import SINK_CONTRACTS, ConformanceError
+from sluice.testing.conformance.contracts import SINK_CONTRACTS, ConformanceError, through_serializer
 
 __all__ = ["Crash", "SinkAttempt", "SinkCheckpoint", "SinkTarget"]
 
@@ -65,7 +65,8 @@ class SinkCheckpoint:
 
     Attributes:
         checkpoint_id: the checkpoint.
-        writer_states: per writer subtask, its snapshot (after a pickle round trip).
+        writer_states: per writer subtask, its snapshot (after a round trip through the writer-state
+            serializer).
         pending: per committing subtask, the committables not committed before this checkpoint.
         global_committables: what the global committer commits for this checkpoint.
         staged: ``SinkTarget.staged()`` when the checkpoint completed (before its commit).
@@ -82,11 +83,9 @@ class SinkCheckpoint:
         return [c for s in sorted(self.pending) for c in self.pending[s]] + list(self.global_committables)
 
 
-def _roundtrip(value: Any, what: str) -> Any:
-    try:
-        return pickle.loads(pickle.dumps(value))
-    except Exception as exc:
-        raise violation("recover", f"{what} cannot be pickled into a checkpoint: {exc!r}") from exc
+def _checkpointed(serializer: SimpleVersionedSerializer[Any], value: Any, what: str) -> Any:
+    """``value`` after its trip through ``serializer`` into a checkpoint and back."""
+    return through_serializer(serializer, value, what, lambda m: violation("serializers", m))
 
 
 class _Ctx:
@@ -239,14 +238,21 @@ class SinkAttempt:
 
     def snapshot(self, checkpoint_id: int) -> SinkCheckpoint:
         """Writer snapshots and the pending committables, as checkpoint ``checkpoint_id`` records them."""
-        states = {
-            i: _roundtrip(w.snapshot_state(checkpoint_id), f"writer {i}'s snapshot")
-            for i, w in enumerate(self.writers)
-        }
+        writer_states = self.sink.writer_state_serializer()
+        states = {}
+        for i, w in enumerate(self.writers):
+            st = w.snapshot_state(checkpoint_id)
+            states[i] = None if st is None else _checkpointed(writer_states, st, f"writer {i}'s snapshot")
+        committables = self.sink.committable_serializer()
         pending = {
-            i: [c for k in sorted(p) if k <= checkpoint_id for c in p[k]] for i, p in self.pending.items()
+            i: [
+                _checkpointed(committables, c, f"committable {c!r}")
+                for k in sorted(p)
+                if k <= checkpoint_id
+                for c in p[k]
+            ]
+            for i, p in self.pending.items()
         }
-        pending = _roundtrip(pending, "the committables")
         if self.sink.global_commit:
             return SinkCheckpoint(checkpoint_id, states, {}, [c for i in sorted(pending) for c in pending[i]])
         return SinkCheckpoint(checkpoint_id, states, pending, [])

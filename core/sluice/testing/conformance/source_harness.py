@@ -4,11 +4,13 @@ A :class:`SourceRun` is one attempt: an enumerator (fresh or restored from a sna
 subtask. It mirrors the engine's ordering: split assignments and "no more splits" reach a reader through
 its mailbox (:attr:`_Reader.inbox`) and are handled before its next poll and before a checkpoint
 snapshot (so an assignment made before a checkpoint is in the reader's snapshot, not the enumerator's);
-split requests reach the enumerator after the poll that made them. Snapshots go through ``pickle`` as
-they do into a checkpoint. A round polls every live reader once.
+split requests reach the enumerator after the poll that made them. Snapshots go through the source's
+serializers as they do into a checkpoint (assignments through ``pickle``, as they travel to a Spark slot).
+A round polls every live reader once.
 
 The harness itself checks the contracts it can see at every step: splits go only to registered readers,
-one owner each; a reader ends only after "no more splits"; snapshots pickle and name only owned splits.
+one owner each; a reader ends only after "no more splits"; snapshots round-trip through the source's
+serializers and name only owned splits.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from sluice.serializers import SimpleVersionedSerializer
 from sluice.source import InputStatus, Source, SourceReader, SourceSplit, SplitEnumerator
-from sluice.testing.conformance.contracts import SOURCE_CONTRACTS, ConformanceError
+from sluice.testing.conformance.contracts import SOURCE_CONTRACTS, ConformanceError, through_serializer
 
 __all__ = ["SourceCheckpoint", "SourceRun"]
 
@@ -38,7 +41,11 @@ def _roundtrip(value: Any, what: str) -> Any:
     try:
         return pickle.loads(pickle.dumps(value))
     except Exception as exc:
-        raise violation("snapshot", f"{what} cannot be pickled into a checkpoint: {exc!r}") from exc
+        raise violation("snapshot", f"{what} cannot be pickled to a Spark slot: {exc!r}") from exc
+
+
+def _checkpointed(serializer: SimpleVersionedSerializer[Any], value: Any, what: str) -> Any:
+    return through_serializer(serializer, value, what, lambda m: violation("serializers", m))
 
 
 @dataclass
@@ -47,7 +54,7 @@ class SourceCheckpoint:
 
     Attributes:
         checkpoint_id: the checkpoint's id.
-        enumerator: the enumerator's snapshot (after a pickle round trip).
+        enumerator: the enumerator's snapshot (after a round trip through its serializer).
         splits: per subtask, the splits its reader snapshotted (with positions).
         emitted: per subtask, how many batches its reader had emitted at the checkpoint.
         since: per subtask, splits assigned to it after this checkpoint (filled in as the run goes on).
@@ -112,6 +119,9 @@ class _ReaderCtx:
 
     def gauge(self, name: str, value: float) -> None:
         self._run.gauges[name] = value
+
+    def stalled(self, reason: str | None) -> None:
+        pass
 
 
 class _EnumeratorCtx:
@@ -353,11 +363,19 @@ class SourceRun:
     # -- checkpoints and failures ----------------------------------------------------------------------
     def checkpoint(self, checkpoint_id: int) -> SourceCheckpoint:
         """Snapshot the enumerator, then every reader (after its mailbox), as one checkpoint."""
-        enum_state = _roundtrip(self.enumerator.snapshot_state(checkpoint_id), "the enumerator's snapshot")
+        enum_state = _checkpointed(
+            self.source.enumerator_state_serializer(),
+            self.enumerator.snapshot_state(checkpoint_id),
+            "the enumerator's snapshot",
+        )
+        split_serializer = self.source.split_serializer()
         splits: dict[int, list[SourceSplit]] = {}
         for subtask, r in sorted(self.readers.items()):
             self._deliver(r, everything=True)
-            snap = _roundtrip(r.reader.snapshot_state(checkpoint_id), f"reader {subtask}'s snapshot")
+            snap = [
+                _checkpointed(split_serializer, s, f"split {s.split_id!r} of reader {subtask}'s snapshot")
+                for s in r.reader.snapshot_state(checkpoint_id)
+            ]
             foreign = sorted({s.split_id for s in snap} - r.owned)
             if foreign:
                 raise violation(

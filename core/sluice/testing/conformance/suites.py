@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sluice.testing.conformance.jobs import check_sink_in_a_job, check_source_in_a_job
+from sluice.testing.conformance.serializers import check_sink_serializers, check_source_serializers
 from sluice.testing.conformance.sinks import (
     RECOVERY_STEPS,
     SinkCase,
@@ -56,6 +57,7 @@ SOURCE_CHECKS: dict[str, Callable[[SourceCase], object]] = {
     "enumerator_restore": check_enumerator_restore,
     "rescale": check_rescale,
     "failed_reader_reassignment": check_failed_reader_reassignment,
+    "serializers_round_trip": check_source_serializers,
     "exactly_once_in_a_job": check_source_in_a_job,
 }
 
@@ -65,6 +67,7 @@ SINK_CHECKS: dict[str, Callable[[SinkCase], object]] = {
     "commit_idempotent": check_commit_idempotent,
     "abort_uncommitted": check_abort_uncommitted,
     "one_global_commit_per_checkpoint": check_one_global_commit_per_checkpoint,
+    "serializers_round_trip": check_sink_serializers,
     **{
         f"recover_after_crash_at_{s}": (lambda case, s=s: check_recover_after_crash(case, s))  # type: ignore[misc]
         for s in RECOVERY_STEPS
@@ -98,6 +101,9 @@ class SourceConformance:
     def test_split_reassignment_after_a_failed_reader(self, source_case: SourceCase) -> None:
         check_failed_reader_reassignment(source_case)
 
+    def test_serializers_round_trip(self, source_case: SourceCase) -> None:
+        check_source_serializers(source_case)
+
     def test_exactly_once_in_a_job_with_a_crash(self, source_case: SourceCase) -> None:
         check_source_in_a_job(source_case)
 
@@ -128,6 +134,9 @@ class SinkConformance:
 
     def test_abort_of_uncommitted_data(self, sink_case: SinkCase) -> None:
         check_abort_uncommitted(sink_case)
+
+    def test_serializers_round_trip(self, sink_case: SinkCase) -> None:
+        check_sink_serializers(sink_case)
 
     def test_exactly_once_in_a_job_with_a_crash(self, sink_case: SinkCase) -> None:
         check_sink_in_a_job(sink_case)

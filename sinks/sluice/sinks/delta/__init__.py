@@ -1,6 +1,6 @@
 """Delta Lake sink on delta-rs: one Delta transaction per checkpoint, idempotent by app transaction.
 
-Needs the ``sluice[delta]`` extra (``deltalake``); importing this package does not load it. See
+Needs the ``sluice-etl[delta]`` extra (``deltalake``); importing this package does not load it. See
 ``docs/tables.md``.
 """
 

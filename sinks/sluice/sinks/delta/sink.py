@@ -154,6 +154,14 @@ class DeltaSink(TableSink):
 
         return DeltaCommitter(self, ctx)
 
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """The table's app transaction version of this job and sink (0 if none, or no table yet)."""
+        from sluice.sinks.delta.committer import app_id
+        from sluice.sinks.delta.table import open_table
+
+        table = open_table(self)
+        return 0 if table is None else int(table.transaction_version(app_id(job_id, sink_uid)) or 0)
+
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
         """Create the table if ``schema`` was given, or check its schema. (Files of checkpoints that never
         completed are deleted by the global committer, which knows the sink's app id: :func:`remove_orphans`.)"""

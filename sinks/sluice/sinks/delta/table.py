@@ -1,7 +1,7 @@
 """A Delta table as the sink sees it: opened or created, its schema checked, rows laid out in partitions, and
 the statistics an add action records.
 
-Everything here imports ``deltalake`` lazily (the ``sluice[delta]`` extra)."""
+Everything here imports ``deltalake`` lazily (the ``sluice-etl[delta]`` extra)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def import_deltalake() -> Any:
         import deltalake
     except ImportError as exc:
         raise ConfigError(
-            f"DeltaSink needs the deltalake package: pip install 'sluice[delta]' ({exc})"
+            f"DeltaSink needs the deltalake package: pip install 'sluice-etl[delta]' ({exc})"
         ) from None
     return deltalake
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sluice.errors import ConfigError
 from sluice.sink import Compactor, SinkContext
-from sluice.sinks.files.committable import FileCommittable, final_name, staging_name
+from sluice.sinks.files.committable import FileCommittable, final_name, run_token, staging_name
 from sluice.sinks.files.filesystem import FileSystem
 from sluice.sinks.files.formats import FormatOptions, extension, merge
 
@@ -96,6 +96,7 @@ class FileCompactor(Compactor[FileCommittable]):
         self.attempt = ctx.attempt
         self.hook: Callable[[str], None] = ctx.fault_hook
         self._closed = False
+        self._run = run_token()
 
     def key(self, committable: FileCommittable) -> str:
         return committable.bucket
@@ -138,7 +139,7 @@ class FileCompactor(Compactor[FileCommittable]):
     def _merge(self, checkpoint_id: int, k: int, group: list[FileCommittable]) -> FileCommittable:
         first = group[0]
         final = final_name(
-            first.bucket, self.job_id, checkpoint_id, self.subtask, f"c{k:03d}", extension(self.opts)
+            first.bucket, self.job_id, checkpoint_id, self.subtask, f"c{k:03d}", extension(self.opts), self._run
         )
         local = self.fs.inprogress_path(staging_name(final, self.attempt, "inprogress"))
         self.hook("compaction")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import CommitError
-from sluice.sinks.files.committable import FileCommittable, is_staging_of
+from sluice.sinks.files.committable import FileCommittable, committed_checkpoint_of, is_staging_of
 
 __all__ = ["FileSystem", "LocalFileSystem", "Staged", "filesystem_for"]
 
@@ -59,6 +59,10 @@ class FileSystem(ABC):
     @abstractmethod
     def cleanup(self, job_id: str, keep: set[str]) -> int:
         """Delete staged files and abort uploads of ``job_id`` whose path or upload id is not in ``keep``."""
+
+    @abstractmethod
+    def committed_checkpoint(self, job_id: str) -> int:
+        """The newest checkpoint of ``job_id`` that a visible file names (0 if none): one listing."""
 
     def discard_local(self, local_path: str) -> None:
         """Drop an in-progress file that will never be staged."""
@@ -133,6 +137,14 @@ class LocalFileSystem(FileSystem):
                     self.delete_staged(rel)
                     n += 1
         return n
+
+
+    def committed_checkpoint(self, job_id: str) -> int:
+        newest = 0
+        for _, _, files in os.walk(self.root):
+            for f in files:
+                newest = max(newest, committed_checkpoint_of(f, job_id) or 0)
+        return newest
 
 
 def _fsync_dir(path: str) -> None:

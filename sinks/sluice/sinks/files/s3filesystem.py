@@ -21,7 +21,12 @@ from typing import Any
 import pyarrow as pa
 from sluice.checkpoint.s3 import make_client, parse_s3_uri, s3_call
 from sluice.errors import CommitError
-from sluice.sinks.files.committable import FileCommittable, is_staging_of, is_upload_of
+from sluice.sinks.files.committable import (
+    FileCommittable,
+    committed_checkpoint_of,
+    is_staging_of,
+    is_upload_of,
+)
 from sluice.sinks.files.errors import StorageError
 from sluice.sinks.files.filesystem import FileSystem, Staged, local_tmp_dir
 
@@ -218,6 +223,18 @@ class S3FileSystem(FileSystem):
                 break
             kw["KeyMarker"], kw["UploadIdMarker"] = page["NextKeyMarker"], page["NextUploadIdMarker"]
         return n
+
+    def committed_checkpoint(self, job_id: str) -> int:
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        newest = 0
+        kw: dict[str, Any] = {"Prefix": prefix}
+        while True:
+            page = self._call("ListObjectsV2", self.client.list_objects_v2, **kw)
+            for o in page.get("Contents", []):
+                newest = max(newest, committed_checkpoint_of(o["Key"].rpartition("/")[2], job_id) or 0)
+            if not page.get("IsTruncated"):
+                return newest
+            kw["ContinuationToken"] = page["NextContinuationToken"]
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import ConfigError
+from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Committer, Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.files.buckets import BucketAssigner
 from sluice.sinks.files.committable import FileCommittable
@@ -17,6 +18,7 @@ from sluice.sinks.files.compaction import CompactionPolicy, FileCompactor
 from sluice.sinks.files.filesystem import FileSystem, filesystem_for
 from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions, unwritable_columns
 from sluice.sinks.files.rolling import RollingPolicy
+from sluice.sinks.files.serializers import FileCommittableSerializer, FileWriterStateSerializer
 from sluice.sinks.files.writer import FileSinkWriter
 
 __all__ = ["FileSink"]
@@ -44,7 +46,7 @@ class FileSink(Sink[FileCommittable]):
     """Files that become visible exactly once, when the checkpoint that staged them completes.
 
     Lifecycle: in-progress (hidden) -> pending at pre-commit (hidden, durable, named in the checkpoint) ->
-    visible under ``part-<job>-<checkpoint>-<subtask>-<seq><ext>`` when the checkpoint completes. See
+    visible under ``part-<job>-<checkpoint>-<subtask>-<seq>-<run><ext>`` when the checkpoint completes. See
     ``docs/file-sink.md``.
 
     Args:
@@ -204,6 +206,14 @@ class FileSink(Sink[FileCommittable]):
     def create_committer(self, ctx: SinkContext) -> Committer[FileCommittable] | None:
         return FileCommitter(self, ctx)
 
+    def committable_serializer(self) -> SimpleVersionedSerializer[FileCommittable]:
+        """Committables go into checkpoints as JSON (:mod:`sluice.sinks.files.serializers`)."""
+        return FileCommittableSerializer()
+
+    def writer_state_serializer(self) -> SimpleVersionedSerializer[Any]:
+        """The writers' held files go into checkpoints as JSON."""
+        return FileWriterStateSerializer()
+
     @property
     def compacts(self) -> bool:  # type: ignore[override]
         """With a compaction policy, a compactor stage keyed by bucket merges the files of all writers."""
@@ -213,6 +223,15 @@ class FileSink(Sink[FileCommittable]):
         if self.compaction is None:
             return None
         return FileCompactor(self.compaction, self.filesystem(), self.format_options(), ctx)
+
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """The newest checkpoint of ``job_id`` whose files are visible under the sink's root: their names
+        are the lineage record (``docs/file-sink.md``). One listing of the root, as :meth:`recover` does."""
+        fs = self.filesystem()
+        try:
+            return fs.committed_checkpoint(job_id)
+        finally:
+            fs.close()
 
     def recover(self, job_id: str, committables: Sequence[FileCommittable]) -> None:
         """Delete staged files and abort multipart uploads of ``job_id`` that the restored checkpoint does not

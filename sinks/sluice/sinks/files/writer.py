@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from sluice.sink import SinkContext, SinkWriter
-from sluice.sinks.files.committable import FileCommittable, final_name, inprogress_name, staging_name
+from sluice.sinks.files.committable import (
+    FileCommittable,
+    final_name,
+    inprogress_name,
+    run_token,
+    staging_name,
+)
 from sluice.sinks.files.errors import SchemaMismatchError
 from sluice.sinks.files.formats import FormatWriter, extension, open_writer, schema_fingerprint
 
@@ -56,6 +62,7 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
                 self.held.setdefault(c.bucket, []).append(c.as_held(False))
             for bucket, age in (st or {}).get("held_age", {}).items():
                 self.held_age[bucket] = max(age, self.held_age.get(bucket, 0))
+        self._run = run_token()
         self._final = False
         self._closed = False
         self._last_idle_check = time.monotonic()
@@ -125,7 +132,7 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
                 self.fs.discard_local(f.local_path)
                 continue
             final = final_name(
-                f.bucket, self.ctx.job_id, checkpoint_id, self.ctx.subtask, f"{seq:04d}", self.ext
+                f.bucket, self.ctx.job_id, checkpoint_id, self.ctx.subtask, f"{seq:04d}", self.ext, self._run
             )
             size = os.path.getsize(f.local_path)
             s = self.fs.stage(f.local_path, staging_name(final, self.ctx.attempt, "pending"), final)

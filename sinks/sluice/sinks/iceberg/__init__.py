@@ -1,6 +1,6 @@
 """Apache Iceberg sink on pyiceberg: one snapshot per checkpoint, idempotent by its summary properties.
 
-Needs the ``sluice[iceberg]`` extra (``pyiceberg[sql-sqlite,pyarrow,pyiceberg-core]``); importing this package
+Needs the ``sluice-etl[iceberg]`` extra (``pyiceberg[sql-sqlite,pyarrow,pyiceberg-core]``); importing this package
 does not load it. See ``docs/tables.md``.
 """
 

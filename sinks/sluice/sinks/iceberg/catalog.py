@@ -1,7 +1,7 @@
 """The Iceberg catalog and table as the sink sees them: the catalog loaded from its properties (an embedded
 SqlCatalog on SQLite by default), the table created if missing with its partition spec, the schema checked.
 
-Everything here imports ``pyiceberg`` lazily (the ``sluice[iceberg]`` extra)."""
+Everything here imports ``pyiceberg`` lazily (the ``sluice-etl[iceberg]`` extra)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,24 @@ __all__ = [
     "TRANSFORMS",
     "catalog_properties",
     "check_schema",
+    "check_spec",
     "import_pyiceberg",
     "load_catalog",
     "open_or_create",
     "parse_partition",
+    "partition_fields",
 ]
 
 #: partition transforms ``partition_by`` accepts: ``"col"`` (identity) or ``"<transform>(col)"``
 TRANSFORMS = ("identity", "year", "month", "day", "hour")
+#: the Iceberg types each transform takes (identity: any primitive type)
+_TAKES = {
+    "identity": "any primitive type",
+    "year": "date, timestamp, timestamptz",
+    "month": "date, timestamp, timestamptz",
+    "day": "date, timestamp, timestamptz",
+    "hour": "timestamp, timestamptz",
+}
 _SPEC = re.compile(r"^(?:(?P<t>[a-z]+)\((?P<c>[^()]+)\)|(?P<plain>[^()]+))$")
 
 
@@ -42,7 +52,7 @@ def import_pyiceberg() -> Any:
         import pyiceberg.transforms
     except ImportError as exc:
         raise ConfigError(
-            f"IcebergSink needs the pyiceberg package: pip install 'sluice[iceberg]' ({exc})"
+            f"IcebergSink needs the pyiceberg package: pip install 'sluice-etl[iceberg]' ({exc})"
         ) from None
     return pyiceberg
 
@@ -59,6 +69,58 @@ def parse_partition(entry: str) -> tuple[str, str]:
             f"{', '.join(t + '(col)' for t in TRANSFORMS)}"
         )
     return transform, column
+
+
+def partition_fields(sink: IcebergSink, schema: Any) -> list[Any]:
+    """The PartitionFields of ``sink.partition_by`` over ``schema`` (an Iceberg or Arrow schema); ConfigError
+    naming the entry if its column is missing or its transform cannot take the column's type."""
+    from pyiceberg.catalog import Catalog as _Catalog
+    from pyiceberg.partitioning import PartitionField
+    from pyiceberg.transforms import parse_transform
+
+    if isinstance(schema, pa.Schema):
+        try:
+            schema = _Catalog._convert_schema_if_needed(schema)
+        except Exception as exc:  # pyiceberg names the type it cannot store
+            raise ConfigError(f"IcebergSink: the stream's schema has no Iceberg equivalent: {exc}") from None
+    fields = []
+    for i, entry in enumerate(sink.partition_by):
+        transform, column = parse_partition(entry)
+        try:
+            source = schema.find_field(column)
+        except ValueError:
+            raise ConfigError(
+                f"IcebergSink: partition_by column {column!r} is not in the stream ({schema.column_names})"
+            ) from None
+        t = parse_transform(transform)
+        if not t.can_transform(source.field_type):
+            raise ConfigError(
+                f"IcebergSink: partition_by {entry!r}: column {column!r} has type {source.field_type}, "
+                f"which {transform} cannot take ({transform} takes {_TAKES[transform]}); cast the column "
+                "upstream or choose another transform"
+            )
+        name = column if transform == "identity" else f"{column}_{transform}"
+        fields.append(PartitionField(source.field_id, 1000 + i, t, name))
+    return fields
+
+
+def check_spec(sink: IcebergSink, table: Table) -> None:
+    """TableSchemaError naming both specs unless the table is partitioned as ``sink.partition_by`` says
+    (an empty ``partition_by`` takes the table's spec)."""
+    if not sink.partition_by:
+        return
+    schema = table.schema()
+    have = [(str(f.transform), schema.find_column_name(f.source_id) or "?") for f in table.spec().fields]
+    want = [parse_partition(e) for e in sink.partition_by]
+    if have != want:
+        raise TableSchemaError(
+            f"IcebergSink {sink.table}: the table is partitioned by {_spec(have)}, the sink by {_spec(want)}: "
+            "give the sink the table's partition_by (or none, to take the table's), or write another table"
+        )
+
+
+def _spec(fields: list[tuple[str, str]]) -> str:
+    return "[" + ", ".join(c if t == "identity" else f"{t}({c})" for t, c in fields) + "]"
 
 
 def catalog_properties(sink: IcebergSink) -> dict[str, str]:
@@ -96,9 +158,8 @@ def open_or_create(sink: IcebergSink, schema: pa.Schema | None) -> Table | None:
     schema is given). Concurrent creators are safe: the catalog accepts one, the others load it."""
     from pyiceberg.catalog import Catalog as _Catalog
     from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import assign_fresh_schema_ids
-    from pyiceberg.transforms import parse_transform
 
     catalog = load_catalog(sink)
     try:
@@ -107,17 +168,7 @@ def open_or_create(sink: IcebergSink, schema: pa.Schema | None) -> Table | None:
         if schema is None:
             return None
     iceberg_schema = assign_fresh_schema_ids(_Catalog._convert_schema_if_needed(schema))
-    fields = []
-    for i, entry in enumerate(sink.partition_by):
-        transform, column = parse_partition(entry)
-        try:
-            source = iceberg_schema.find_field(column)
-        except ValueError:
-            raise ConfigError(
-                f"IcebergSink: partition_by column {column!r} is not in the stream ({schema.names})"
-            ) from None
-        name = column if transform == "identity" else f"{column}_{transform}"
-        fields.append(PartitionField(source.field_id, 1000 + i, parse_transform(transform), name))
+    fields = partition_fields(sink, iceberg_schema)  # checked before anything is created
     namespace = sink.table.rsplit(".", 1)[0] if "." in sink.table else None
     if namespace:
         try:

@@ -98,25 +98,36 @@ class IcebergSink(TableSink):
 
     def validate(self) -> None:
         """Raise ConfigError naming the wrong option and the allowed values."""
-        from sluice.sinks.iceberg.catalog import catalog_properties, import_pyiceberg, parse_partition
+        from sluice.sinks.iceberg.catalog import (
+            catalog_properties,
+            import_pyiceberg,
+            parse_partition,
+            partition_fields,
+        )
 
         import_pyiceberg()
-        if not isinstance(self.table, str) or not self.table.strip() or self.table.startswith("."):
-            raise ConfigError(f"IcebergSink: table must be 'namespace.name' (got {self.table!r})")
+        parts = self.table.split(".") if isinstance(self.table, str) else []
+        if len(parts) < 2 or not all(p.strip() for p in parts):
+            raise ConfigError(
+                f"IcebergSink: table must be 'namespace.name' (got {self.table!r}), e.g. 'analytics.events'"
+            )
         for entry in self.partition_by:
             parse_partition(entry)
         self.validate_table_options()
+        if self.schema is not None:
+            partition_fields(self, self.schema)
         catalog_properties(self)
 
     def validate_schema(self, schema: pa.Schema) -> None:
-        """At build time: every partition field's column is in the stream."""
-        from sluice.sinks.iceberg.catalog import parse_partition
+        """At build time: every partition field's column is in the stream, with a type its transform takes."""
+        from sluice.sinks.iceberg.catalog import parse_partition, partition_fields
 
         missing = [c for c in (parse_partition(e)[1] for e in self.partition_by) if c not in schema.names]
         if missing:
             raise ConfigError(
                 f"IcebergSink: partition_by names column(s) {missing} the stream does not have ({schema.names})"
             )
+        partition_fields(self, schema)
 
     # -- what the shared writer and compactor need ----------------------------------------------------
     def loaded(self, schema: pa.Schema | None = None, refresh: bool = False) -> Any:
@@ -135,10 +146,11 @@ class IcebergSink(TableSink):
         return f"data/{partition_path}/{name}" if partition_path else f"data/{name}"
 
     def layout(self, schema: pa.Schema) -> TableLayout:
-        from sluice.sinks.iceberg.catalog import check_schema
+        from sluice.sinks.iceberg.catalog import check_schema, check_spec
         from sluice.sinks.iceberg.layout import IcebergLayout
 
         table = self.loaded(schema, refresh=True)
+        check_spec(self, table)
         for _ in range(10):
             if not check_schema(self, table, schema):
                 break
@@ -161,16 +173,26 @@ class IcebergSink(TableSink):
 
         return IcebergCommitter(self, ctx)
 
+    def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
+        """``sluice.max-committed-checkpoint-id`` of this job and sink's newest snapshot (0 if none, or no
+        table yet)."""
+        from sluice.sinks.iceberg.layout import max_committed_checkpoint
+
+        table = self.loaded(refresh=True)
+        return 0 if table is None else max_committed_checkpoint(table, job_id, sink_uid)
+
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
-        """Create the table if ``schema`` was given; delete data files of ``job_id`` that no completed
-        checkpoint names: files of checkpoints after the last one the job committed (and after the restored
-        one) that neither the restored checkpoint nor the current snapshot references."""
-        from sluice.sinks.iceberg.catalog import check_schema
+        """Create the table if ``schema`` was given, or check an existing one's partition spec (and schema);
+        delete data files of ``job_id`` that no completed checkpoint names: files of checkpoints after the
+        last one the job committed (and after the restored one) that neither the restored checkpoint nor the
+        current snapshot references."""
+        from sluice.sinks.iceberg.catalog import check_schema, check_spec
         from sluice.sinks.iceberg.layout import max_committed_checkpoint
 
         table = self.loaded(self.schema, refresh=True)
         if table is None:
             return
+        check_spec(self, table)
         if self.schema is not None:
             check_schema(self, table, self.schema)
         location = table.location().rstrip("/")

@@ -26,7 +26,9 @@ class TableSchemaError(ConfigError):
 class TableLineageError(ConfigError):
     """The table already holds a commit of this job and sink for a checkpoint id this run is about to use.
 
-    Checkpoint ids restarted (the checkpoint storage was wiped, or another job of the same name writes the
-    table): committing would be mistaken for a re-commit and the data skipped. Restore the job's latest
-    checkpoint, or give the sink a new ``uid`` to start a new lineage of commits in the table.
+    Checkpoint ids restarted: committing would be mistaken for a re-commit and the data skipped. A wiped
+    checkpoint storage or an older restore is refused before the job writes anything (a ``RestoreError``
+    from the engine's lineage check); this error is the commit's own guard, e.g. against another job of the
+    same name writing the table at the same time. Restore the job's latest checkpoint, or give the sink a
+    new ``uid`` to start a new lineage of commits in the table.
     """

@@ -3,19 +3,22 @@ a batch is split by partition.
 
 Names (relative to the table's data root, ``/``-separated)::
 
-    <partition path>/part-<job>-<ckpt>-<subtask>-a<attempt>-<seq>.parquet     written by a writer subtask
-    <partition path>/part-<job>-<ckpt>-c<subtask>-a<attempt>-<seq>.parquet    merged by a compactor subtask
+    <partition path>/part-<job>-<ckpt>-<subtask>-a<attempt>-<seq>-<run>.parquet     written by a writer subtask
+    <partition path>/part-<job>-<ckpt>-c<subtask>-a<attempt>-<seq>-<run>.parquet    merged by a compactor subtask
 
-A file is invisible until a table commit names it. The name carries the job, the checkpoint whose
-pre-commit wrote it and the attempt, so ``Sink.recover`` finds files of checkpoints that never completed;
-the same (job, checkpoint, subtask, attempt) always gives the same name, so a repeated pre-commit
-overwrites instead of adding.
+A file is invisible until a table commit names it. The name carries the job and the checkpoint whose
+pre-commit wrote it, so ``Sink.recover`` finds files of checkpoints that never completed, and ``<run>``, a
+random token of the writer or compactor instance (as Flink's FileSink puts a UUID in every part file): no
+two runs, nor two attempts, ever pick the same name, so nothing overwrites a file another run committed,
+even when checkpoint ids start again (wiped checkpoint storage). A restore re-commits the files the
+restored checkpoint names, under those names. (Names without ``<run>``, of older versions, still parse.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,13 +31,15 @@ __all__ = [
     "TableFile",
     "data_file_name",
     "parse_data_file_name",
+    "run_token",
     "schema_fingerprint",
     "split_by",
     "write_parquet",
 ]
 
 _NAME = re.compile(
-    r"^part-(?P<job>.+)-(?P<ckpt>\d{8})-(?P<sub>c?\d{3})-a(?P<attempt>\d+)-(?P<seq>\d{3,})\.parquet$"
+    r"^part-(?P<job>.+)-(?P<ckpt>\d{8})-(?P<sub>c?\d{3})-a(?P<attempt>\d+)-(?P<seq>\d{3,})"
+    r"(?:-(?P<run>[0-9a-f]{12}))?\.parquet$"
 )
 
 
@@ -70,12 +75,17 @@ class TableFile:
         return schema_fingerprint(self.schema)
 
 
+def run_token() -> str:
+    """A new random token for the data file names of one writer or compactor instance."""
+    return uuid.uuid4().hex[:12]
+
+
 def data_file_name(
-    job_id: str, checkpoint_id: int, subtask: int, attempt: int, seq: int, compacted: bool = False
+    job_id: str, checkpoint_id: int, subtask: int, attempt: int, seq: int, run: str, compacted: bool = False
 ) -> str:
-    """The file name of a data file (see the module docstring)."""
+    """The file name of a data file (see the module docstring); ``run`` from :func:`run_token`."""
     sub = f"c{subtask:03d}" if compacted else f"{subtask:03d}"
-    return f"part-{job_id}-{checkpoint_id:08d}-{sub}-a{attempt}-{seq:03d}.parquet"
+    return f"part-{job_id}-{checkpoint_id:08d}-{sub}-a{attempt}-{seq:03d}-{run}.parquet"
 
 
 def parse_data_file_name(name: str) -> tuple[str, int] | None:

@@ -8,8 +8,10 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import ConfigError
+from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.tables.files import TableFile
+from sluice.sinks.tables.serializers import TableFileSerializer
 from sluice.sinks.tables.writer import TableCompactor, TableWriter
 
 __all__ = ["SCHEMA_MODES", "TableSink"]
@@ -59,3 +61,8 @@ class TableSink(Sink[TableFile]):
 
     def create_compactor(self, ctx: SinkContext) -> Compactor[TableFile] | None:
         return TableCompactor(self, ctx) if self.compaction else None  # type: ignore[arg-type]
+
+    def committable_serializer(self) -> SimpleVersionedSerializer[TableFile]:
+        """Staged data files go into checkpoints as JSON (:mod:`sluice.sinks.tables.serializers`); the
+        writers keep no state of their own."""
+        return TableFileSerializer()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from sluice.sink import Compactor, SinkContext, SinkWriter
-from sluice.sinks.tables.files import TableFile, data_file_name, schema_fingerprint, write_parquet
+from sluice.sinks.tables.files import TableFile, data_file_name, run_token, schema_fingerprint, write_parquet
 
 __all__ = ["TableCompactor", "TableFormat", "TableLayout", "TableWriter"]
 
@@ -61,6 +61,7 @@ class TableWriter(SinkWriter[TableFile]):
         self._storage: tuple[pafs.FileSystem, str] | None = None  # resolved once the table exists
         self._layouts: dict[str, TableLayout] = {}
         self._buffers: dict[str, list[pa.RecordBatch]] = {}
+        self._run = run_token()
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -81,7 +82,9 @@ class TableWriter(SinkWriter[TableFile]):
             table = pa.Table.from_batches(batches)
             layout = self._layouts[fp]
             for partition, ppath, rows in layout.partitions(table):
-                name = data_file_name(self.ctx.job_id, checkpoint_id, self.ctx.subtask, self.ctx.attempt, seq)
+                name = data_file_name(
+                    self.ctx.job_id, checkpoint_id, self.ctx.subtask, self.ctx.attempt, seq, self._run
+                )
                 seq += 1
                 f = write_file(self.fmt, fs, root, partition, ppath, name, rows, checkpoint_id)
                 out.append(dataclasses.replace(f, partition_schema=layout.partition_schema))
@@ -127,6 +130,7 @@ class TableCompactor(Compactor[TableFile]):
         self.ctx = ctx
         self._storage: tuple[pafs.FileSystem, str] | None = None
         self.hook: Callable[[str], None] = ctx.fault_hook
+        self._run = run_token()
 
     def key(self, committable: TableFile) -> str:
         return committable.partition_path
@@ -147,7 +151,7 @@ class TableCompactor(Compactor[TableFile]):
             rows = pa.concat_tables([pq.read_table(f"{root}/{c.path}", filesystem=fs) for c in group])
             first = group[0]
             name = data_file_name(
-                self.ctx.job_id, checkpoint_id, self.ctx.subtask, self.ctx.attempt, k, compacted=True
+                self.ctx.job_id, checkpoint_id, self.ctx.subtask, self.ctx.attempt, k, self._run, compacted=True
             )
             merged = write_file(
                 self.fmt, fs, root, first.partition, first.partition_path, name, rows, checkpoint_id
