@@ -3,15 +3,12 @@ dedicated tansu broker, and a size-limited tmpfs. None of them skips: a part tha
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sluice.templates.broker import _free_port
 
 from tests.faults.beyond import Output
 from tests.faults.disk import SmallDisk
@@ -47,54 +44,38 @@ def s3_proxy(moto_s3: MotoS3) -> Iterator[ProxiedS3]:
         yield ProxiedS3(moto_s3, proxy)
 
 
-class ProxiedBroker(TansuBroker):
-    """A tansu broker that advertises the proxy's address: Kafka clients learn broker addresses from
-    metadata, so every connection (bootstrap and after) goes through the proxy. The test's own producer and
-    admin client use it too: produce before cutting."""
+@dataclass
+class ProxiedBroker:
+    """A tansu broker reached only through a :class:`FaultProxy`: it advertises the proxy's address, and
+    Kafka clients learn broker addresses from metadata, so every connection after the bootstrap goes through
+    the proxy. ``proxy.cut()`` is a broker outage as clients see it; the data survives it (the broker process
+    keeps running). ``broker`` (its bootstrap is direct) creates topics and produces."""
 
-    def __init__(self, proxy: FaultProxy) -> None:
-        super().__init__()
-        self.proxy = proxy
+    broker: TansuBroker
+    proxy: FaultProxy
 
     @property
     def bootstrap(self) -> str:
-        if self._port is None:
-            raise RuntimeError("ProxiedBroker is not started")
+        """The address jobs are given: the proxy's."""
         return self.proxy.address
-
-    def _launch(self, binary: Path) -> None:
-        # LocalBroker._launch with the advertised listener on the proxy's port
-        self._port = _free_port()
-        self.proxy.set_upstream("127.0.0.1", self._port)
-        cmd = [
-            str(binary), "broker",
-            "--listener-url", f"tcp://127.0.0.1:{self._port}",
-            "--advertised-listener-url", f"tcp://{self.proxy.address}",
-            "--storage-engine", "memory://tansu/",
-        ]  # fmt: skip
-        drop = {"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "SCHEMA_REGISTRY"}
-        env = {k: v for k, v in os.environ.items() if k not in drop and k != "OTEL_EXPORTER_OTLP_ENDPOINT"}
-        env["NO_COLOR"] = "1"
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-            )
-        self._wait_ready()
 
 
 @pytest.fixture
-def broker_proxy() -> Iterator[ProxiedBroker]:
-    """A fresh tansu broker behind a fault proxy (``.proxy``); fails if it cannot start."""
-    with FaultProxy() as proxy:
-        b = ProxiedBroker(proxy)
-        b.start()
-        try:
-            yield b
-        finally:
-            # tansu waits 5 s for open connections before it obeys SIGTERM, and a finished job may leave a
-            # client connected until it is garbage-collected: close them first
-            proxy.cut()
-            b.stop()
+def proxied_broker() -> Iterator[ProxiedBroker]:
+    """A fresh tansu broker behind a fault proxy (fails, never skips, if it cannot start)."""
+    proxy = FaultProxy().start()
+    broker = TansuBroker()
+    broker.advertised_port = proxy.port
+    try:
+        broker.start()
+        proxy.set_upstream("127.0.0.1", int(broker.bootstrap.rsplit(":", 1)[1]))
+        yield ProxiedBroker(broker, proxy)
+    finally:
+        # tansu waits 5 s for open connections before it obeys SIGTERM, and a finished job may leave a
+        # client connected until it is garbage-collected: close them first
+        proxy.cut()
+        broker.stop()
+        proxy.stop()
 
 
 @pytest.fixture

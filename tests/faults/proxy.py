@@ -1,11 +1,13 @@
-"""A TCP fault proxy on loopback: the network faults of the fault tier (cut, delay, reset, blackhole).
+"""A TCP fault proxy on loopback: the network faults of the fault tier (cut, reject, reset, blackhole, delay).
 
 It sits between sluice and a server it talks to (the tansu broker, moto's S3 server) and forwards bytes both
 ways until a test switches a fault on:
 
-* ``cut()``: every open connection is closed (FIN to both ends), and until ``restore()`` every new
-  connection is accepted and reset at once (``refused``). The listening port stays the proxy's, so nothing
-  else can take it during the outage and ``restore()`` never has to bind again.
+* ``cut()``: the proxy stops listening and closes every open connection: new connections are refused by
+  the kernel (ECONNREFUSED), as when the server's process is gone. ``restore()`` listens on the same port
+  again. Only the connections it closed are counted (``cut``): refused ones never reach the proxy.
+* ``reject()``: an outage the proxy can count: open connections are closed, and every new one is accepted
+  and reset at once (``refused``) until ``restore()``.
 * ``reset()``: every open connection is aborted with a TCP RST (SO_LINGER 0) to both ends, once; new
   connections pass.
 * ``blackhole()``: connections are accepted but nothing is answered: open ones stop forwarding (bytes stay
@@ -34,7 +36,8 @@ from typing import Any, Literal, TypeVar
 __all__ = ["FaultProxy", "ProxyStats"]
 
 T = TypeVar("T")
-Mode = Literal["pass", "cut", "blackhole"]
+Mode = Literal["pass", "cut", "reject", "blackhole"]
+Outage = Literal["cut", "reject", "blackhole"]
 _CHUNK = 64 * 1024
 
 
@@ -44,8 +47,8 @@ class ProxyStats:
 
     accepted: int = 0  # connections accepted from clients
     forwarded: int = 0  # of those, connected upstream
-    cut: int = 0  # open connections closed by cut()
-    refused: int = 0  # connections accepted and reset at once while cut
+    cut: int = 0  # open connections closed by cut() or reject()
+    refused: int = 0  # connections accepted and reset at once by reject()
     reset: int = 0  # open connections aborted by reset()
     held: int = 0  # connections stalled by a blackhole (open at blackhole() or accepted during it)
     upstream_failed: int = 0  # connections whose upstream could not be reached
@@ -195,17 +198,23 @@ class FaultProxy:
 
     # -- faults ----------------------------------------------------------------------------------------
     def cut(self) -> None:
-        """Close every open connection and reset new ones until :meth:`restore`."""
+        """Stop listening and close every open connection until :meth:`restore` (connections refused)."""
+        self._call(lambda: self._outage("cut"))
 
-        def act() -> None:
-            self._mode = "cut"
-            self._open.set()  # held connections are cut too
-            self.stats.cut += len(self._conns)
-            for c in list(self._conns):
-                c.close(rst=False)
-            self._conns.clear()
+    def reject(self) -> None:
+        """Close every open connection and reset each new one at once (counted) until :meth:`restore`."""
+        self._call(lambda: self._outage("reject"))
 
-        self._call(act)
+    def _outage(self, mode: Mode) -> None:
+        self._mode = mode
+        self._open.set()  # held connections end too
+        self.stats.cut += len(self._conns)
+        for c in list(self._conns):
+            c.close(rst=False)
+        self._conns.clear()
+        if mode == "cut" and self._server is not None:
+            self._server.close()
+            self._server = None
 
     def reset(self) -> None:
         """Abort every open connection with a TCP RST (new connections pass)."""
@@ -237,22 +246,30 @@ class FaultProxy:
         self._call(act)
 
     def restore(self) -> None:
-        """Pass traffic again: end a cut or a blackhole, drop the delay."""
+        """Pass traffic again: end a cut, a rejection or a blackhole (listening again on the same port after
+        a cut), drop the delay."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._restore(), self._loop).result(10)
 
-        def act() -> None:
-            self._mode = "pass"
-            self._delay = 0.0
-            self._open.set()
+    async def _restore(self) -> None:
+        if self._server is None:  # listening again before the mode says so
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self._port, reuse_address=True)
+        self._mode = "pass"
+        self._delay = 0.0
+        self._open.set()
 
-        self._call(act)
+    def start_outage(self, kind: Outage) -> ProxyStats:
+        """Start a ``kind`` fault; returns the stats at its start (for :meth:`ProxyStats.since`)."""
+        before = self.stats.copy()
+        {"cut": self.cut, "reject": self.reject, "blackhole": self.blackhole}[kind]()
+        return before
 
     @contextmanager
-    def fault(self, kind: Literal["cut", "blackhole"]) -> Iterator[ProxyStats]:
+    def fault(self, kind: Outage) -> Iterator[ProxyStats]:
         """``with proxy.fault("cut") as hit:`` the fault holds inside the block; ``hit`` (filled in when the
         block ends) holds what it did."""
-        before = self.stats.copy()
+        before = self.start_outage(kind)
         hit = ProxyStats()
-        (self.cut if kind == "cut" else self.blackhole)()
         try:
             yield hit
         finally:
@@ -260,19 +277,14 @@ class FaultProxy:
             for f in fields(hit):
                 setattr(hit, f.name, getattr(self.stats.since(before), f.name))
 
-    def outage_for(self, seconds: float, kind: Literal["cut", "blackhole"] = "cut") -> ProxyStats:
+    def outage_for(self, seconds: float, kind: Outage = "cut") -> ProxyStats:
         """Start a ``kind`` fault that ends by itself after ``seconds``; returns the stats at its start (for
         :meth:`ProxyStats.since`). The fault's length is a parameter of the fault, not a wait of the test."""
-        before = self.stats.copy()
-        (self.cut if kind == "cut" else self.blackhole)()
+        before = self.start_outage(kind)
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._loop.call_later, seconds, self._restore_now)
+        loop = self._loop
+        loop.call_soon_threadsafe(loop.call_later, seconds, lambda: loop.create_task(self._restore()))
         return before
-
-    def _restore_now(self) -> None:
-        self._mode = "pass"
-        self._delay = 0.0
-        self._open.set()
 
     @property
     def mode(self) -> str:
@@ -294,7 +306,7 @@ class FaultProxy:
     # -- forwarding ------------------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
-        if self._mode == "cut":
+        if self._mode in ("cut", "reject"):  # (cut: accepted just before the listener closed)
             self.stats.refused += 1
             _rst(writer)
             return
@@ -303,8 +315,8 @@ class FaultProxy:
         if not self._open.is_set():
             self.stats.held += 1
             await self._open.wait()
-            if self.mode == "cut" or conn not in self._conns:
-                return  # cut while held (cut() closed it)
+            if self.mode in ("cut", "reject") or conn not in self._conns:
+                return  # cut while held (the outage closed it)
         if self.upstream is None:
             self.stats.upstream_failed += 1
             self._drop(conn, rst=True)

@@ -77,7 +77,7 @@ def s3_outage(
     p = pipeline(name, inp, out, cc, FixedDelayRestart(attempts=10, delay=delay_s))
     client = p.start(runtime="local", restore="none", control_endpoint=None)
     wait_until(lambda: completed(client) >= 2, "two checkpoints before the outage", client)
-    before = s3.proxy.outage_for(outage_s)
+    before = s3.proxy.outage_for(outage_s, "reject")  # counted: a pool may hold no open connection then
     wait_until(lambda: s3.proxy.mode == "pass", "the outage to end")
     hit = s3.proxy.stats.since(before)
     fired = hit.hit > 0  # the job ran when the outage began: a connection it cut or refused was the job's
@@ -151,7 +151,7 @@ def produce(broker: ProxiedBroker, topic: str, start: int, n: int) -> list[int]:
         values = [
             json.dumps({"id": i, "p": part, "ts": 1_700_000_000_000 + i}).encode() for i in range(first, first + n)
         ]
-        broker.produce(topic, values, partition=part)
+        broker.broker.produce(topic, values, partition=part)
         ids.extend(range(first, first + n))
     return ids
 
@@ -168,7 +168,7 @@ def broker_outage(
     while it waits for the second (its stopping offsets lie beyond what exists), the fault ends, the second
     half is produced; the job must end with both halves."""
     topic = "outage"
-    broker.create_topic(topic, 2)
+    broker.broker.create_topic(topic, 2)
     ids = produce(broker, topic, 0, 600)
     stops = {(topic, p): 1000 for p in (0, 1)}  # 400 more per partition come after the outage
     timeout = 2.0 if fails_over else 120.0
@@ -225,37 +225,37 @@ def broker_outage(
 
 @pytest.mark.faults
 @pytest.mark.kafka
-def test_broker_outage_shows_the_source_stalled_then_resumes(broker_proxy: ProxiedBroker, tmp_path: Path) -> None:
-    broker_outage(broker_proxy, Output("files", str(tmp_path / "out")), tmp_path, fails_over=False)
+def test_broker_outage_shows_the_source_stalled_then_resumes(proxied_broker: ProxiedBroker, tmp_path: Path) -> None:
+    broker_outage(proxied_broker, Output("files", str(tmp_path / "out")), tmp_path, fails_over=False)
 
 
 @pytest.mark.soak
 @pytest.mark.kafka
 def test_soak_unanswering_broker_shows_the_source_stalled_then_resumes(
-    broker_proxy: ProxiedBroker, tmp_path: Path
+    proxied_broker: ProxiedBroker, tmp_path: Path
 ) -> None:
     """A blackholed broker (connections accepted, never answered: a partition, a hung broker)."""
     out = Output("files", str(tmp_path / "out"))
-    broker_outage(broker_proxy, out, tmp_path, fails_over=False, kind="blackhole")
+    broker_outage(proxied_broker, out, tmp_path, fails_over=False, kind="blackhole")
 
 
 @pytest.mark.faults
 @pytest.mark.kafka
 @pytest.mark.parametrize("sink", SINKS)
 def test_broker_outage_longer_than_the_timeout_fails_over(
-    broker_proxy: ProxiedBroker, tmp_path: Path, sink: str
+    proxied_broker: ProxiedBroker, tmp_path: Path, sink: str
 ) -> None:
-    broker_outage(broker_proxy, Output(sink, str(tmp_path / "out")), tmp_path, fails_over=True)
+    broker_outage(proxied_broker, Output(sink, str(tmp_path / "out")), tmp_path, fails_over=True)
 
 
 @pytest.mark.soak
 @pytest.mark.kafka
 @pytest.mark.parametrize("sink", SINKS)
-def test_soak_eighteen_second_broker_outage(broker_proxy: ProxiedBroker, tmp_path: Path, sink: str) -> None:
+def test_soak_eighteen_second_broker_outage(proxied_broker: ProxiedBroker, tmp_path: Path, sink: str) -> None:
     """The issue's case: the broker away for 18 s; stalled shown, failed over, output exactly once."""
 
     def hold(client: Any, proxy: FaultProxy) -> None:
         wait_until(lambda: stall_shown(client), "the source shown as stalled", client, 30)
         time.sleep(18)  # the outage's length is the fault's parameter, not a wait for a condition
 
-    broker_outage(broker_proxy, Output(sink, str(tmp_path / "out")), tmp_path, fails_over=True, hold=hold)
+    broker_outage(proxied_broker, Output(sink, str(tmp_path / "out")), tmp_path, fails_over=True, hold=hold)

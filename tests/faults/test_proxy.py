@@ -8,6 +8,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 import pytest
 
@@ -71,10 +72,10 @@ def closed_by_peer(s: socket.socket) -> bool:
 
 
 def refused(p: FaultProxy) -> bool:
-    """Whether a new connection is reset (while connecting or at its first read)."""
+    """Whether a new connection is refused or reset (while connecting or at its first read)."""
     try:
         s = connect(p)
-    except ConnectionResetError:
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
     with s:
         return closed_by_peer(s)
@@ -101,6 +102,20 @@ def test_cut_closes_open_connections_and_refuses_new_ones_until_restored(proxy: 
     s = connect(proxy)
     assert roundtrip(s, b"a") == b"a"
     proxy.cut()
+    assert closed_by_peer(s)
+    s.close()
+    with pytest.raises(ConnectionRefusedError):  # nothing listens: the kernel refuses, as for a dead server
+        connect(proxy)
+    assert proxy.stats.cut == 1 and proxy.stats.refused == 0
+    proxy.restore()  # listening again on the same port
+    with connect(proxy) as again:
+        assert roundtrip(again, b"back") == b"back"
+
+
+def test_reject_closes_open_connections_and_resets_new_ones_counting_them(proxy: FaultProxy) -> None:
+    s = connect(proxy)
+    assert roundtrip(s, b"a") == b"a"
+    proxy.reject()
     assert closed_by_peer(s)
     s.close()
     assert refused(proxy)  # the port still accepts: then resets at once
@@ -164,12 +179,13 @@ def test_unreachable_upstream_closes_the_client_and_is_counted() -> None:
         wait_for(lambda: p.stats.upstream_failed == 1, "the failed upstream to be counted")
 
 
-def test_outage_for_ends_by_itself(proxy: FaultProxy) -> None:
-    before = proxy.outage_for(0.2)
-    assert proxy.mode == "cut"
+@pytest.mark.parametrize("kind", ["cut", "reject"])
+def test_outage_for_ends_by_itself(proxy: FaultProxy, kind: Literal["cut", "reject"]) -> None:
+    before = proxy.outage_for(0.2, kind)
+    assert proxy.mode == kind
     assert refused(proxy)
     wait_for(lambda: proxy.mode == "pass", "the outage to end")
-    assert proxy.stats.since(before).refused >= 1
+    assert proxy.stats.since(before).refused == (1 if kind == "reject" else 0)
     with connect(proxy) as s:
         assert roundtrip(s, b"ok") == b"ok"
 
