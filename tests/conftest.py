@@ -149,3 +149,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             "fired by mode: " + ", ".join(f"{m} {sum(1 for s in fired if s['mode'] == m)}" for m in modes)
         )
+        beyond = sorted({s["family"] for s in _SCENARIOS if s.get("tier") == "beyond"})
+        if beyond:  # the faults that are not crashes (tests/faults/beyond.py): outages, full disks, lost files
+            terminalreporter.write_line(
+                "beyond crashes, fired by family: "
+                + ", ".join(f"{f} {sum(1 for s in fired if s['family'] == f)}" for f in beyond)
+            )

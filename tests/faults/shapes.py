@@ -38,12 +38,22 @@ SCENARIO_LOG: list[dict[str, Any]] = []
 
 
 def record(
-    family: str, scenario: Any, shape: str, mode: str, fired: bool, crashes: int, got: Any, expected: Any
+    family: str,
+    scenario: Any,
+    shape: str,
+    mode: str,
+    fired: bool,
+    crashes: int,
+    got: Any,
+    expected: Any,
+    tier: str = "crashes",
 ) -> None:
-    """Log a scenario for the summary line: whether its faults fired, its crashes, rows lost and duplicated."""
+    """Log a scenario for the summary line: whether its faults fired, its crashes, rows lost and duplicated;
+    ``tier`` "beyond" for the faults that are not crashes (tests/faults/beyond.py), counted by family."""
     g, e = Counter(got), Counter(expected)
     SCENARIO_LOG.append(
         {
+            "tier": tier,
             "family": family,
             "scenario": scenario,
             "shape": shape,

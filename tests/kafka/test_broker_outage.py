@@ -1,6 +1,6 @@
 """A broker outage is visible and bounded (issue 21, point 7).
 
-The broker sits behind a TCP proxy (tests/kafka/proxy.py) that the test cuts: clients see a dead broker,
+The broker sits behind a TCP proxy (tests/faults/proxy.py) that the test cuts: clients see a dead broker,
 the data survives. While no broker is reachable, ``sluice status``, the progress line and the Prometheus
 metrics show the source as stalled, since when and why; checkpoints go on; a stop with a savepoint ends
 at once; once the outage outlasts ``broker_unavailable_timeout_s`` the reader fails over to a restart.
@@ -93,7 +93,7 @@ def test_an_outage_shows_as_stalled_and_the_job_reads_on_after_it(
     finally:
         client.cancel()
     got = _committed(tmp_path)
-    record("broker-outage", f"stalled-then-back-{runtime}", "kafka->test-sink", "proxy-cut", pb.proxy.cuts > 0, 0, got, ids)
+    record("broker-outage", f"stalled-then-back-{runtime}", "kafka->test-sink", "proxy-cut", pb.proxy.stats.cut > 0, 0, got, ids)
     assert got == sorted(ids)
 
 
@@ -120,7 +120,7 @@ def test_an_outage_longer_than_the_timeout_fails_over_to_one_restart(
     finally:
         client.cancel()
     got = _committed(tmp_path)
-    record("broker-outage", "timeout-failover", "kafka->test-sink", "proxy-cut", pb.proxy.cuts > 0, 1, got, ids)
+    record("broker-outage", "timeout-failover", "kafka->test-sink", "proxy-cut", pb.proxy.stats.cut > 0, 1, got, ids)
     assert got == sorted(ids)
 
 
@@ -157,7 +157,7 @@ def test_a_stop_with_a_savepoint_during_an_outage_ends_at_once(
     finally:
         client.cancel()
     got = _committed(tmp_path)
-    record("broker-outage", "stop-during-outage", "kafka->test-sink", "proxy-cut", pb.proxy.cuts > 0, 0, got, ids)
+    record("broker-outage", "stop-during-outage", "kafka->test-sink", "proxy-cut", pb.proxy.stats.cut > 0, 0, got, ids)
     assert got == sorted(ids)
 
 
