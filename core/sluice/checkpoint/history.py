@@ -2,7 +2,7 @@
 
 ``<job-dir>/_checkpoints`` (JSON, rewritten atomically after each checkpoint's ``_metadata``) lists the
 completed checkpoints and savepoints the job retains, oldest first: id, folder and kind. With the stats
-history (``_stats.jsonl``) it says which checkpoint completed last, so restoring "latest" when that one is
+history (``_stats.jsonl``) it says which checkpoint (or savepoint) completed last, so restoring "latest" when that one is
 missing or unreadable is refused by name (:func:`latest_checkpoint`), never replaced by an older
 checkpoint or an empty start. :class:`CompletedCheckpointStore` keeps the record while a coordinator
 runs: retention, and the discards of subsumed and failed checkpoints, done by one cleanup thread off the
@@ -77,16 +77,12 @@ def _write_index(storage: CheckpointStorage, entries: dict[int, dict[str, Any]],
 
 
 def expected_latest(storage: CheckpointStorage) -> int | None:
-    """The id of the job's newest completed checkpoint (not savepoint) as its index and its stats history
+    """The id of the job's newest completed checkpoint or savepoint as its index and its stats history
     record it, or None if they record none."""
     index = read_index(storage) or {}
     cleared = int(index.get("cleared_through", 0))
-    ids = [int(e["id"]) for e in index.get("checkpoints", []) if e["kind"] == "checkpoint"]
-    ids += [
-        int(r["checkpoint_id"])
-        for r in storage.read_stats()
-        if r.get("status") == "completed" and r.get("kind", "checkpoint") == "checkpoint"
-    ]
+    ids = [int(e["id"]) for e in index.get("checkpoints", [])]
+    ids += [int(r["checkpoint_id"]) for r in storage.read_stats() if r.get("status") == "completed"]
     ids = [i for i in ids if i > cleared]
     return max(ids, default=None)
 
@@ -119,7 +115,11 @@ def refused(what: str, older: str | None) -> RestoreError:
 def latest_checkpoint(
     storage: CheckpointStorage, expected: int | None, floor: int = 0
 ) -> tuple[str | None, str | None]:
-    """The newest completed checkpoint (not savepoint) with an id >= ``floor``, and the one before it.
+    """The newest completed checkpoint or savepoint with an id >= ``floor``, and the one before it.
+
+    Savepoints count: sinks commit them like checkpoints, so the newest of either kind is where the job's
+    committed output ends (a rerun after stop-with-savepoint resumes from that savepoint; a restart after
+    a crash that followed a mid-run savepoint restores it, unless a checkpoint completed after it).
 
     Returns (None, None) if there is none and none is ``expected``.
 
@@ -127,12 +127,14 @@ def latest_checkpoint(
         RestoreError: checkpoint ``expected`` (the newest the job completed, by its records) is missing:
             its folder or its metadata file is gone. Older checkpoints are never taken in its place.
     """
-    done = [(cid, p) for cid, p, sp in storage.completed() if not sp and cid >= floor]
+    cleared = int((read_index(storage) or {}).get("cleared_through", 0))  # discarded on purpose (a cancel)
+    done = [(cid, p) for cid, p, _ in storage.completed() if cid >= max(floor, cleared + 1)]
     present = [p for _, p in done]
     if expected is not None and (not done or done[-1][0] < expected):
-        where = storage.checkpoint_dir(expected)
         names = storage.retrying("list", storage.list_dirs, storage.job_dir())
-        why = "it has no _metadata file" if where.rsplit("/", 1)[1] in names else "its folder is gone"
+        folder = next((n for n in names if n in (f"chk-{expected}", f"savepoint-{expected}")), None)
+        where = f"{storage.job_dir()}/{folder}" if folder else storage.checkpoint_dir(expected)
+        why = "it has no _metadata file" if folder else "its folder is gone"
         raise refused(
             f"the job's newest completed checkpoint {expected} ({where}) is missing: {why}",
             present[-1] if present else None,

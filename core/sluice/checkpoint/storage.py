@@ -16,6 +16,7 @@ permission, a full disk) are raised at once.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
@@ -234,6 +235,8 @@ class CheckpointStorage(ABC):
             self.retrying("probe", self.write_file, f"{probe}/probe", b"sluice")
             self.retrying("probe", self.delete_dir, probe)
         except Exception as exc:
+            with contextlib.suppress(Exception):  # the probe's folder, if it was made (a full disk)
+                self.delete_dir(probe)
             text = " ".join(f"{type(exc).__name__}: {exc}".split())
             error = StorageError(
                 f"checkpoint storage {self.base} is not writable: {text} (CheckpointConfig.storage, "
