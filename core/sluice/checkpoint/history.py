@@ -103,7 +103,8 @@ def highest_id(storage: CheckpointStorage) -> int:
 _HINT = (
     "sluice does not fall back to an older checkpoint or to an empty start on its own: restore an older "
     "checkpoint on purpose with --restore <path> (restore=<path>){example}, or start without state with "
-    "--restore none"
+    "--restore none (sinks that already committed a newer checkpoint refuse either unless you also pass "
+    "--allow-reprocessing: the rows after it are then written twice)"
 )
 
 
