@@ -117,16 +117,23 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             for ek in list(t.data):
                 if key_end(ek) == len(ek):
                     yield kg, decode_key(ek)
+        for kg, rows in list(self._pending.get(name, [])):
+            seen = set()
+            for key, ns in zip(rows.column("key").to_pylist(), rows.column("namespace").to_pylist(), strict=True):
+                if not ns and key not in seen:
+                    seen.add(key)
+                    yield kg, decode_key(key)
 
     @property
     def timers(self) -> TimerService:
         return self._timers
 
     # -- TTL ------------------------------------------------------------------------------------------
-    def background_cleanup(self, reg: RegisteredState) -> None:
-        """A step of the incremental cleanup, run on each access of a state with TTL."""
+    def background_cleanup(self, reg: RegisteredState, accesses: int = 1) -> None:
+        """A step of the incremental cleanup, run on each access of a state with TTL (Flink's incremental
+        cleanup: ``cleanup_size`` entries per access)."""
         assert reg.ttl is not None
-        self.cleanup_expired(reg.ttl.cleanup_size)
+        self.cleanup_expired(reg.ttl.cleanup_size * accesses)
 
     def _scan(self) -> Iterator[int]:
         for name, reg in list(self._registered.items()):

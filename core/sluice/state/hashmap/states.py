@@ -214,8 +214,14 @@ class HeapBatchValueState(BatchValueState):
         self._be = backend
         self._reg = reg
         self._tables = backend.tables_of(reg.name)
+        self._tick = reg.ttl is not None and reg.ttl.cleanup_in_background
+
+    def _cleanup(self, keys: KeyBatch) -> None:
+        if self._tick:
+            self._be.background_cleanup(self._reg, len(keys))
 
     def get(self, keys: KeyBatch) -> pa.Array:
+        self._cleanup(keys)
         tables, reg, out = self._tables, self._reg, []
         now = self._be.clock() if reg.ttl is not None else 0
         for kb, kg in zip(keys.keys, keys.key_groups.tolist(), strict=True):
@@ -235,6 +241,7 @@ class HeapBatchValueState(BatchValueState):
     def put(self, keys: KeyBatch, values: pa.Array) -> None:
         from sluice.state.hashmap.tables import Table
 
+        self._cleanup(keys)
         tables, reg = self._tables, self._reg
         expiry = reg.expiry(self._be.clock()) if reg.ttl is not None else None
         for kb, kg, v in zip(keys.keys, keys.key_groups.tolist(), values.to_pylist(), strict=True):
@@ -248,6 +255,7 @@ class HeapBatchValueState(BatchValueState):
             t.put(kb, v if expiry is None else (v, expiry))
 
     def delete(self, keys: KeyBatch) -> None:
+        self._cleanup(keys)
         tables = self._tables
         for kb, kg in zip(keys.keys, keys.key_groups.tolist(), strict=True):
             t = tables.get(kg)
