@@ -24,6 +24,9 @@ def test_a_file_lives_while_a_retained_checkpoint_uses_it() -> None:
 def test_a_placeholder_of_an_unknown_file_declines_the_checkpoint() -> None:
     reg = SharedStateRegistry()
     reg.register_checkpoint(1, [SharedRef("a")])
+    reg.validate(2, [SharedRef("a", True), SharedRef("new")])
+    with pytest.raises(CheckpointError, match="gone"):
+        reg.validate(2, [SharedRef("gone", True)])
     with pytest.raises(CheckpointError) as info:
         reg.register_checkpoint(2, [SharedRef("a", True), SharedRef("gone", True), SharedRef("new")])
     assert info.value.reason is CheckpointFailureReason.DECLINED and "gone" in str(info.value)

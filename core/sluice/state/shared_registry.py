@@ -72,20 +72,29 @@ class SharedStateRegistry:
         """
         refs = list(refs)
         if not restored:
-            unknown = sorted({r.path for r in refs if r.placeholder and r.path not in self._entries})
-            if unknown:
-                raise CheckpointError(
-                    CheckpointFailureReason.DECLINED,
-                    f"it reuses {len(unknown)} shared state file(s) no retained checkpoint holds (e.g. {unknown[0]}); "
-                    "the next checkpoint uploads them again",
-                    checkpoint_id,
-                )
+            self.validate(checkpoint_id, refs)
         for r in refs:
             e = self._entries.get(r.path)
             if e is None:
                 self._entries[r.path] = _Entry(checkpoint_id, checkpoint_id)
             elif checkpoint_id > e.last_used:
                 e.last_used = checkpoint_id
+
+    def validate(self, checkpoint_id: int, refs: Iterable[SharedRef]) -> None:
+        """Refuse a checkpoint whose placeholders name files no retained checkpoint holds; call it before
+        the checkpoint's metadata is written, so a declined checkpoint never looks completed.
+
+        Raises:
+            CheckpointError: (``DECLINED``) naming one such file.
+        """
+        unknown = sorted({r.path for r in refs if r.placeholder and r.path not in self._entries})
+        if unknown:
+            raise CheckpointError(
+                CheckpointFailureReason.DECLINED,
+                f"it reuses {len(unknown)} shared state file(s) no retained checkpoint holds (e.g. {unknown[0]}); "
+                "the next checkpoint uploads them again",
+                checkpoint_id,
+            )
 
     def unregister_unused(self, lowest_retained: int) -> list[str]:
         """Forget and return the files no checkpoint from ``lowest_retained`` on uses: delete them now."""

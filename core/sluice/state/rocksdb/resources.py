@@ -37,8 +37,10 @@ class RocksResources:
         self.memory = memory
         self.cache = rd.Cache(memory)
         self.write_buffers = int(memory * write_buffer_ratio)
+        # allow_stall: writes wait for a flush when the write buffers are full, so a slow disk or a busy CPU
+        # delays writes instead of letting memtables grow past the budget
         self.write_buffer_manager = rd.WriteBufferManager.new_write_buffer_manager_with_cache(
-            self.write_buffers, False, self.cache
+            self.write_buffers, True, self.cache
         )
         self._lock = threading.Lock()
 
