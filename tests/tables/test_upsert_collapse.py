@@ -132,8 +132,11 @@ def test_staged_files_no_commit_will_read_are_deleted_and_the_rest_kept(tmp_path
     restored = [stage(fs, root, 3, 0, t), stage(fs, root, 4, 1, t)]  # checkpoint 4 restored, 3 carried in it
     never = stage(fs, root, 5, 0, t)  # checkpoint 5 never completed
     other_job = stage(fs, root, 9, 0, t, job="other")
-    removed = remove_orphaned_changes(fs, root, "job", committed=2, keep={f.path for f in restored})  # type: ignore[attr-defined]
-    assert removed == 2
+    stray = stage(fs, root, 3, 1, t)  # of checkpoint 3, in no checkpoint (say, staged again by a zombie)
+    assert remove_orphaned_changes(fs, root, "job", committed=2, restored=4) == 2  # without the list
+    assert (tmp_path / stray.path).exists()  # type: ignore[attr-defined]
+    removed = remove_orphaned_changes(fs, root, "job", committed=2, restored=4, keep={f.path for f in restored})  # type: ignore[attr-defined]
+    assert removed == 1
     left = {p.name for p in (tmp_path / CHANGES_DIR).iterdir()}
     assert left == {Path(f.path).name for f in [*restored, other_job]}  # type: ignore[attr-defined]
     assert Path(applied.path).name not in left and Path(never.path).name not in left  # type: ignore[attr-defined]

@@ -221,7 +221,7 @@ def test_a_crash_before_the_commit_leaves_nothing_once_the_next_attempt_starts(l
     again = Upserts(local_target)
     fs, root = again.fs()
     keep = {f.path for f in restored_files}
-    assert remove_orphaned_changes(fs, root, "job", again.engine.committed(), keep) == 1
+    assert remove_orphaned_changes(fs, root, "job", again.engine.committed(), 2, keep) == 1
     if local_target.kind == "iceberg":
         assert again.engine.remove_orphans() >= 1, "the crashed merge's files were not found"  # type: ignore[union-attr]
     assert sorted(Path(p).name for p in staged_left(again)) == sorted(Path(f.path).name for f in restored_files)
@@ -246,7 +246,7 @@ def data_files_on_storage(target: Target) -> list[str]:
 
 
 def replaced_merge_files(target: Target) -> set[str]:
-    """Merged files some older snapshot references (kept for time travel)."""
+    """The data files some snapshot references (replaced ones are kept for time travel)."""
     table = target.iceberg_table()
     names = set()
     for s in table.snapshots():

@@ -202,15 +202,22 @@ def delete_staged(fs: pafs.FileSystem, root: str, files: Sequence[TableFile]) ->
 
 
 def remove_orphaned_changes(
-    fs: pafs.FileSystem, root: str, job_id: str, committed: int, keep: Collection[str] = ()
+    fs: pafs.FileSystem,
+    root: str,
+    job_id: str,
+    committed: int,
+    restored: int | None,
+    keep: Collection[str] | None = None,
 ) -> int:
     """Delete staged change files of ``job_id`` that no commit will read; returns how many.
 
-    Call it before an attempt's first commit, with ``committed`` the highest checkpoint of the job the table
-    holds and ``keep`` the paths of every staged file the restored checkpoint still commits. A file of a
-    checkpoint up to ``committed`` was applied (a merge of checkpoint n applies every staged file up to n);
-    a later one that ``keep`` does not name belongs to a checkpoint that never completed.
+    Call it before an attempt's first commit, with ``committed`` the highest checkpoint of the job and sink
+    the table holds and ``restored`` the checkpoint the attempt restores (None: none). A file of a checkpoint
+    up to ``committed`` was applied (the merge of checkpoint n applies every staged file up to n); one after
+    both ``committed`` and ``restored`` belongs to a checkpoint that never completed. Given ``keep`` (the
+    paths of every staged file the restored checkpoint names), a file it does not name is deleted as well.
     """
+    upto = max(committed, restored or 0)
     removed = 0
     selector = pafs.FileSelector(f"{root}/{CHANGES_DIR}", recursive=True, allow_not_found=True)
     for info in fs.get_file_info(selector):
@@ -218,7 +225,7 @@ def remove_orphaned_changes(
         parsed = parse_data_file_name(rel)
         if info.type != pafs.FileType.File or parsed is None or parsed[0] != job_id:
             continue
-        if parsed[1] <= committed or rel not in keep:
+        if parsed[1] <= committed or parsed[1] > upto or (keep is not None and rel not in keep):
             fs.delete_file(info.path)
             removed += 1
     if removed:
