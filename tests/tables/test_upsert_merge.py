@@ -157,13 +157,12 @@ def concurrent_compaction(target: Target) -> Any:
             metrics = DeltaTable(f"{target.root}/table", storage_options=target._delta_options()).optimize.compact()
             assert metrics["numFilesRemoved"] >= 2, metrics
         else:
-            import threading
-
-            from sluice.sinks.iceberg.rewrite import rewrite_small_files
             from sluice.sinks.tables import RewritePolicy
 
+            from tests.tables.test_rewrite import rewrite_now
+
             policy = RewritePolicy(every=1, min_files=2, target_size=64 * 1024 * 1024)
-            assert rewrite_small_files(target.sink(), policy, threading.Lock()) >= 2  # type: ignore[arg-type]
+            assert rewrite_now(target, target.sink(), policy) >= 2
 
     hook.calls = calls  # type: ignore[attr-defined]
     return hook
@@ -261,3 +260,32 @@ def test_upserts_on_s3(kind: str, moto_s3: MotoS3, tmp_path: Path) -> None:
     prefixes = run_stream(up, checkpoints=3, per_checkpoint=120, keys=30, seed=4)
     assert up.engine.apply(3, as_table([Change(1, Op.DELETE, None, None, 1)])) is CommitOutcome.ALREADY_COMMITTED
     assert up.state() == prefixes[-1]
+
+
+def test_an_update_moving_a_row_to_another_partition_leaves_no_copy_behind(local_target: Target) -> None:
+    up = Upserts(local_target, partition_by=("region",))
+    rng = random.Random(13)
+    ref: dict[int, tuple[str, float]] = {}
+    order = 0
+    for cid in range(1, 6):
+        rows = []
+        for _ in range(60):
+            k, op = rng.randrange(30), rng.choice([Op.INSERT, Op.UPDATE, Op.UPDATE, Op.DELETE])
+            region = rng.choice(["eu", "us", "ap"])  # an update may move its key to another region
+            rows.append((k, op, region, float(order)))
+            order += 1
+        body = pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "region": [r[2] for r in rows],
+                         "amount": [r[3] for r in rows]})
+        f = up.stage(cid, change_table(body, [int(r[1]) for r in rows], range(order - len(rows), order)))
+        assert up.commit(cid, [f]) is CommitOutcome.COMMITTED
+        for k, op, region, amount in rows:
+            if op is Op.DELETE:
+                ref.pop(k, None)
+            else:
+                ref[k] = (region, amount)
+        got = local_target.read()
+        ids = got.column("id").to_pylist()
+        assert len(ids) == len(set(ids)), f"a key is in two partitions after checkpoint {cid}"
+        assert dict(zip(ids, zip(got.column("region").to_pylist(), got.column("amount").to_pylist(), strict=True),
+                        strict=True)) == ref
+    assert {p.split("/")[-2] for p in local_target.files()} <= {"region=eu", "region=us", "region=ap"}

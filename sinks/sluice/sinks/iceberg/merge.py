@@ -17,7 +17,9 @@ files as one overwrite snapshot. One file is in memory at a time, plus the check
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,9 @@ from sluice.sinks.tables.files import TableFile, write_parquet
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
-    from pyiceberg.table import Table
+    from pyiceberg.table import FileScanTask, Table
+
+_Read = tuple["FileScanTask", pa.Table, "np.ndarray[Any, np.dtype[np.bool_]]"]
 
 __all__ = ["MergeFiles", "conform", "key_mask", "merge_files"]
 
@@ -123,28 +127,52 @@ def merge_files(
     row_bytes = [_row_bytes(t.file) for t in tasks if t.file.record_count]
     default_row_bytes = float(np.median(row_bytes)) if row_bytes else _FALLBACK_ROW_BYTES
     write = _Writer(table, layout, fs, root, name, checkpoint_id, compression, target_file_size, keys, out)
-    for task in touched_files(table, tasks, changed):
+
+    def read(task: FileScanTask) -> tuple[FileScanTask, pa.Table, np.ndarray[Any, np.dtype[np.bool_]]]:
         rows = scan.to_table([task])
-        out.files_read += 1
-        hit = key_mask(rows, changed)
-        if not hit.any():
-            continue
-        out.replaced.append(task.file)
-        kept = conform(rows.filter(pa.array(~hit)), layout.file_schema)
-        out.rows_copied += kept.num_rows
-        parts = [kept]
-        path = spec.partition_to_path(task.file.partition, schema) if spec.fields else ""
-        if task.file.spec_id == spec.spec_id and path in groups:
-            candidates = groups[path]
-            take = key_mask(candidates, rows.filter(pa.array(hit)).select(list(keys))) & ~placed[path]
-            placed[path] |= take
-            parts.append(candidates.filter(pa.array(take)))
-        write.rows(pa.concat_tables(parts), _row_bytes(task.file))
-    for path, rows in groups.items():
-        rest = rows.filter(pa.array(~placed[path]))
-        if rest.num_rows:
-            write.rows(rest, default_row_bytes)
+        return task, rows, key_mask(rows, changed)
+
+    # reading, matching and writing run on two threads (Arrow releases the GIL): one file is read while the
+    # replacement of the previous one is written; placing the updated rows stays on this thread, in order
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="iceberg-merge") as pool:
+        writes: deque[Future[None]] = deque()
+        for task, rows, hit in _read_ahead(pool, read, touched_files(table, tasks, changed)):
+            out.files_read += 1
+            if not hit.any():
+                continue
+            out.replaced.append(task.file)
+            kept = conform(rows.filter(pa.array(~hit)), layout.file_schema)
+            out.rows_copied += kept.num_rows
+            parts = [kept]
+            path = spec.partition_to_path(task.file.partition, schema) if spec.fields else ""
+            if task.file.spec_id == spec.spec_id and path in groups:
+                candidates = groups[path]
+                take = key_mask(candidates, rows.filter(pa.array(hit)).select(list(keys))) & ~placed[path]
+                placed[path] |= take
+                parts.append(candidates.filter(pa.array(take)))
+            writes.append(pool.submit(write.rows, pa.concat_tables(parts), _row_bytes(task.file)))
+            while len(writes) > 1:  # at most one replacement waits: memory holds a few files at most
+                writes.popleft().result()
+        for path, rows in groups.items():
+            rest = rows.filter(pa.array(~placed[path]))
+            if rest.num_rows:
+                writes.append(pool.submit(write.rows, rest, default_row_bytes))
+        for w in writes:
+            w.result()
     return out
+
+
+def _read_ahead(
+    pool: ThreadPoolExecutor, fn: Callable[[FileScanTask], _Read], tasks: Sequence[FileScanTask]
+) -> Iterator[_Read]:
+    """``fn`` over ``tasks`` in order, the next one running while the caller handles the current one."""
+    queue: deque[Future[_Read]] = deque()
+    for task in tasks:
+        queue.append(pool.submit(fn, task))
+        if len(queue) > 1:
+            yield queue.popleft().result()
+    while queue:
+        yield queue.popleft().result()
 
 
 def _row_bytes(f: DataFile) -> float:
