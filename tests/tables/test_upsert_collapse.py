@@ -87,6 +87,8 @@ def test_bad_change_batches_are_refused_naming_the_column() -> None:
         collapse(good, ["id"])
     with pytest.raises(ChangeError, match="null 'k'"):
         collapse(change_table(pa.table({"k": [1, None]}), [0, 0], [1, 2]), ["k"])
+    with pytest.raises(ChangeError, match=f"null '{OP}'"):
+        collapse(change_table(pa.table({"k": [1, 2]}), [0, None], [1, 2]), ["k"])
     with pytest.raises(ChangeError, match=f"lack the {OP}"):
         collapse(good.drop_columns([OP]), ["k"])
     with pytest.raises(ChangeError, match="values outside"):

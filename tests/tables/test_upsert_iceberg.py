@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 from sluice.sink import CommitOutcome
 from sluice.sinks.iceberg.upsert import IcebergUpsert, pyiceberg_upsert
-from sluice.sinks.tables.changes import Op, collapse
+from sluice.sinks.tables.changes import Op, change_table, collapse
 
 from tests.tables.helpers import Target
 from tests.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream, table_state
@@ -143,3 +143,27 @@ def test_an_update_of_a_key_two_files_hold_lands_once(tmp_path: Path) -> None:
     last = up.engine.last
     assert last is not None and len(last.replaced) == 2
     assert up.state()[5] == ("once", 5.5)  # table_state fails on a duplicated key
+
+
+def test_string_and_date_keys_prune_by_their_bounds(tmp_path: Path) -> None:
+    import datetime
+
+    up = Upserts(Target("iceberg", str(tmp_path / "lake"), {}, str(tmp_path)), keys=("day", "sku"))
+
+    def batch(day: int, skus: list[str], op: Op, start: int) -> pa.Table:
+        body = pa.table({"day": pa.array([datetime.date(2024, 1, day)] * len(skus), pa.date32()), "sku": skus,
+                         "qty": pa.array(range(len(skus)), pa.int64())})
+        return change_table(body, [int(op)] * len(skus), range(start, start + len(skus)))
+
+    for i, day in enumerate((1, 2, 3)):  # one file per day, each holding skus a.. to z..
+        f = up.stage(i + 1, batch(day, [f"{c}-sku" for c in "acegikmoqsuwy"], Op.INSERT, i * 100))
+        assert up.commit(i + 1, [f]) is CommitOutcome.COMMITTED
+    f = up.stage(4, batch(2, ["k-sku", "zz"], Op.UPDATE, 1000))  # day 2 only; "zz" is past every file's range
+    assert up.commit(4, [f]) is CommitOutcome.COMMITTED
+    last = up.engine.last
+    assert last is not None and last.files_read == 1 and len(last.replaced) == 1
+    f = up.stage(5, batch(2, ["b-sku"], Op.DELETE, 2000))  # within day 2's range, absent: read, not replaced
+    assert up.commit(5, [f]) is CommitOutcome.COMMITTED
+    assert up.engine.last is not None and up.engine.last.files_read == 1 and not up.engine.last.replaced
+    rows = {(r["day"].day, r["sku"]): r["qty"] for r in up.target.read().to_pylist()}
+    assert len(rows) == 3 * 13 + 1 and rows[(2, "zz")] == 1 and rows[(2, "k-sku")] == 0

@@ -118,7 +118,8 @@ class DeltaUpsert:
     ) -> CommitOutcome:
         from deltalake.transaction import CommitProperties, Transaction
 
-        table = self.open() or self._create(changes.schema)
+        opened = self.open()
+        table = opened if opened is not None else self._create(changes.schema)
         done = table.transaction_version(self.app_id)
         if done is not None and done >= checkpoint_id:
             return CommitOutcome.ALREADY_COMMITTED

@@ -40,9 +40,9 @@ def internal_values(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.Chunked
     if pa.types.is_date64(t):
         return values.cast(pa.date32()).cast(pa.int32())
     if pa.types.is_timestamp(t):
-        return values.cast(pa.timestamp("us", tz=t.tz)).cast(pa.int64())
+        return pc.cast(values, pa.timestamp("us", tz=t.tz), safe=False).cast(pa.int64())
     if pa.types.is_time(t):
-        return values.cast(pa.time64("us")).cast(pa.int64())
+        return pc.cast(values, pa.time64("us"), safe=False).cast(pa.int64())
     if pa.types.is_dictionary(t):
         return internal_values(values.cast(t.value_type))
     return values

@@ -122,10 +122,11 @@ def collapse(changes: pa.Table, keys: Sequence[str], order: Sequence[str] = (ORD
     """
     check_changes(changes.schema, keys)
     n = changes.num_rows
-    for c in (*keys, *order):
+    for c in (*keys, OP, *order):
         if changes.column(c).null_count:
             raise ChangeError(
-                f"{changes.column(c).null_count} change(s) have a null {c!r}: a key and the order are required"
+                f"{changes.column(c).null_count} change(s) have a null {c!r}: the key, the operation and the "
+                "order are required"
             )
     if n == 0:
         return changes
