@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from itertools import islice, repeat
+from itertools import compress, islice, repeat
 from typing import Any
 
 import numpy as np
@@ -93,10 +93,12 @@ class EntryCache:
         missed = [keys[i] for i in where]
         found = list(map(self._clean.get, missed, repeat(_MISSING, len(missed))))
         if _MISSING in found:
-            unread = sorted({k for k, v in zip(missed, found, strict=True) if v is _MISSING})
+            unread = list(set(compress(missed, map(operator.is_, found, repeat(_MISSING, len(found))))))
+            if len(unread) > 1:
+                unread = [unread[i] for i in _order(unread)]
             fetched = dict(zip(unread, self._db().get(unread), strict=True))
             self._clean.update(fetched)
-            found = [fetched[k] if v is _MISSING else v for k, v in zip(missed, found, strict=True)]
+            found = list(map(fetched.get, missed, found))  # the value read where the cache had none
             self._grew(sum(map(len, unread)) + sum(map(len, filter(None, fetched.values()))))
         for i, v in zip(where, found, strict=True):
             got[i] = v
@@ -198,10 +200,9 @@ class EntryCache:
         budget = self._budget()
         size = self.measure()
         if size > _HIGH * budget:
-            self.flush()
+            self.flush()  # dirty entries join the clean ones: ``size`` is still an upper bound
             clean = self._clean
             n = len(clean)
-            size = self.measure()
             keep = int(n * min(1.0, budget / 2 / size)) if size else 0
             self._clean = dict(islice(clean.items(), n - keep, None))
             size = size * keep // n if n else 0
