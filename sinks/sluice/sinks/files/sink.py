@@ -173,7 +173,7 @@ class FileSink(Sink[FileCommittable]):
                 f"FileSink: path must be a local folder, file:// or s3://bucket/prefix (got {self.path!r})"
             )
         if self.path.startswith("s3://"):
-            from sluice.checkpoint.s3 import S3_OPTIONS, parse_s3_uri
+            from sluice.io.s3 import S3_OPTIONS, parse_s3_uri
 
             parse_s3_uri(self.path)
             unknown = sorted(set(self.storage_options) - set(S3_OPTIONS))
