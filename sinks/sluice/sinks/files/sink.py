@@ -32,6 +32,10 @@ class FileSink(Sink[FileCommittable]):
     visible under ``part-<job>-<checkpoint>-<subtask>-<seq>-<run><ext>`` when the checkpoint completes. See
     ``docs/file-sink.md``.
 
+    The arguments are checked when the sink is built and kept as ``options``, a frozen
+    :class:`~sluice.sinks.files.options.FileSinkOptions` that the writers, committers and compactor are
+    handed; each option is also an attribute of the sink.
+
     Args:
         path: a local folder, ``file://`` URI or ``s3://bucket/prefix``.
         format: ``"parquet"``, ``"json"`` (JSON lines) or ``"csv"``.

@@ -24,9 +24,9 @@ class TableSink(Sink[TableFile]):
     """Base of the table sinks: writers stage Parquet data files at pre-commit, a compactor stage keyed by
     partition merges them when ``compaction`` is on, one global commit per checkpoint publishes them.
 
-    A subclass builds its options (a :class:`~sluice.sinks.tables.options.TableSinkOptions`) in ``__init__``
-    and provides :meth:`table_format` (what the shared writer and compactor need of the table) and the global
-    committer.
+    A subclass builds its options (a frozen :class:`~sluice.sinks.tables.options.TableSinkOptions`, checked
+    there; each option is also an attribute of the sink) in ``__init__`` and provides :meth:`table_format`
+    (what the shared writer and compactor need of the table, made from the options) and the global committer.
     """
 
     global_commit = True
