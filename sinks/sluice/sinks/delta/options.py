@@ -36,7 +36,7 @@ class DeltaSinkOptions(TableSinkOptions):
     compression: str = "snappy"
     commit_retries: int = 15
     table_name: str | None = None
-    configuration: dict[str, str | None] = Field(default_factory=dict)
+    configuration: dict[str, Any] = Field(default_factory=dict)  # passed to delta-rs as given
     name: str = "delta-sink"
 
     @classmethod

@@ -55,7 +55,7 @@ class DeltaSink(TableSink):
     path = Option[str]()
     commit_retries = Option[int]()
     table_name = Option[str | None]()
-    configuration = Option[dict[str, str | None]]()
+    configuration = Option[dict[str, Any]]()
 
     def __init__(
         self,

@@ -3,6 +3,7 @@ committers and compactor (which never see the sink itself)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -51,6 +52,8 @@ class FileSinkOptions(SinkOptions):
         path = v["path"]
         if not isinstance(path, str) or not path:
             raise ConfigError(f"FileSink: path must be {_PATH} (got {path!r})")
+        if isinstance(v["local_tmp_dir"], os.PathLike):
+            v["local_tmp_dir"] = os.fspath(v["local_tmp_dir"])
         if v["compression"] is None:
             v["compression"] = _DEFAULT_COMPRESSION.get(v["format"], "none")
         bucket_by = v["bucket_by"]

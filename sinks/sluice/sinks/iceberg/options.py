@@ -40,7 +40,7 @@ class IcebergSinkOptions(TableSinkOptions):
     catalog_properties: dict[str, Any] = Field(default_factory=dict, repr=False)  # may hold credentials
     warehouse: str | None = None
     compression: str = "zstd"
-    table_properties: dict[str, str] = Field(default_factory=dict)
+    table_properties: dict[str, Any] = Field(default_factory=dict)  # passed to pyiceberg as given
     name: str = "iceberg-sink"
 
     @classmethod

@@ -62,7 +62,7 @@ class IcebergSink(TableSink):
     catalog = Option[str]()
     catalog_properties = Option[dict[str, Any]]()
     warehouse = Option[str | None]()
-    table_properties = Option[dict[str, str]]()
+    table_properties = Option[dict[str, Any]]()
 
     def __init__(
         self,
