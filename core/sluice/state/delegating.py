@@ -9,6 +9,7 @@ delegated backend.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from sluice.state.spi import BatchValueState, Handle, KeyedStateBackend, StateSnapshot, TimerService
@@ -75,6 +76,9 @@ class DelegatingKeyedStateBackend(KeyedStateBackend):
 
     def materialize_if_due(self) -> None:
         self.delegate.materialize_if_due()
+
+    def materialize(self) -> Future[Any] | None:
+        return self.delegate.materialize()
 
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
         return self.delegate.snapshot(checkpoint_id, savepoint)

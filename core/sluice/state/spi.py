@@ -17,6 +17,7 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -256,6 +257,11 @@ class KeyedStateBackend(ABC):
     def materialize_if_due(self) -> None:  # noqa: B027 - optional hook
         """Periodic work on the task's thread, between batches: with changelog checkpoints, start a
         background materialization once its interval has passed. A no-op otherwise."""
+
+    def materialize(self) -> Future[Any] | None:
+        """With changelog checkpoints: start a materialization now (unless one is under way or nothing
+        changed) and return it to wait for. None otherwise."""
+        return None
 
     # -- checkpoints ----------------------------------------------------------------------------------
     @abstractmethod
