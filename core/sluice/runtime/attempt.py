@@ -26,7 +26,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sluice.checkpoint.codec import MetadataCodec
-from sluice.checkpoint.coordinator import CheckpointCoordinator
+from sluice.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CoordinatedTasks,
+    CoordinatorServices,
+    ResumePoint,
+)
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.history import highest_id
 from sluice.checkpoint.storage import CheckpointStorage
@@ -209,22 +214,19 @@ class JobAttempt:
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = highest_id(self.storage)
         next_id = max(next_id, prior + 1, self.checkpoint_floor + 1)
-        completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
+        restored = (r.checkpoint_id, r.path) if r is not None and "savepoint-" not in r.path else None
         self.coordinator = CheckpointCoordinator(
             self.cfg.checkpoint,
-            self.storage,
-            self.tasks,
-            source_tasks,
-            job_info,
-            next_id,
-            enumerators=self.enumerators,
-            enumerator_lock=self.lock,
-            global_commits=self.global_commits,
-            on_fatal=lambda exc: self.failed(None, exc),
-            completed=completed,
-            committed_upto=r.checkpoint_id if r is not None else 0,
-            codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
-            on_cleanup_failure=self._cleanup_failed,
+            CoordinatedTasks(self.tasks, source_tasks, self.enumerators, self.lock),
+            CoordinatorServices(
+                self.storage,
+                job_info,
+                codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
+                global_commits=self.global_commits,
+                on_fatal=lambda exc: self.failed(None, exc),
+                on_cleanup_failure=self._cleanup_failed,
+            ),
+            ResumePoint(next_id, restored, committed_upto=r.checkpoint_id if r is not None else 0),
         )
         with self.lock:
             for v in self.job.vertices.values():
