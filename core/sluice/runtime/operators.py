@@ -16,11 +16,12 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.checkpoint.snapshot import OperatorSnapshot
 from sluice.errors import ConfigError, UserFunctionError
 from sluice.functions import KeyedProcessFunction, Output
 from sluice.keys import KeySelector
 from sluice.state.api import StateDescriptor
-from sluice.state.backend import InMemoryStateBackend, KeyedStateSnapshot
+from sluice.state.backend import InMemoryStateBackend
 from sluice.state.keygroups import KeyGroupRange
 
 __all__ = [
@@ -76,20 +77,6 @@ class OperatorContext:
     def gauge(self, name: str, value: float) -> None:
         """Set the gauge ``name`` to ``value`` (e.g. a reader's lag)."""
         self.gauges[name] = value
-
-
-@dataclass
-class OperatorSnapshot:
-    """One operator's state at a checkpoint, before serialization."""
-
-    keyed: KeyedStateSnapshot | None = None
-    operator: Any = None
-    timers: list[tuple[int, int, int, Any]] | None = None
-    #: committables handed to the global committer (sinks)
-    committables: list[Any] | None = None
-    #: work for the asynchronous part, run in the upload thread before serialization (e.g. compaction);
-    #: it may replace ``operator`` and ``committables``
-    async_part: Callable[[OperatorSnapshot], None] | None = None
 
 
 def to_batches(out: Any, schema: pa.Schema | None = None) -> list[pa.RecordBatch]:
