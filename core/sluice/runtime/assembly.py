@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.events import AlignmentMode
 from sluice.graph import JobEdge, JobGraph, JobVertex, NodeKind, Partitioning, SubtaskId
+from sluice.operators.base import OperatorContext
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.operators import OperatorContext
 from sluice.runtime.output import ChainOutput, RecordWriter
 from sluice.runtime.partitioners import (
     BroadcastPartitioner,

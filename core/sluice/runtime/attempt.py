@@ -37,10 +37,10 @@ from sluice.checkpoint.history import highest_id
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
+from sluice.operators.committables import commit_with_retry
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
-from sluice.runtime.sink_operator import commit_with_retry
 from sluice.sink import GlobalCommitter, Sink
 from sluice.source import Source, SourceSplit
 

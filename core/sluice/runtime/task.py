@@ -34,10 +34,10 @@ from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.subtask import CheckpointResponder, SubtaskCheckpointing
 from sluice.events import AlignmentMode, CheckpointBarrier
 from sluice.graph import SubtaskId
+from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.finishing import TaskFinishing, TaskStatus
 from sluice.runtime.input_gate import InputGate
-from sluice.runtime.operators import MAX_WATERMARK
 from sluice.runtime.output import ChainOutput, SourceOutput, split_rows
 from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.task_spec import TaskSpec
