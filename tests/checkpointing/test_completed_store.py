@@ -3,9 +3,11 @@ that outlive the checkpoint that uploaded them (issue 23)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from sluice.checkpoint.completed_store import CompletedCheckpointStore, SharedStateRegistry
+from sluice.checkpoint.completed_store import CompletedCheckpointStore, NoSharedState
 from sluice.checkpoint.history import read_index
 from sluice.checkpoint.storage import LocalCheckpointStorage, checkpoint_storage
 
@@ -96,6 +98,23 @@ def test_a_discard_that_fails_is_reported_never_raised(tmp_path: Path) -> None:
     assert reported == ["discarding checkpoint 1", "discarding checkpoint 5"]
 
 
+class _Counted:
+    """A shared-state registry by reference counts (the store's SharedState protocol)."""
+
+    def __init__(self) -> None:
+        self.users: dict[str, set[int]] = {}
+
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+        for f in refs:
+            self.users.setdefault(f, set()).add(checkpoint_id)
+
+    def unregister_unused(self, lowest_retained: int) -> list[str]:
+        gone = sorted(f for f, ids in self.users.items() if max(ids) < lowest_retained)
+        for f in gone:
+            del self.users[f]
+        return gone
+
+
 def test_a_shared_file_is_deleted_only_when_no_retained_checkpoint_references_it(tmp_path: Path) -> None:
     storage = checkpoint_storage(str(tmp_path), "job")
     shared = tmp_path / "job" / "shared"
@@ -103,7 +122,8 @@ def test_a_shared_file_is_deleted_only_when_no_retained_checkpoint_references_it
     for name in ("a.sst", "b.sst"):
         (shared / name).write_bytes(b"x")
     a, b = str(shared / "a.sst"), str(shared / "b.sst")
-    store, reported = store_of(storage, retained=2)
+    reported: list[str] = []
+    store = CompletedCheckpointStore(storage, 2, None, lambda what, exc: reported.append(what), _Counted())
     add(store, storage, 1, shared=(a,))
     add(store, storage, 2, shared=(a, b))
     add(store, storage, 3, shared=(b,))  # subsumes 1: checkpoint 2 still references a.sst
@@ -114,11 +134,9 @@ def test_a_shared_file_is_deleted_only_when_no_retained_checkpoint_references_it
     assert sorted(p.name for p in shared.iterdir()) == ["b.sst"] and not reported
 
 
-def test_the_registry_counts_references_by_retained_checkpoint() -> None:
-    registry = SharedStateRegistry()
-    registry.register(1, ["x", "y"])
-    registry.register(2, ["y"])
-    assert registry.release(1) == ["x"]
-    assert registry.referenced() == {"y"}
-    assert registry.release(3) == []  # a checkpoint that referenced nothing
-    assert registry.release(2) == ["y"] and registry.referenced() == set()
+def test_full_checkpoints_share_nothing(tmp_path: Path) -> None:
+    storage = checkpoint_storage(str(tmp_path), "job")
+    store, _ = store_of(storage, retained=1)
+    assert isinstance(store.shared, NoSharedState)
+    add(store, storage, 1, shared=("ignored",))
+    assert store.shared.unregister_unused(5) == []

@@ -6,10 +6,11 @@ one once more than ``num_retained`` are kept, and the folders of failed checkpoi
 discards run in order on one cleanup thread, off the coordinator's lock; one that fails is reported,
 never raised.
 
-Files shared between checkpoints (incremental checkpoints, which reference files an earlier checkpoint
-uploaded) are counted by :class:`SharedStateRegistry`: a shared file is deleted only when no retained
-checkpoint references it any more. Full checkpoints (every state backend today) reference none: a
-checkpoint's folder holds all its files, so discarding the folder deletes them.
+Files shared between checkpoints (incremental checkpoints reference files an earlier checkpoint uploaded)
+are counted by a shared-state registry (:class:`SharedState`): the store registers the shared files of
+each completed checkpoint, and once older checkpoints are subsumed it deletes the files no retained
+checkpoint references any more, never earlier. Full checkpoints reference none (:class:`NoSharedState`):
+a checkpoint's folder holds all its files, so discarding the folder deletes them.
 """
 
 from __future__ import annotations
@@ -20,45 +21,36 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.checkpoint.history import read_index, sweep_incomplete, write_index
 from sluice.checkpoint.storage import CheckpointStorage
 
-__all__ = ["CompletedCheckpointStore", "SharedStateRegistry"]
+__all__ = ["CompletedCheckpointStore", "NoSharedState", "SharedState"]
 
 log = logging.getLogger("sluice.checkpoint")
 
 
-class SharedStateRegistry:
-    """Shared files of incremental checkpoints, each with the retained checkpoints that reference it.
+class SharedState(Protocol):
+    """The shared-state registry of incremental checkpoints, as the store uses it (Flink's
+    ``SharedStateRegistry``): files that several checkpoints reference, each kept while a retained
+    checkpoint references it."""
 
-    A checkpoint registers the shared files it references when it completes; when it is subsumed it
-    releases them, and a file no retained checkpoint references any more is returned for deletion. A
-    restored checkpoint registers its shared files again (the registry lives as long as a coordinator).
-    """
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+        """Checkpoint ``checkpoint_id`` completed and references the shared files ``refs``."""
 
-    def __init__(self) -> None:
-        self._refs: dict[str, set[int]] = {}
+    def unregister_unused(self, lowest_retained: int) -> list[str]:
+        """Forget and return the shared files no checkpoint from ``lowest_retained`` on references."""
 
-    def register(self, checkpoint_id: int, files: Iterable[str]) -> None:
-        """Checkpoint ``checkpoint_id`` (completed) references ``files``."""
-        for f in files:
-            self._refs.setdefault(f, set()).add(checkpoint_id)
 
-    def release(self, checkpoint_id: int) -> list[str]:
-        """Checkpoint ``checkpoint_id`` is no longer retained: the files only it referenced, sorted."""
-        unused = []
-        for f, users in list(self._refs.items()):
-            users.discard(checkpoint_id)
-            if not users:
-                del self._refs[f]
-                unused.append(f)
-        return sorted(unused)
+class NoSharedState:
+    """Full checkpoints share no files: a checkpoint's folder holds all of them."""
 
-    def referenced(self) -> set[str]:
-        """Every shared file some retained checkpoint references."""
-        return set(self._refs)
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+        return None
+
+    def unregister_unused(self, lowest_retained: int) -> list[str]:
+        return []
 
 
 class CompletedCheckpointStore:
@@ -70,6 +62,7 @@ class CompletedCheckpointStore:
         restored: The checkpoint this attempt restored (id, path), if it is not a savepoint.
         report: Called with what failed and the error when a discard or an index write fails (after the
             storage's retries); such failures are never raised.
+        shared: The shared-state registry (default: none, every checkpoint is a full one).
     """
 
     def __init__(
@@ -78,14 +71,15 @@ class CompletedCheckpointStore:
         num_retained: int,
         restored: tuple[int, str] | None,
         report: Callable[[str, BaseException], None],
+        shared: SharedState | None = None,
     ) -> None:
         self.storage = storage
         self.num_retained = num_retained
         self._report = report
         #: retained checkpoints (id, path), oldest first
         self.completed: list[tuple[int, str]] = [restored] if restored is not None else []
-        #: shared files of the retained checkpoints (none while every checkpoint is a full one)
-        self.shared = SharedStateRegistry()
+        #: shared files of the retained checkpoints
+        self.shared: SharedState = shared or NoSharedState()
         self._entries: dict[int, dict[str, Any]] | None = None
         self._cleared = 0
         self._queue: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
@@ -113,21 +107,23 @@ class CompletedCheckpointStore:
                 self.completed[:0] = older
         return self._entries
 
-    def add(self, checkpoint_id: int, directory: str, savepoint: bool, shared: Iterable[str] = ()) -> None:
+    def add(self, checkpoint_id: int, directory: str, savepoint: bool, shared: Iterable[Any] = ()) -> None:
         """Record a completed checkpoint (its metadata is written) and the shared files it references: the
-        index is rewritten and subsumed checkpoints beyond ``num_retained`` are discarded."""
+        index is rewritten, subsumed checkpoints beyond ``num_retained`` are discarded, and so are shared
+        files no retained checkpoint references any more."""
         entries = self._load()
         kind = "savepoint" if savepoint else "checkpoint"
         entries[checkpoint_id] = {"id": checkpoint_id, "dir": directory.rsplit("/", 1)[-1], "kind": kind}
         if not savepoint:
-            self.shared.register(checkpoint_id, shared)
+            self.shared.register_checkpoint(checkpoint_id, shared)
             self.completed.append((checkpoint_id, directory))
             while len(self.completed) > self.num_retained:
                 old, path = self.completed.pop(0)
                 if path == self.storage.checkpoint_dir(old):  # never a restored checkpoint kept elsewhere
                     entries.pop(old, None)
                     self.discard(old, False)
-                    self._discard_shared(self.shared.release(old))
+            if self.completed:
+                self._discard_shared(self.shared.unregister_unused(self.completed[0][0]))
         # off the coordinator's path, in order with the discards (an index that lags only guards less)
         snapshot, cleared = dict(entries), self._cleared
         self._submit(

@@ -80,7 +80,7 @@ class CheckpointCoordinator:
         self.on_cleanup_failure = services.on_cleanup_failure
         #: retained completed checkpoints, the job's index of them, discards (never raising)
         self.store = CompletedCheckpointStore(
-            self.storage, config.num_retained, resume.restored, self.on_cleanup_failure
+            self.storage, config.num_retained, resume.restored, self.on_cleanup_failure, services.shared_state
         )
         self._aborted: dict[int, bool] = {}  # aborted checkpoint -> savepoint: late writers are cleaned up
         self.stats = CheckpointStatsTracker(self.storage.record_stats, self.on_cleanup_failure)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.checkpoint.codec import MetadataCodec
+from sluice.checkpoint.completed_store import SharedState
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.handles import TaskHandle
 from sluice.checkpoint.storage import CheckpointStorage
@@ -52,6 +53,8 @@ class CoordinatorServices:
         global_commits: The ordered commit queue of the sinks that commit globally, if any.
         on_fatal: Called when the job must fail (too many consecutive failed checkpoints).
         on_cleanup_failure: Called with what failed and the error when a cleanup fails (never raised).
+        shared_state: The shared-state registry of incremental checkpoints (default: none, every
+            checkpoint is a full one), kept by the completed-checkpoint store.
     """
 
     storage: CheckpointStorage
@@ -60,6 +63,7 @@ class CoordinatorServices:
     global_commits: GlobalCommitQueue | None = None
     on_fatal: Callable[[BaseException], None] = lambda exc: None
     on_cleanup_failure: Callable[[str, BaseException], None] = _log_cleanup_failure
+    shared_state: SharedState | None = None
 
 
 @dataclass(frozen=True)
