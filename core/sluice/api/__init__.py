@@ -17,7 +17,7 @@ from sluice.api.pipeline import RUNTIMES as RUNTIMES
 from sluice.api.pipeline import Pipeline
 from sluice.api.stream import KeyedStream, Stream
 from sluice.client import JobClient
-from sluice.runtime.job import JobConfig as JobConfig
+from sluice.config.job import JobConfig as JobConfig
 from sluice.runtime.job import JobResult as JobResult
 
 __all__ = ["JobClient", "KeyedStream", "Pipeline", "Stream"]

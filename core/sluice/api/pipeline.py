@@ -10,11 +10,12 @@ from typing import Any, Literal
 from sluice.api.stream import Stream
 from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
+from sluice.config.job import JobConfig
 from sluice.errors import ConfigError, GraphError
 from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeKind, build_job_graph
 from sluice.operators.stateless import PassThroughOperator
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
-from sluice.runtime.job import JobConfig, JobResult
+from sluice.runtime.job import JobResult, check_at_start
 from sluice.source import Source
 
 __all__ = ["DEFAULT_CONTROL_ENDPOINT", "RUNTIMES", "Pipeline"]
@@ -199,7 +200,7 @@ class Pipeline:
         cfg = self.job_config(
             restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
         )
-        cfg.check_at_start()  # unwritable storage, a lost newest checkpoint: refused before anything runs
+        check_at_start(cfg)  # unwritable storage, a lost newest checkpoint: refused before anything runs
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint

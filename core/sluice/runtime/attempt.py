@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sluice.checkpoint.codec import MetadataCodec
 from sluice.checkpoint.coordinator import (
@@ -35,6 +35,7 @@ from sluice.checkpoint.coordinator import (
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.history import highest_id
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.config.job import JobConfig
 from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
 from sluice.operators.committables import commit_with_retry
@@ -43,9 +44,6 @@ from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.sink import GlobalCommitter, Sink
 from sluice.source import Source, SourceSplit
-
-if TYPE_CHECKING:
-    from sluice.runtime.job import JobConfig
 
 __all__ = ["AttemptCancelled", "AttemptFailedError", "FailureKind", "JobAttempt"]
 

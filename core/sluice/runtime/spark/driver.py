@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.config.job import JobConfig
 from sluice.errors import ConfigError, SluiceError
 from sluice.graph import ExecutionGraph
 from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.job import JobConfig
 from sluice.runtime.spark import messages
 from sluice.runtime.spark.cluster import (
     DEFAULT_SLOT_WAIT_TIMEOUT,

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from sluice.checkpoint.storage import storage_for
+from sluice.config.job import JobConfig
 from sluice.errors import SluiceError
 from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
 from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
-from sluice.runtime.job import JobConfig
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.spark import messages as m
 from sluice.runtime.spark import rpc
