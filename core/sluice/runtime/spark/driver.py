@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import sluice.runtime.spark.messages as messages
 from sluice.config.job import JobConfig
 from sluice.errors import ConfigError, SluiceError
 from sluice.graph import ExecutionGraph
 from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.spark import messages
 from sluice.runtime.spark.cluster import (
     DEFAULT_SLOT_WAIT_TIMEOUT,
     check_cluster,

@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from sluice.checkpoint.storage import storage_for
+import sluice.runtime.spark.messages as m
+import sluice.runtime.spark.rpc as rpc
+from sluice.checkpoint.storage_loader import storage_for
 from sluice.config.job import JobConfig
 from sluice.errors import SluiceError
 from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
@@ -32,8 +34,6 @@ from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.restore import RestoredCheckpoint
-from sluice.runtime.spark import messages as m
-from sluice.runtime.spark import rpc
 from sluice.runtime.spark.cluster import bind_address
 from sluice.runtime.spark.transport import DataPlane
 from sluice.runtime.task import Task
