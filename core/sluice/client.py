@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.checkpoint.history import forget_checkpoints
-from sluice.checkpoint.storage import storage_for
+from sluice.checkpoint.storage_loader import storage_for
 from sluice.config.job import JobConfig
 from sluice.control.monitor import JobMonitor
 from sluice.errors import CheckpointError, CheckpointFailureReason

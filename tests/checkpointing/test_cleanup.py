@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline
 from sluice.checkpoint.coordinator import CheckpointCoordinator, CoordinatedTasks, CoordinatorServices
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import ConfigError, JobFailedError
 from sluice.graph import SubtaskId

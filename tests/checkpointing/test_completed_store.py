@@ -9,7 +9,8 @@ from typing import Any
 
 from sluice.checkpoint.completed_store import CompletedCheckpointStore, NoSharedState
 from sluice.checkpoint.history import read_index
-from sluice.checkpoint.storage import LocalCheckpointStorage, checkpoint_storage
+from sluice.checkpoint.storage import LocalCheckpointStorage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 
 from tests.checkpointing.storages import FlakyStorage
 

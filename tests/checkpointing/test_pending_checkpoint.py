@@ -10,7 +10,8 @@ import pytest
 from sluice.checkpoint.codec import MetadataCodec, from_metadata, read_commit_groups, verify_metadata
 from sluice.checkpoint.handles import AckResult
 from sluice.checkpoint.pending import FinalizeError, PendingCheckpoint
-from sluice.checkpoint.storage import LocalCheckpointStorage, checkpoint_storage
+from sluice.checkpoint.storage import LocalCheckpointStorage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind, CheckpointOptions
 from sluice.graph import SubtaskId

@@ -14,7 +14,7 @@ from sluice.checkpoint.coordinator import (
     CoordinatorServices,
 )
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.errors import IllegalTransitionError
 from sluice.events import CheckpointBarrier
 from sluice.graph import SubtaskId

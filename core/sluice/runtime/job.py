@@ -21,7 +21,8 @@ from typing import Any
 
 from sluice.checkpoint.history import expected_latest, highest_id, latest_checkpoint, refused
 from sluice.checkpoint.stats import CheckpointStats
-from sluice.checkpoint.storage import CheckpointStorage, storage_for
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.checkpoint.storage_loader import storage_for
 from sluice.config.job import JobConfig
 from sluice.errors import ConfigError, GraphError, JobFailedError, RestoreError, SluiceError, is_recoverable
 from sluice.graph import JobGraph
