@@ -44,7 +44,8 @@ from sluice.runtime.spark.cluster import (
 from sluice.runtime.spark.control import ControlServer
 from sluice.runtime.spark.jvm import LOG4J2, launch_gateway, local_python
 from sluice.runtime.spark.rpc import TlsConfig
-from sluice.runtime.spark.slot import SlotSpec, slot_function
+from sluice.runtime.spark.slot import slot_function
+from sluice.runtime.spark.slot_spec import SlotSpec
 
 __all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "spark_context"]
 
