@@ -3,14 +3,13 @@ that outlive the checkpoint that uploaded them (issue 23)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from sluice.checkpoint.completed_store import CompletedCheckpointStore, NoSharedState
 from sluice.checkpoint.history import read_index
 from sluice.checkpoint.storage import LocalCheckpointStorage
 from sluice.checkpoint.storage_loader import checkpoint_storage
+from sluice.state.shared_registry import SharedRef, SharedStateRegistry
 
 from tests.checkpointing.storages import FlakyStorage
 
@@ -99,23 +98,6 @@ def test_a_discard_that_fails_is_reported_never_raised(tmp_path: Path) -> None:
     assert reported == ["discarding checkpoint 1", "discarding checkpoint 5"]
 
 
-class _Counted:
-    """A shared-state registry by reference counts (the store's SharedState protocol)."""
-
-    def __init__(self) -> None:
-        self.users: dict[str, set[int]] = {}
-
-    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
-        for f in refs:
-            self.users.setdefault(f, set()).add(checkpoint_id)
-
-    def unregister_unused(self, lowest_retained: int) -> list[str]:
-        gone = sorted(f for f, ids in self.users.items() if max(ids) < lowest_retained)
-        for f in gone:
-            del self.users[f]
-        return gone
-
-
 def test_a_shared_file_is_deleted_only_when_no_retained_checkpoint_references_it(tmp_path: Path) -> None:
     storage = checkpoint_storage(str(tmp_path), "job")
     shared = tmp_path / "job" / "shared"
@@ -124,13 +106,14 @@ def test_a_shared_file_is_deleted_only_when_no_retained_checkpoint_references_it
         (shared / name).write_bytes(b"x")
     a, b = str(shared / "a.sst"), str(shared / "b.sst")
     reported: list[str] = []
-    store = CompletedCheckpointStore(storage, 2, None, lambda what, exc: reported.append(what), _Counted())
-    add(store, storage, 1, shared=(a,))
-    add(store, storage, 2, shared=(a, b))
-    add(store, storage, 3, shared=(b,))  # subsumes 1: checkpoint 2 still references a.sst
+    registry = SharedStateRegistry()  # the registry of incremental checkpoints (issue 24)
+    store = CompletedCheckpointStore(storage, 2, None, lambda what, exc: reported.append(what), registry)
+    add(store, storage, 1, shared=(SharedRef(a),))
+    add(store, storage, 2, shared=(SharedRef(a, placeholder=True), SharedRef(b)))  # reuses a, uploads b
+    add(store, storage, 3, shared=(SharedRef(b, placeholder=True),))  # subsumes 1: 2 still references a
     store.close(10.0, sweep=False)
     assert sorted(p.name for p in shared.iterdir()) == ["a.sst", "b.sst"]
-    add(store, storage, 4, shared=(b,))  # subsumes 2: nothing retained references a.sst
+    add(store, storage, 4, shared=(SharedRef(b, placeholder=True),))  # subsumes 2: none references a
     store.close(10.0, sweep=False)
     assert sorted(p.name for p in shared.iterdir()) == ["b.sst"] and not reported
 
