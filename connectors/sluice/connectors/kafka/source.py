@@ -56,7 +56,7 @@ class KafkaSource(Source):
         schema: Arrow schema of the decoded values: unknown fields are dropped, missing ones are null. If
             None: json/csv infer it once from a sample across partitions and widen it (int -> double,
             null -> any type, new fields); avro and registry formats take it from the Avro/JSON schemas.
-        schema_registry: URL (or :class:`~sluice.connectors.kafka.registry.SchemaRegistry`) of a
+        schema_registry: URL (or :class:`~sluice.connectors.kafka.formats.schema_registry.SchemaRegistry`) of a
             Confluent-compatible schema registry: values are in the Confluent wire format (magic byte,
             schema id) and their schemas are fetched by id, once. With ``"avro"`` or ``"json"``.
         avro_schema: Avro schema (JSON text or dict). Without a registry: the writer schema of plain Avro
