@@ -30,5 +30,8 @@ def test_options_are_frozen_and_are_what_enumerator_and_readers_get() -> None:
     assert isinstance(src.options, GeneratorOptions) and src.options.bounded
     with pytest.raises(ValidationError, match="frozen"):
         src.options.num_splits = 4  # type: ignore[misc]
-    assert src.expected().num_rows == 21
+    assert src.expected().num_rows == 21 and src.num_splits == 3 and src.name == "generator"
+    src.num_splits = 0  # an option assigned later is checked when the job is built
+    with pytest.raises(ConfigError, match="num_splits must be an integer >= 1"):
+        src.validate()
     assert GeneratorSource(records_per_split=None).options.bounded is False

@@ -241,6 +241,11 @@ def test_options_are_checked_once_frozen_and_read_as_attributes() -> None:
         options.batch_size = 5  # type: ignore[misc]
     with pytest.raises(AttributeError):
         _ = src.no_such_option
+    src.batch_size = 0  # an option assigned later is checked when the job is built
+    with pytest.raises(ConfigError, match=r"batch_size must be an integer >= 1 \(got 0\)"):
+        src.validate()
+    src.batch_size, src.name = 500, "orders"
+    assert src.options.batch_size == 500 and src.options.name == src.name == "orders"
     with pytest.raises(ConfigError, match=r"consumer_config must be a dict of librdkafka settings \(got 5\)"):
         KafkaSource("localhost:9092", "t", consumer_config=5).validate()  # type: ignore[arg-type]
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import SkipValidation
 from sluice.config import _Frozen
-from sluice.connectors.checks import must
+from sluice.connectors.options import OptionAttributes, must
 from sluice.errors import ConfigError
 from sluice.serializers import JsonSerializer, SimpleVersionedSerializer, SourceSplitSerializer
 from sluice.source import (
@@ -99,7 +99,7 @@ class GeneratorOptions(_Frozen):
         return default_rows(split, start, end, self.records_per_split or 2**40, self.num_keys, self.step_ms)
 
 
-class GeneratorSource(Source):
+class GeneratorSource(OptionAttributes[GeneratorOptions], Source):
     """Deterministic rows in ``num_splits`` splits.
 
     Args:
@@ -113,10 +113,11 @@ class GeneratorSource(Source):
         rows: custom ``fn(split, start, end) -> RecordBatch`` replacing the default columns.
 
     The options are checked at once into the frozen :attr:`options` (:class:`GeneratorOptions`), which the
-    enumerator and readers get.
+    enumerator and readers get; each option reads as an attribute too (``gen.num_splits``).
     """
 
     name = "generator"
+    options_model = GeneratorOptions
 
     def __init__(
         self,
@@ -130,7 +131,8 @@ class GeneratorSource(Source):
         rows: Callable[[int, int, int], pa.RecordBatch] | None = None,
         name: str = "generator",
     ) -> None:
-        self.options = GeneratorOptions(**{k: v for k, v in locals().items() if k != "self"})
+        self._take(locals())
+        self.validate()
         self.name = name
 
     @property

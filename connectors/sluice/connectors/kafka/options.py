@@ -1,6 +1,6 @@
 """``KafkaSourceOptions``: every option of the Kafka source, validated once when the job is built, frozen.
 
-Each field names what it allows (:mod:`sluice.connectors.checks`): a wrong value raises one ConfigError
+Each field names what it allows (:mod:`sluice.connectors.options`): a wrong value raises one ConfigError
 naming the option, what is allowed and what was given. Checks between options, the format's own checks
 (:meth:`~sluice.connectors.kafka.formats.Format.check`) and librdkafka's check of ``consumer_config``
 follow once every field is valid. The options are documented on
@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 import pyarrow as pa
 from pydantic import Field, SkipValidation, model_validator
 from sluice.config import _Frozen
-from sluice.connectors.checks import convert, is_count, must
 from sluice.connectors.kafka.config import (
     DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
     DEFAULT_MAX_RECORD_BYTES,
@@ -31,6 +30,7 @@ from sluice.connectors.kafka.formats import FORMATS, Decoder, Format, format_nam
 from sluice.connectors.kafka.formats.messages import METADATA_FIELDS
 from sluice.connectors.kafka.formats.schema_registry import SchemaRegistry
 from sluice.connectors.kafka.offsets import OffsetsInitializer
+from sluice.connectors.options import convert, is_count, must
 from sluice.errors import ConfigError
 
 __all__ = ["DEAD_LETTERS", "ON_BAD_RECORD", "KafkaSourceOptions"]

@@ -16,6 +16,7 @@ from sluice.connectors.kafka.formats import Decoder
 from sluice.connectors.kafka.formats.schema_registry import SchemaRegistry
 from sluice.connectors.kafka.offsets import OffsetsInitializer, RunState
 from sluice.connectors.kafka.options import KafkaSourceOptions
+from sluice.connectors.options import OptionAttributes
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.source import (
     Boundedness,
@@ -29,13 +30,7 @@ from sluice.source import (
 
 __all__ = ["KafkaSource"]
 
-#: option names as attributes of KafkaSource -> fields of KafkaSourceOptions
-_FIELDS = {
-    (f.alias or name): name for name, f in KafkaSourceOptions.model_fields.items()
-}
-
-
-class KafkaSource(Source):
+class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
     """Reads Kafka topics with exactly-once positions kept in sluice's checkpoints.
 
     Every topic partition is a split (``"topic:partition"``), assigned to reader
@@ -105,6 +100,8 @@ class KafkaSource(Source):
     each option reads as an attribute too (``src.topics``).
     """
 
+    options_model = KafkaSourceOptions
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -138,29 +135,10 @@ class KafkaSource(Source):
         broker_unavailable_timeout_s: float | None = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
         name: str = "kafka",
     ) -> None:
+        self._take(locals())
         self.name = name
-        #: the arguments as given; :attr:`options` is them checked
-        self._given: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
-        self._options: KafkaSourceOptions | None = None
         #: what the enumerators of a run share across its failover attempts
         self._run = RunState()
-
-    @property
-    def options(self) -> KafkaSourceOptions:
-        """The checked options (built on first use; ConfigError naming the option if one is wrong)."""
-        if self._options is None:
-            self._options = KafkaSourceOptions(**self._given)
-        return self._options
-
-    def validate(self) -> None:
-        """Check every option; raise ConfigError naming the option and what is allowed."""
-        _ = self.options
-
-    def __getattr__(self, name: str) -> Any:
-        # an option as an attribute (src.topics), read from the checked options
-        if name.startswith("_") or name not in _FIELDS:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.options, _FIELDS[name])
 
     def __repr__(self) -> str:
         given = self._given
