@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, CommitError, JobFailedError, NoRestart, Pipeline
 from sluice.connectors.generator import GeneratorSource
-from sluice.runtime.sink_operator import commit_with_retry
+from sluice.operators.committables import commit_with_retry
 from sluice.sink import CommitOutcome
 from sluice.sinks.tables import TableLineageError
 
