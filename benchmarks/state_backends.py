@@ -15,10 +15,19 @@ and written back (write batch); between checkpoints ~1% of the keys change. Meas
   that holds about a quarter of the keys (``rocksdb_vs_hashmap_small_cache``: 16 MiB budget), and the same
   ratios on process CPU time (``*_cpu``: less at the mercy of other work on a shared machine);
 * ``state_mb`` / ``rss_mb``: a child process writes RocksDB state (random 200-byte values) with a 64 MiB
-  memory budget; its peak resident memory against the state's size on disk.
+  memory budget; its peak resident memory against the state's size on disk;
+* ``changelog_upload_fraction``: RocksDB with changelog checkpoints, bytes one checkpoint uploads / the
+  full state (the materialization's files), median over checkpoints at 1% change, a background
+  materialization before every 5th checkpoint (``changelog_upload_fraction_mean`` averages them in; the
+  hashmap backend's figures under ``hashmap_changelog_upload_fraction``);
+* ``local_vs_remote_restore``: restore time of a RocksDB subtask (incremental) from its local copy (local
+  recovery) / from checkpoint storage on S3 (a moto server in this process, through a small boto3 transfer
+  written for the benchmark: the job's S3 checkpoint storage is adapted to the state layer with the
+  runtime integration); ``local_vs_folder_restore`` the same against checkpoint storage in a local folder
+  (``_changelog``: with changelog checkpoints).
 
-Not measured here (they need the runtime integration, changelog or local recovery): changelog_upload_fraction,
-local_vs_remote_restore, vs_quix; they are null in RESULT with the reason under ``not_measured``.
+Not measured here (it needs the keyed Kafka job on the runtime): vs_quix; null in RESULT with the reason
+under ``not_measured``.
 
     python benchmarks/state_backends.py [--quick]
 
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import statistics
@@ -42,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 from sluice.state.api import ValueStateDescriptor
 from sluice.state.config import StateBackendConfig
+from sluice.state.handles import persisted_bytes, total_bytes
 from sluice.state.keygroups import key_group_range
 from sluice.state.spi import KeyedStateBackend
 from sluice.state.transfer import LocalFileTransfer
@@ -51,9 +62,55 @@ PAYLOAD = ValueStateDescriptor("payload", serializer="binary")
 MAX_PARALLELISM = 128
 
 
-def backend(kind: str, root: str, incremental: bool = True, memory: str = "256 mb", **options: Any) -> KeyedStateBackend:
+class S3Transfer:
+    """A FileTransfer on an S3 bucket (for this benchmark only)."""
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        self.client, self.bucket, self.location = client, bucket, f"s3://{bucket}"
+
+    def upload(self, local_path: str, remote_path: str) -> None:
+        self.client.upload_file(local_path, self.bucket, remote_path)
+
+    def download(self, remote_path: str, local_path: str) -> None:
+        self.client.download_file(self.bucket, remote_path, local_path)
+
+    def delete(self, remote_path: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=remote_path)
+
+    def exists(self, remote_path: str) -> bool:
+        return bool(self.client.list_objects_v2(Bucket=self.bucket, Prefix=remote_path).get("KeyCount"))
+
+    def list(self, prefix: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def s3_transfer() -> tuple[S3Transfer, Any]:
+    """A bucket on a moto S3 server started here; the transfer and the server (to stop)."""
+    import socket
+
+    from moto.server import ThreadedMotoServer
+    from sluice.io.s3 import make_client
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(key, value)
+    client = make_client({"endpoint_url": f"http://127.0.0.1:{port}"})
+    client.create_bucket(Bucket="checkpoints")
+    return S3Transfer(client, "checkpoints"), server
+
+
+def backend(
+    kind: str, root: str, incremental: bool = True, memory: str = "256 mb", transfer: Any = None, **options: Any
+) -> KeyedStateBackend:
     config = StateBackendConfig(type=kind, incremental=incremental, local_dir=os.path.join(root, "local"), memory=memory, **options)  # type: ignore[arg-type]
-    transfer = LocalFileTransfer(os.path.join(root, "storage"))
+    transfer = transfer or LocalFileTransfer(os.path.join(root, "storage"))
     be: KeyedStateBackend = config.create().create_keyed_backend("bench", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, transfer)
     return be
 
@@ -100,6 +157,53 @@ def incremental_run(kind: str, keys: int, rounds: int, rng: np.random.Generator)
             durations.append(elapsed)
         be.dispose()
     return {"fraction": statistics.median(fractions), "duration": statistics.median(durations)}
+
+
+def changelog_run(kind: str, keys: int, rounds: int, rng: np.random.Generator) -> dict[str, Any]:
+    """Load ``keys`` keys, then ``rounds`` changelog checkpoints after 1% of the keys changed each, a
+    materialization (waited for) before every 5th."""
+    with tempfile.TemporaryDirectory() as root:
+        be = backend(kind, root, changelog=True, changelog_materialize_interval="1 h")
+        count(be, np.arange(keys, dtype=np.int64))
+        be.materialize().result()  # type: ignore[union-attr]
+        _, handle = checkpoint(be, 1)
+        fractions, durations = [], []
+        for r in range(rounds):
+            count(be, rng.choice(keys, size=keys // 100, replace=False).astype(np.int64))
+            if r % 5 == 4:
+                be.materialize().result()  # type: ignore[union-attr]
+            elapsed, handle = checkpoint(be, 2 + r)
+            full = total_bytes(handle["base"]["handle"])
+            fractions.append(persisted_bytes(handle) / full)
+            durations.append(elapsed)
+        be.dispose()
+    return {"fraction": statistics.median(fractions), "mean": statistics.fmean(fractions), "duration": statistics.median(durations)}
+
+
+def restore_times(keys: int, rounds: int, changelog: bool, transfer: Any = None) -> dict[str, float]:
+    """Restore a RocksDB subtask of ``keys`` keys from its local copy and from checkpoint storage, alternated
+    ``rounds`` times; the fastest of each."""
+    with tempfile.TemporaryDirectory() as root:
+        options: dict[str, Any] = {"local_recovery": True, "changelog": changelog, "transfer": transfer}
+        be = backend("rocksdb", root, **options)
+        count(be, np.arange(keys, dtype=np.int64))
+        if changelog:
+            be.materialize().result()  # type: ignore[union-attr]
+        count(be, np.arange(0, keys, 100, dtype=np.int64))
+        _, handle = checkpoint(be, 1)
+        be.dispose()
+        times: dict[str, list[float]] = {"local": [], "remote": []}
+        for _ in range(rounds):
+            for where in times:
+                restored = backend("rocksdb", root, **{**options, "local_recovery": where == "local"})
+                start = time.perf_counter()
+                restored.restore([handle])
+                times[where].append(time.perf_counter() - start)
+                if where == "local":
+                    assert restored.store.used > 0 and restored.store.refused == 0  # type: ignore[attr-defined]
+                restored.dispose()
+        state_mb = total_bytes(handle) / (1 << 20)
+    return {"local": min(times["local"]), "remote": min(times["remote"]), "state_mb": state_mb}
 
 
 def throughput(kind: str, keys: int, records: int, rng: np.random.Generator, **options: Any) -> tuple[float, float]:
@@ -181,6 +285,34 @@ def main() -> None:
     result["checkpoint_ms"] = {"rocksdb_1x": round(inc_1x["duration"] * 1000, 1), "rocksdb_10x": round(inc_10x["duration"] * 1000, 1),
                                "hashmap_1x": round(heap_1x["duration"] * 1000, 1), "hashmap_10x": round(heap_10x["duration"] * 1000, 1)}  # fmt: skip
 
+    log_rocks = changelog_run("rocksdb", small * 10, rounds * 2, rng)
+    log_heap = changelog_run("hashmap", small, rounds * 2, rng)
+    print(f"changelog: upload fraction rocksdb {log_rocks['fraction']:.4f} (mean with materializations {log_rocks['mean']:.4f}) "
+          f"at {small * 10} keys, hashmap {log_heap['fraction']:.4f} ({log_heap['mean']:.4f}) at {small}; checkpoint "
+          f"{log_rocks['duration'] * 1000:.0f} ms / {log_heap['duration'] * 1000:.0f} ms")  # fmt: skip
+    result["changelog_upload_fraction"] = round(log_rocks["fraction"], 4)
+    result["changelog_upload_fraction_mean"] = round(log_rocks["mean"], 4)
+    result["hashmap_changelog_upload_fraction"] = round(log_heap["fraction"], 4)
+    result["hashmap_changelog_upload_fraction_mean"] = round(log_heap["mean"], 4)
+    result["changelog_checkpoint_ms"] = {"rocksdb": round(log_rocks["duration"] * 1000, 1), "hashmap": round(log_heap["duration"] * 1000, 1)}
+
+    s3, server = s3_transfer()
+    try:
+        restores = {
+            "incremental": restore_times(small * 10, 3, False),
+            "changelog": restore_times(small * 10, 3, True),
+            "incremental_s3": restore_times(small * 10, 3, False, s3),
+        }
+    finally:
+        server.stop()
+    for name, r in restores.items():
+        print(f"restore of {r['state_mb']:.0f} MiB rocksdb {name}: local copy {r['local'] * 1000:.0f} ms, checkpoint storage "
+              f"{r['remote'] * 1000:.0f} ms")  # fmt: skip
+    result["local_vs_remote_restore"] = round(restores["incremental_s3"]["local"] / restores["incremental_s3"]["remote"], 3)
+    result["local_vs_folder_restore"] = round(restores["incremental"]["local"] / restores["incremental"]["remote"], 3)
+    result["local_vs_folder_restore_changelog"] = round(restores["changelog"]["local"] / restores["changelog"]["remote"], 3)
+    result["restore_ms"] = {f"{n}_{w}": round(r[w] * 1000, 1) for n, r in restores.items() for w in ("local", "remote")}
+
     records = 500_000 if args.quick else 2_000_000
     variants: dict[str, tuple[str, dict[str, Any]]] = {
         "hashmap": ("hashmap", {}),
@@ -216,14 +348,8 @@ def main() -> None:
     result["rss_mb"] = round(large["rss_mb"])
     result["state_to_rss"] = round(large["state_mb"] / large["rss_mb"], 2)
     result["memory_budget"] = args.memory
-    result["changelog_upload_fraction"] = None
-    result["local_vs_remote_restore"] = None
     result["vs_quix"] = None
-    result["not_measured"] = {
-        "changelog_upload_fraction": "changelog checkpoints are not implemented yet",
-        "local_vs_remote_restore": "local recovery is not implemented yet",
-        "vs_quix": "needs the keyed Kafka job on the runtime (phase 2)",
-    }
+    result["not_measured"] = {"vs_quix": "needs the keyed Kafka job on the runtime (phase 2)"}
     print("RESULT " + json.dumps(result))
 
 

@@ -17,7 +17,7 @@ from sluice import (
     NoRestart,
     Pipeline,
 )
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.settings import KEYS, configure, load_settings, parse_duration, parse_overrides
 
 

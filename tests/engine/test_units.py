@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, ConfigError, GraphError, Pipeline
-from sluice.checkpoint.barriers import BarrierHandler
+from sluice.checkpoint.barriers import CheckpointBarrierTracker, SingleCheckpointBarrierHandler
 from sluice.config import ExponentialBackoffRestart, FailureRateRestart, FixedDelayRestart
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointOptions, EndOfPartition
 from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, NodeKind
@@ -153,7 +153,7 @@ def bar(cid: int) -> CheckpointBarrier:
 
 def test_aligned_blocks_until_last_barrier() -> None:
     r = Recorder()
-    h = BarrierHandler.aligned(3, r)
+    h = SingleCheckpointBarrierHandler.aligned(3, r, r)
     h.on_barrier(0, bar(1))
     assert r.blocked == {0} and h.state_name == "CollectingBarriers"
     h.on_barrier(2, bar(1))
@@ -164,7 +164,7 @@ def test_aligned_blocks_until_last_barrier() -> None:
 
 def test_end_of_partition_completes_alignment_and_late_barriers_are_ignored() -> None:
     r = Recorder()
-    h = BarrierHandler.aligned(2, r)
+    h = SingleCheckpointBarrierHandler.aligned(2, r, r)
     h.on_barrier(0, bar(1))
     h.on_end_of_partition(1)
     assert ("snapshot", 1, False) in r.log
@@ -174,7 +174,7 @@ def test_end_of_partition_completes_alignment_and_late_barriers_are_ignored() ->
 
 def test_newer_barrier_aborts_unfinished_alignment_and_cancel_marker() -> None:
     r = Recorder()
-    h = BarrierHandler.aligned(2, r)
+    h = SingleCheckpointBarrierHandler.aligned(2, r, r)
     h.on_barrier(0, bar(1))
     h.on_barrier(1, bar(2))
     assert ("abort", 1) in r.log
@@ -184,7 +184,7 @@ def test_newer_barrier_aborts_unfinished_alignment_and_cancel_marker() -> None:
 
 def test_at_least_once_never_blocks() -> None:
     r = Recorder()
-    h = BarrierHandler.at_least_once(2, r)
+    h = CheckpointBarrierTracker(2, r, r)
     h.on_barrier(0, bar(1))
     assert r.blocked == set()
     h.on_barrier(1, bar(1))
@@ -193,7 +193,7 @@ def test_at_least_once_never_blocks() -> None:
 
 def test_unaligned_snapshots_at_first_barrier_and_records_others() -> None:
     r = Recorder()
-    h = BarrierHandler.unaligned(3, r)
+    h = SingleCheckpointBarrierHandler.unaligned(3, r, r)
     h.on_barrier(1, bar(4).as_unaligned())
     assert r.log[0] == ("snapshot", 4, True) and ("record", 4, [0, 2]) in r.log and r.blocked == set()
     h.on_barrier(0, bar(4).as_unaligned())
@@ -206,7 +206,7 @@ def test_randomized_barrier_interleavings_snapshot_each_checkpoint_once() -> Non
         rng = random.Random(seed)
         n = rng.randint(1, 5)
         r = Recorder()
-        h = BarrierHandler.aligned(n, r)
+        h = SingleCheckpointBarrierHandler.aligned(n, r, r)
         for cid in range(1, 6):
             for c in rng.sample(range(n), n):
                 h.on_barrier(c, bar(cid))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from sluice.errors import ConfigError
 from sluice.state.config import STATE_KEYS, StateBackendConfig, parse_memory_size
+from sluice.state.factory import LayeredStateBackend
 from sluice.state.hashmap import HashMapStateBackend
 from sluice.state.rocksdb import RocksDBStateBackend
 
@@ -30,6 +31,16 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
         write_cache_ratio=0.1, changelog_materialize_interval=300,
     )  # fmt: skip
     assert from_keys == in_code
+    layered = StateBackendConfig.from_settings(
+        {
+            "state.backend.type": "hashmap",
+            "state.backend.changelog.enabled": "true",
+            "state.backend.local-recovery": "true",
+            "taskmanager.state.local.root-dirs": str(tmp_path / "copies"),
+        }
+    )
+    assert (layered.changelog, layered.local_recovery, layered.local_recovery_dir) == (True, True, str(tmp_path / "copies"))
+    assert isinstance(layered.create(), LayeredStateBackend)
     assert StateBackendConfig.from_settings({"state.backend": "HashMap"}, base=in_code).type == "hashmap"
     assert isinstance(in_code.create(), RocksDBStateBackend)
     assert isinstance(StateBackendConfig().create(), HashMapStateBackend)
@@ -46,8 +57,9 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
         ({"state.backend.rocksdb.memory.write-cache-ratio": "1"}, "write_cache_ratio must be a number from 0 (no cache) to below 1"),
         ({"state.backend.rocksdb.memory.write-cache-ratio": "many"}, "write-cache-ratio: 'many' is not a number"),
         ({"state.backend.changelog.periodic-materialize.interval": "600"}, "is not a duration"),
-        ({"state.backend.changelog.enabled": "true"}, "changelog (state.backend.changelog.enabled) is not available yet"),
-        ({"state.backend.local-recovery": "true"}, "local_recovery (state.backend.local-recovery) is not available yet"),
+        ({"state.backend.changelog.enabled": "maybe"}, "state.backend.changelog.enabled: 'maybe' is not a boolean"),
+        ({"state.backend.local-recovery": "1"}, "state.backend.local-recovery: '1' is not a boolean"),
+        ({"taskmanager.state.local.root-dirs": " "}, "taskmanager.state.local.root-dirs: must not be empty"),
     ],
 )
 def test_wrong_values_are_one_line_errors_naming_the_option(settings: dict[str, str], message: str) -> None:

@@ -2,7 +2,7 @@
 
 ``_metadata`` is JSON. The enumerators' states and the global committables are stored as *envelopes*
 ``{"v": <serializer version>, "data": <bytes>}`` written by the connector's versioned serializer
-(:mod:`sluice.serializers`), in the plain encoding of :mod:`sluice.checkpoint.plain`; the task state files
+(:mod:`sluice.serializers`), in the plain encoding of :mod:`sluice.serializers.plain`; the task state files
 store source splits and sink committables the same way. The coordinator seals the metadata last:
 ``format``, ``key_id`` and ``mac``, an HMAC-SHA256 with the job's checkpoint key over the canonical JSON of
 everything else. A restore verifies it before it reads anything else of the checkpoint
@@ -17,14 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.checkpoint import plain
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import mac_failure, without_channel_state
 from sluice.checkpoint.signing import key_id, mac
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import RestoreError
 from sluice.graph import JobGraph, NodeKind
-from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer, plain
 
 __all__ = [
     "METADATA_FORMAT",

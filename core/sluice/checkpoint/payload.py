@@ -5,7 +5,7 @@
     b"SLUICEts" | version (u16) | header length (u32) | header (JSON) | section 0 | section 1 | ... | HMAC (32)
 
 The header is ``{"key_id", "sections": [length, ...], "payload": <plain tree>}``: the payload (operator
-states, source splits, channel state) in the plain encoding of :mod:`sluice.checkpoint.plain`, whose bytes
+states, source splits, channel state) in the plain encoding of :mod:`sluice.serializers.plain`, whose bytes
 values (keyed state blobs, serialized splits and committables, Arrow IPC channel state) are the raw
 sections. The trailing HMAC-SHA256 with the job's checkpoint key (:mod:`sluice.checkpoint.signing`) covers
 everything before it and is checked before the header is parsed; only then may a ``pickle`` section (user
@@ -23,9 +23,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.checkpoint import plain
 from sluice.checkpoint.signing import key_id, mac
 from sluice.errors import RestoreError
+from sluice.serializers import plain
 
 __all__ = ["FORMAT_VERSION", "decode_task_state", "encode_task_state", "mac_failure", "without_channel_state"]
 

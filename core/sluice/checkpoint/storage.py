@@ -2,9 +2,8 @@
 
 The presence of ``_metadata`` alone marks a checkpoint complete; a directory without it is never restored
 from. Savepoints live in ``<base>/<job-id>/savepoint-<n>/`` and are never deleted by retention.
-Implementations: :class:`LocalCheckpointStorage` here and :class:`~sluice.checkpoint.s3.S3CheckpointStorage`
-(``s3://``, imported only when used, so boto3 loads only for S3); other schemes come from the
-``sluice.checkpoint_storage`` entry point group.
+Implementations: :class:`LocalCheckpointStorage` here and :class:`~sluice.checkpoint.s3.S3CheckpointStorage`;
+:mod:`sluice.checkpoint.storage_loader` picks the one a URI names.
 
 Every checkpoint operation (writing a task's state or the metadata, reading, listing, discarding) is retried
 with backoff (tenacity) while it fails with an error its storage calls transient (:meth:`transient`: for a
@@ -26,23 +25,17 @@ import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import tenacity
 
-from sluice.errors import ConfigError, RestoreError, StorageError
-
-if TYPE_CHECKING:
-    from sluice.config import CheckpointConfig
+from sluice.errors import RestoreError, StorageError
 
 __all__ = [
     "CheckpointStorage",
     "LocalCheckpointStorage",
-    "checkpoint_storage",
     "parse_checkpoint_uri",
-    "storage_for",
 ]
 
 log = logging.getLogger("sluice.checkpoint")
@@ -358,32 +351,6 @@ def _remove(path: str) -> None:
         pass
     except OSError as exc:
         log.warning("could not remove %s: %s", path, exc)
-
-
-def storage_for(config: CheckpointConfig, job_id: str) -> CheckpointStorage:
-    """The checkpoint storage a job's ``config`` names, with its options and retry time."""
-    storage = checkpoint_storage(config.storage, job_id, **config.storage_options)
-    storage.retry_timeout = config.storage_retry_timeout
-    return storage
-
-
-def checkpoint_storage(uri: str, job_id: str, **options: Any) -> CheckpointStorage:
-    """The storage for ``uri``: a local path, ``file://...``, or a scheme registered under the
-    ``sluice.checkpoint_storage`` entry point group (``s3://``)."""
-    if "://" not in uri or uri.startswith("file://"):
-        return LocalCheckpointStorage(uri, job_id)
-    scheme = uri.split("://", 1)[0]
-    if scheme == "s3":
-        from sluice.checkpoint.s3 import S3CheckpointStorage
-
-        return S3CheckpointStorage(uri, job_id, **options)
-    for ep in entry_points(group="sluice.checkpoint_storage"):
-        if ep.name == scheme:
-            cls = ep.load()
-            return cls(uri, job_id, **options)  # type: ignore[no-any-return]
-    raise ConfigError(
-        f"checkpoint storage: no storage for scheme {scheme!r} (allowed: local path, file://, s3://)"
-    )
 
 
 def parse_checkpoint_uri(uri: str) -> tuple[str, str, str]:

@@ -6,14 +6,14 @@ Both runtimes call :func:`build_task` once per subtask they host; only the chann
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.config.job import JobConfig
 from sluice.events import AlignmentMode
 from sluice.graph import JobEdge, JobGraph, JobVertex, NodeKind, Partitioning, SubtaskId
+from sluice.operators.base import OperatorContext
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.operators import OperatorContext
 from sluice.runtime.output import ChainOutput, RecordWriter
 from sluice.runtime.partitioners import (
     BroadcastPartitioner,
@@ -26,9 +26,6 @@ from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.task import Task, TaskGateway
 from sluice.runtime.task_spec import TaskSpec
 from sluice.state.keygroups import key_group_range
-
-if TYPE_CHECKING:
-    from sluice.runtime.job import JobConfig
 
 __all__ = ["build_task", "make_partitioner"]
 

@@ -12,8 +12,8 @@ from sluice.checkpoint.payload import decode_task_state
 from sluice.checkpoint.storage import METADATA, CheckpointStorage
 from sluice.errors import RestoreError, SluiceError
 from sluice.graph import JobGraph, JobVertex, Partitioning
+from sluice.operators.committables import unpack_pending
 from sluice.runtime.partitioners import HashPartitioner
-from sluice.runtime.sink_operator import unpack_pending
 from sluice.runtime.task_spec import TaskRestore
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Sink

@@ -16,8 +16,8 @@ import pyarrow as pa
 from sluice.checkpoint.codec import envelope
 from sluice.events import AlignmentMode
 from sluice.graph import SubtaskId
+from sluice.operators.base import Operator, OperatorContext
 from sluice.runtime.channels import InputChannel, Signal
-from sluice.runtime.operators import Operator, OperatorContext
 from sluice.runtime.output import RecordWriter
 from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
 from sluice.source import SourceReader, SourceSplit

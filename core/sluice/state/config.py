@@ -76,13 +76,17 @@ class StateBackendConfig(_Frozen):
             per operator subtask on local disk: state larger than memory; needs ``sluice-etl[rocksdb]``).
         incremental: RocksDB checkpoints upload only the files the last completed checkpoint has not
             (``state.backend.incremental``); False uploads every file each time.
-        changelog: changelog (generalized incremental) checkpoints (``state.backend.changelog.enabled``);
-            not available yet, so True is refused.
-        changelog_materialize_interval: seconds between background materializations with changelog on.
-        local_recovery: keep a local copy of the last checkpoint for restarts on the same host
-            (``state.backend.local-recovery``); not available yet, so True is refused.
-        local_dir: where RocksDB keeps its files (``state.backend.rocksdb.localdir``); None: the system's
-            temporary folder.
+        changelog: changelog (generalized incremental) checkpoints (``state.backend.changelog.enabled``):
+            each checkpoint persists the changes since the last one, a full materialization is written in
+            the background.
+        changelog_materialize_interval: seconds between background materializations with changelog on
+            (``state.backend.changelog.periodic-materialize.interval``).
+        local_recovery: keep a local copy of the last completed checkpoint for restarts on the same host
+            (``state.backend.local-recovery``).
+        local_dir: where RocksDB and changelog segments keep their files (``state.backend.rocksdb.localdir``);
+            None: the system's temporary folder.
+        local_recovery_dir: where local recovery keeps its copies (``taskmanager.state.local.root-dirs``);
+            None: ``local_dir``.
         memory: bytes (or ``"512 mb"``) RocksDB may use per operator subtask's process share: the block
             cache, with the write buffers charged to it (``state.backend.rocksdb.memory.fixed-per-slot``).
         write_buffer_ratio: the part of RocksDB's share of ``memory`` write buffers may take
@@ -98,6 +102,7 @@ class StateBackendConfig(_Frozen):
     changelog_materialize_interval: float = 600.0
     local_recovery: bool = False
     local_dir: str | None = None
+    local_recovery_dir: str | None = None
     memory: int = 256 << 20
     write_buffer_ratio: float = 0.5
     write_cache_ratio: float = 0.25
@@ -125,18 +130,10 @@ class StateBackendConfig(_Frozen):
             raise bad("write_cache_ratio", "a number from 0 (no cache) to below 1", self.write_cache_ratio)
         if not self.changelog_materialize_interval > 0:
             raise bad("changelog_materialize_interval", "a duration > 0", self.changelog_materialize_interval)
-        if self.changelog:
-            raise ConfigError(
-                "invalid StateBackendConfig: changelog (state.backend.changelog.enabled) is not available yet "
-                "in this sluice; use state.backend.incremental with the rocksdb backend"
-            )
-        if self.local_recovery:
-            raise ConfigError(
-                "invalid StateBackendConfig: local_recovery (state.backend.local-recovery) is not available "
-                "yet in this sluice; restores read remote checkpoint storage"
-            )
-        if self.local_dir is not None and not self.local_dir.strip():
-            raise bad("local_dir", "a folder path, or None for the temporary folder", self.local_dir)
+        for option in ("local_dir", "local_recovery_dir"):
+            folder = getattr(self, option)
+            if folder is not None and not folder.strip():
+                raise bad(option, "a folder path, or None for the default", folder)
         if self.type == "rocksdb" and importlib.util.find_spec("rocksdict") is None:
             raise ConfigError(
                 "state.backend.type rocksdb needs the rocksdb extra: pip install 'sluice-etl[rocksdb]'"
@@ -205,6 +202,7 @@ STATE_KEYS: dict[str, tuple[str, Any]] = {
     "state.backend.local-recovery": ("local_recovery", _bool),
     "execution.state-recovery.from-local": ("local_recovery", _bool),
     "state.backend.rocksdb.localdir": ("local_dir", _text),
+    "taskmanager.state.local.root-dirs": ("local_recovery_dir", _text),
     "state.backend.rocksdb.memory.fixed-per-slot": ("memory", parse_memory_size),
     "state.backend.rocksdb.memory.write-buffer-ratio": ("write_buffer_ratio", _float),
     "state.backend.rocksdb.memory.write-cache-ratio": ("write_cache_ratio", _float),

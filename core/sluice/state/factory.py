@@ -1,19 +1,74 @@
-"""The job's state backend from its :class:`~sluice.state.config.StateBackendConfig`."""
+"""The job's state backend from its :class:`~sluice.state.config.StateBackendConfig`.
+
+With changelog checkpoints or local recovery on, each keyed backend is the built-in one wrapped: local
+recovery (outermost) around changelog around hashmap or RocksDB, and the transfer keeps local copies.
+"""
 
 from __future__ import annotations
 
-from sluice.state.config import StateBackendConfig
-from sluice.state.spi import StateBackend
+from collections.abc import Callable
 
-__all__ = ["create_state_backend"]
+from sluice.state.config import StateBackendConfig
+from sluice.state.keygroups import KeyGroupRange
+from sluice.state.spi import KeyedStateBackend, StateBackend
+from sluice.state.transfer import FileTransfer
+
+__all__ = ["LayeredStateBackend", "create_state_backend"]
 
 
 def create_state_backend(config: StateBackendConfig) -> StateBackend:
     """A :class:`~sluice.state.spi.StateBackend` for ``config`` (RocksDB's module is imported only here)."""
+    base: StateBackend
     if config.type == "rocksdb":
         from sluice.state.rocksdb import RocksDBStateBackend
 
-        return RocksDBStateBackend(config)
-    from sluice.state.hashmap import HashMapStateBackend
+        base = RocksDBStateBackend(config)
+    else:
+        from sluice.state.hashmap import HashMapStateBackend
 
-    return HashMapStateBackend(config)
+        base = HashMapStateBackend(config)
+    if config.changelog or config.local_recovery:
+        return LayeredStateBackend(base)
+    return base
+
+
+class LayeredStateBackend(StateBackend):
+    """A built-in backend (``base``) whose keyed backends get changelog checkpoints and/or local recovery.
+
+    Attributes:
+        base: the hashmap or RocksDB state backend.
+    """
+
+    def __init__(self, base: StateBackend) -> None:
+        super().__init__(base.config)
+        self.base = base
+
+    def create_keyed_backend(
+        self,
+        owner: str,
+        key_groups: KeyGroupRange,
+        max_parallelism: int,
+        transfer: FileTransfer,
+        clock: Callable[[], int] | None = None,
+    ) -> KeyedStateBackend:
+        config = self.config
+        store = None
+        if config.local_recovery:
+            from sluice.state.local_recovery import (
+                LocalRecoveryTransfer,
+                LocalStateStore,
+                local_recovery_root,
+            )
+
+            store = LocalStateStore(local_recovery_root(config, owner, transfer))
+            transfer = LocalRecoveryTransfer(transfer, store)
+        keyed = self.base.create_keyed_backend(owner, key_groups, max_parallelism, transfer, clock)
+        if config.changelog:
+            from sluice.state.changelog import ChangelogKeyedStateBackend
+
+            keyed = ChangelogKeyedStateBackend(keyed, config)
+        if store is not None:
+            from sluice.state.local_recovery import LocalRecoveryKeyedStateBackend
+
+            keyed = LocalRecoveryKeyedStateBackend(keyed, store)
+        return keyed

@@ -2,7 +2,8 @@
 
 Pure bookkeeping (no I/O), kept by the coordinator's completed-checkpoint store, after Flink's
 ``SharedStateRegistryImpl``. An incremental RocksDB checkpoint references SST files under ``shared/``: the
-ones it uploaded and, as *placeholders*, ones an earlier completed checkpoint uploaded. When a checkpoint
+ones it uploaded and, as *placeholders*, ones an earlier completed checkpoint uploaded; a changelog
+checkpoint references its materialization's files and its segments of changes the same way. When a checkpoint
 completes, :meth:`SharedStateRegistry.register_checkpoint` records every file it references with the
 checkpoint as its last user; once older checkpoints are subsumed, :meth:`~SharedStateRegistry.unregister_unused`
 returns the files whose last user is older than the lowest retained checkpoint: no retained checkpoint uses
@@ -42,12 +43,18 @@ class _Entry:
 
 
 def shared_refs(handles: Iterable[Any]) -> list[SharedRef]:
-    """The shared files the keyed state handles of one checkpoint reference (other data is ignored)."""
+    """The shared files the keyed state handles of one checkpoint reference (other data is ignored): a
+    native RocksDB handle's SST files, and every file of a changelog handle (its materialization and
+    segments)."""
+    from sluice.state.handles import handle_files
+
     out: list[SharedRef] = []
     for h in handles:
         if isinstance(h, dict) and h.get("format") == "native":
             for ref in (h.get("shared") or {}).values():
                 out.append(SharedRef(str(ref["path"]), bool(ref.get("placeholder"))))
+        elif isinstance(h, dict) and h.get("format") == "changelog":
+            out.extend(SharedRef(ref.path, placeholder) for ref, placeholder in handle_files(h))
     return out
 
 

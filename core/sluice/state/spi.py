@@ -17,8 +17,9 @@ import enum
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,9 @@ from sluice.state.config import StateBackendConfig
 from sluice.state.keycodec import encode_keys, encode_keys_fixed, rows_as_bytes
 from sluice.state.keygroups import KeyGroupRange, hash_columns, key_groups
 from sluice.state.transfer import FileTransfer
+
+if TYPE_CHECKING:
+    from sluice.state.meta import StateMeta
 
 __all__ = [
     "BatchValueState",
@@ -261,6 +265,19 @@ class KeyedStateBackend(ABC):
     def cleanup_expired(self, max_entries: int) -> int:
         """Check up to ``max_entries`` entries of states with a TTL, removing expired ones; the number
         removed."""
+
+    @abstractmethod
+    def state_meta(self) -> dict[str, StateMeta]:
+        """Every state this backend holds (registered or restored), as checkpoints describe it."""
+
+    def materialize_if_due(self) -> None:  # noqa: B027 - optional hook
+        """Periodic work on the task's thread, between batches: with changelog checkpoints, start a
+        background materialization once its interval has passed. A no-op otherwise."""
+
+    def materialize(self) -> Future[Any] | None:
+        """With changelog checkpoints: start a materialization now (unless one is under way or nothing
+        changed) and return it to wait for. None otherwise."""
+        return None
 
     # -- checkpoints ----------------------------------------------------------------------------------
     @abstractmethod

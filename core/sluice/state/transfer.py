@@ -4,7 +4,8 @@
 to the job's checkpoint folder); the job's checkpoint storage implements it, :class:`LocalFileTransfer`
 is a local folder. Every uploaded file's SHA-256 goes into the backend's handle, which lands in the task
 state file the job's checkpoint key signs; :func:`download_verified` refuses a file whose bytes differ, so
-RocksDB never opens a file that was changed in storage.
+RocksDB never opens a file that was changed in storage. A transfer with local recovery
+(:class:`~sluice.state.local_recovery.LocalRecoveryTransfer`) offers a verified local copy first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from typing import Any, Protocol
 
 from sluice.errors import RestoreError
 
-__all__ = ["FileRef", "FileTransfer", "LocalFileTransfer", "download_verified", "sha256_file", "upload_file"]
+__all__ = [
+    "FileRef",
+    "FileTransfer",
+    "LocalFileTransfer",
+    "download_verified",
+    "sha256_file",
+    "transfer_location",
+    "upload_file",
+]
 
 _CHUNK = 1 << 20
 
@@ -78,12 +87,22 @@ def upload_file(transfer: FileTransfer, local_path: str, remote_path: str) -> Fi
     return ref
 
 
+def transfer_location(transfer: FileTransfer) -> str:
+    """What names a transfer's root across restarts (its ``location`` attribute if it has one)."""
+    location = getattr(transfer, "location", None)
+    return str(location) if location is not None else type(transfer).__qualname__
+
+
 def download_verified(transfer: FileTransfer, ref: FileRef, local_path: str) -> None:
-    """Download ``ref`` to ``local_path`` if its SHA-256 matches the handle's.
+    """Download ``ref`` to ``local_path`` if its SHA-256 matches the handle's (a transfer with a
+    ``local_copy(ref, local_path) -> bool`` method places a verified local copy instead, when it has one).
 
     Raises:
         RestoreError: the file is missing or its bytes are not the ones the checkpoint recorded.
     """
+    local_copy = getattr(transfer, "local_copy", None)
+    if local_copy is not None and local_copy(ref, local_path):
+        return
     tmp = f"{local_path}.{uuid.uuid4().hex[:8]}.part"
     try:
         try:
@@ -111,6 +130,11 @@ class LocalFileTransfer:
     def __init__(self, root: str) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def location(self) -> str:
+        """The folder, as an absolute path."""
+        return str(self.root.resolve())
 
     def _path(self, remote_path: str) -> Path:
         p = (self.root / remote_path).resolve()

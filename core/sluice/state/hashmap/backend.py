@@ -8,7 +8,8 @@ checkpoint of this backend is therefore also a savepoint the RocksDB backend res
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import copy
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from sluice.errors import ConfigError, RestoreError
 from sluice.state.canonical import FORMAT_VERSION, GroupWriter, canonical_groups, merged_meta
 from sluice.state.config import StateBackendConfig
 from sluice.state.hashmap.states import HeapBatchValueState, HeapListState, HeapMapState, HeapValueState
-from sluice.state.hashmap.tables import HeapTimerService, Table
+from sluice.state.hashmap.tables import HeapTimerService, Table, TrackedTables
 from sluice.state.keycodec import decode_key, key_end, namespace_part
 from sluice.state.keygroups import KeyGroupRange
 from sluice.state.meta import (
@@ -40,14 +41,41 @@ from sluice.state.spi import (
 )
 from sluice.state.transfer import FileTransfer
 
-__all__ = ["HashMapKeyedStateBackend", "HashMapStateBackend"]
+__all__ = ["HashMapKeyedStateBackend", "HashMapStateBackend", "HeapChanges", "entry_rows", "split_entry_key"]
 
 _TS = 8
 
+#: what :meth:`HashMapKeyedStateBackend.take_changes` returns: the changed entries ``(state, key group, entry
+#: key, value or None)``, the changed timers ``(domain, timestamp, key group, key, namespace, registered)``,
+#: the states' serializers and the time of the seal
+HeapChanges = tuple[
+    list[tuple[str, int, bytes, Any]],
+    list[tuple[int, int, int, bytes, bytes, bool]],
+    dict[str, RegisteredState],
+    int,
+]
 
-def _split(entry: bytes) -> tuple[bytes, bytes]:
+
+def split_entry_key(entry: bytes) -> tuple[bytes, bytes]:
+    """A table key's (key, namespace)."""
     end = key_end(entry)
     return entry[:end], entry[end + 2 :] if len(entry) > end else b""
+
+
+def entry_rows(reg: RegisteredState, value: Any) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+    """One table entry's canonical rows ``(user key, value bytes, expiry)``: one per list element and map
+    entry."""
+    if reg.kind == "value":
+        items: Iterable[tuple[bytes | None, Any]] = [(None, value)]
+    elif reg.kind == "list":
+        items = [(None, x) for x in value]
+    else:
+        assert reg.key_serializer is not None
+        items = [(reg.key_serializer.encode(k), x) for k, x in value.items()]
+    encode = reg.serializer.encode
+    for uk, x in items:
+        v, expiry = x if reg.ttl is not None else (x, None)
+        yield uk, encode(v), expiry
 
 
 class HashMapKeyedStateBackend(KeyedStateBackend):
@@ -62,18 +90,22 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         clock: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(key_groups, max_parallelism, transfer, paths, clock)
-        self._tables: dict[str, dict[int, Table]] = {}
+        self._tables: dict[str, TrackedTables] = {}
         self._registered: dict[str, RegisteredState] = {}
         self._handles: dict[str, Any] = {}
         self._restored_meta: dict[str, StateMeta] = {}
         self._pending: dict[str, list[tuple[int, pa.Table]]] = {}  # restored, not yet read by a descriptor
         self._timers = HeapTimerService()
         self._cleanup: Iterator[int] | None = None
+        self._capture = False
 
     # -- access used by the handles -------------------------------------------------------------------
     def tables_of(self, name: str) -> dict[int, Table]:
         """The tables (by key group) of state ``name``."""
-        return self._tables.setdefault(name, {})
+        tables = self._tables.get(name)
+        if tables is None:
+            tables = self._tables[name] = TrackedTables(self._capture)
+        return tables
 
     def entry_key(self) -> bytes:
         """The current key (and namespace) as a table key."""
@@ -173,6 +205,42 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             removed += step
         return removed
 
+    # -- changelog ------------------------------------------------------------------------------------
+    def capture_changes(self) -> None:
+        """Track changed entries and timers from now on, for changelog checkpoints
+        (:meth:`take_changes`)."""
+        self._capture = True
+        for tables in self._tables.values():
+            tables.capture = True
+            for t in tables.values():
+                t.dirty = set() if t.dirty is None else t.dirty
+        self._timers.dirty = set() if self._timers.dirty is None else self._timers.dirty
+
+    def take_changes(self) -> HeapChanges:
+        """The entries and timers changed since the last call, with their values now (list and map values
+        copied): the synchronous part of a changelog checkpoint, O(changes)."""
+        entries: list[tuple[str, int, bytes, Any]] = []
+        for name, tables in self._tables.items():
+            for kg, t in tables.items():
+                if t.dirty:
+                    dirty, t.dirty, data = t.dirty, set(), t.data
+                    for ek in dirty:
+                        v = data.get(ek)
+                        entries.append((name, kg, ek, copy.copy(v) if isinstance(v, list | dict) else v))
+        timers: list[tuple[int, int, int, bytes, bytes, bool]] = []
+        if self._timers.dirty:
+            dirty_timers, self._timers.dirty = self._timers.dirty, set()
+            for domain, ts, kg, key, ns in dirty_timers:
+                timers.append((domain, ts, kg, key, ns, self._timers.is_registered(TimeDomain(domain), ts, key, ns)))
+        return entries, timers, dict(self._registered), self.clock()
+
+    def has_changes(self) -> bool:
+        """Whether anything changed since the last :meth:`take_changes`."""
+        return bool(self._timers.dirty) or any(t.dirty for tables in self._tables.values() for t in tables.values())
+
+    def state_meta(self) -> dict[str, StateMeta]:
+        return {**self._restored_meta, **{n: r.meta for n, r in self._registered.items()}}
+
     # -- checkpoints ----------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
         frozen: dict[str, dict[int, dict[bytes, Any]]] = {}
@@ -180,10 +248,14 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             frozen[name] = {kg: t.freeze() for kg, t in tables.items() if t.data}
         timers = [(d, list(self._timers.timers(d))) for d in TimeDomain]
         pending = {name: list(rows) for name, rows in self._pending.items()}
-        meta = {**self._restored_meta, **{n: r.meta for n, r in self._registered.items()}}
-        return _HeapSnapshot(self, frozen, timers, pending, dict(self._registered), meta, self.clock())
+        return _HeapSnapshot(self, frozen, timers, pending, dict(self._registered), self.state_meta(), self.clock())
 
     def restore(self, handles: Sequence[Handle]) -> None:
+        if any(h.get("format") == "changelog" for h in handles):
+            from sluice.state.changelog.restore import restore_changelog
+
+            restore_changelog(self, handles)
+            return
         for h in handles:
             if h.get("format") != "canonical":
                 raise RestoreError(
@@ -191,9 +263,15 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                     "format cannot be restored by the hashmap backend: restore it with that backend, or "
                     "switch backends through a savepoint"
                 )
-        self._restored_meta.update(merged_meta(handles))
+        self.restore_groups(merged_meta(handles), canonical_groups(handles, self.key_groups, self.transfer))
+
+    def restore_groups(self, meta: dict[str, StateMeta], groups: Iterable[tuple[int, pa.Table]]) -> None:
+        """Load canonical rows by key group (those of key groups this subtask owns), skipping expired ones."""
+        self._restored_meta.update(meta)
         now = self.clock()
-        for kg, rows in canonical_groups(handles, self.key_groups, self.transfer):
+        for kg, rows in groups:
+            if kg not in self.key_groups:
+                continue
             expiry = rows.column("expiry").to_pylist()
             live = pa.array([e is None or e > now for e in expiry], pa.bool_())
             rows = rows.filter(live)  # cleanup on restore
@@ -210,7 +288,10 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     def _load(self, reg: RegisteredState, kg: int, rows: pa.Table) -> None:
         """Decode restored canonical rows of ``reg`` into its table of ``kg``."""
-        t = self.tables_of(reg.name).setdefault(kg, Table())
+        tables = self.tables_of(reg.name)
+        t = tables.get(kg)
+        if t is None:
+            t = tables[kg] = Table()
         data = t.writable()
         now = self.clock()
         values = [reg.serializer.decode(v) for v in rows.column("value").to_pylist()]
@@ -255,23 +336,15 @@ class _HeapSnapshot(StateSnapshot):
         for name, groups in self._frozen.items():
             reg = self._registered[name]
             drop = reg.ttl is not None and reg.ttl.cleanup_full_snapshot
-            ser, now = reg.serializer, self._now
+            now = self._now
             for kg, data in groups.items():
                 w = writer(kg)
                 for ek, v in data.items():
-                    key, ns = _split(ek)
-                    if reg.kind == "value":
-                        items: Any = [(None, v)]
-                    elif reg.kind == "list":
-                        items = [(None, x) for x in v]
-                    else:
-                        assert reg.key_serializer is not None
-                        items = [(reg.key_serializer.encode(k), x) for k, x in v.items()]
-                    for uk, x in items:
-                        value, expiry = x if reg.ttl is not None else (x, None)
+                    key, ns = split_entry_key(ek)
+                    for uk, value, expiry in entry_rows(reg, v):
                         if drop and expiry is not None and expiry <= now:
                             continue
-                        w.add(name, key, ns, uk, ser.encode(value), expiry)
+                        w.add(name, key, ns, uk, value, expiry)
         for name, parts in self._pending.items():
             for kg, rows in parts:
                 w = writer(kg)

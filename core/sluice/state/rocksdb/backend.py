@@ -87,6 +87,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._uploads: dict[int, dict[str, FileRef]] = {}  # checkpoint id -> its SST files
         self._cleanup_cursor = b""
         self._accesses = 0
+        #: with change capture on (changelog checkpoints): every entry written since the last checkpoint,
+        #: its last value (None: deleted)
+        self.change_log: dict[bytes, bytes | None] | None = None
 
     # -- the database ---------------------------------------------------------------------------------
     def _open(self, path: str) -> Any:
@@ -122,13 +125,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def put(self, key: bytes, value: bytes) -> None:
         """Write one entry."""
         self.cache.put(key, value)
+        if self.change_log is not None:
+            self.change_log[key] = value
 
     def delete(self, key: bytes) -> None:
         """Delete one entry."""
         self.cache.put(key, None)
+        if self.change_log is not None:
+            self.change_log[key] = None
 
     def write_many(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Write entries (a None value deletes; a key repeated keeps its last value)."""
+        if self.change_log is not None:
+            entries = list(entries)
+            self.change_log.update(entries)
         self.cache.write(entries)
 
     def flush(self) -> None:
@@ -246,7 +256,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return removed
 
     # -- checkpoints ----------------------------------------------------------------------------------
-    def _meta(self) -> dict[str, StateMeta]:
+    def state_meta(self) -> dict[str, StateMeta]:
         return {**self.restored_meta, **{n: r.meta for n, r in self._registered.items()}}
 
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
@@ -255,10 +265,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.flush()
         rocksdict_module().Checkpoint(self.db).create_checkpoint(folder)
         if savepoint:
-            return CanonicalExport(self, folder, checkpoint_id, self._meta(), dict(self._registered), self.clock())
+            return CanonicalExport(self, folder, checkpoint_id, self.state_meta(), dict(self._registered), self.clock())
         with self._lock:
             confirmed = dict(self._confirmed) if self.incremental else None
-        return IncrementalSnapshot(self, folder, checkpoint_id, self._meta(), confirmed)
+        return IncrementalSnapshot(self, folder, checkpoint_id, self.state_meta(), confirmed)
 
     def record_upload(self, checkpoint_id: int, shared: dict[str, FileRef]) -> None:
         """The asynchronous part of checkpoint ``checkpoint_id`` uploaded (or reused) ``shared``."""
@@ -283,6 +293,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._uploads.pop(checkpoint_id, None)
 
     def restore(self, handles: Sequence[Handle]) -> None:
+        if any(h.get("format") == "changelog" for h in handles):
+            from sluice.state.changelog.restore import restore_changelog
+
+            restore_changelog(self, handles)
+            return
         from sluice.state.rocksdb.restore import restore_handles
 
         self.restored_meta.update(merged_meta(handles))

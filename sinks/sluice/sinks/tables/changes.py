@@ -1,15 +1,6 @@
-"""Changes for the table sinks' upsert mode: the change model, the collapse to the last change per key, and
-the change files staged at pre-commit.
-
-A **change batch** is an Arrow table (or record batch) with
-
-- the **key columns** (given by the sink or taken from the format; never null),
-- the **row columns**: the row after the change (for a delete, whatever the source had: the key, the row
-  before it, or nulls; only the key is used),
-- ``_sluice_op`` (int8, :class:`Op`): insert, update, delete or snapshot read (Debezium's ``c``, ``u``,
-  ``d``, ``r``),
-- ``_sluice_order`` (int64): the source order of the change, increasing for the changes of one key (the
-  Kafka change formats use the record's offset: all changes of one key come from one partition).
+"""Changes for the table sinks' upsert mode: the collapse to the last change per key and the change files
+staged at pre-commit. The change model (key and row columns, ``_sluice_op``, ``_sluice_order``) is
+:mod:`sluice.changes`.
 
 A table applies changes as **upserts**: after a checkpoint, a key holds the row of its last insert, update or
 snapshot read, or is absent if its last change is a delete; an insert of a key the table has replaces its
@@ -27,7 +18,6 @@ their checkpoint never completed or their merge committed before a crash.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Collection, Sequence
 
@@ -36,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from sluice.changes import OP, ORDER, Op, change_table
 from sluice.errors import SluiceError
 from sluice.sinks.tables.files import TableFile, parse_data_file_name, write_parquet
 
@@ -59,10 +50,6 @@ __all__ = [
 
 log = logging.getLogger("sluice.sinks.tables")
 
-#: the operation column (int8, :class:`Op`)
-OP = "_sluice_op"
-#: the source order column (int64)
-ORDER = "_sluice_order"
 #: the checkpoint whose pre-commit staged a change (added when staged files of several checkpoints meet)
 CHECKPOINT = "_sluice_checkpoint"
 #: where staged change files live, relative to the table's location
@@ -71,26 +58,12 @@ CHANGES_DIR = "_sluice_changes"
 _CONTROL = (OP, ORDER, CHECKPOINT)
 
 
-class Op(enum.IntEnum):
-    """What a change does (the value of the ``_sluice_op`` column)."""
-
-    INSERT = 0  #: Debezium ``c``
-    UPDATE = 1  #: Debezium ``u``
-    DELETE = 2  #: Debezium ``d``, a tombstone, a keyed record with a null value
-    READ = 3  #: Debezium ``r``: a row of the source's initial snapshot
-
-
 class ChangeError(SluiceError):
     """A change batch the sink cannot apply: a key or control column missing, a null key, an unknown
     operation. The same batch fails again after a restart, so the job fails at once; route such records
     to a dead letter before the sink (the Kafka change formats do)."""
 
     recoverable = False
-
-
-def change_table(rows: pa.Table, ops: Sequence[int] | pa.Array, order: Sequence[int] | pa.Array) -> pa.Table:
-    """``rows`` (key and row columns) with the operation and source order columns appended."""
-    return rows.append_column(OP, pa.array(ops, pa.int8())).append_column(ORDER, pa.array(order, pa.int64()))
 
 
 def row_columns(schema: pa.Schema) -> list[str]:

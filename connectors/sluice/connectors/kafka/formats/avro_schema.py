@@ -23,8 +23,8 @@ from typing import Any
 import fastavro
 import numpy as np
 import pyarrow as pa
-from sluice.connectors.kafka.avro_columnar import compile_plan
 from sluice.connectors.kafka.errors import UnsupportedSchemaError
+from sluice.connectors.kafka.formats.avro_columnar import compile_plan
 from sluice.errors import ConfigError
 
 __all__ = ["AvroSchema", "columnar_or_none", "read_records"]

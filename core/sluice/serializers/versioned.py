@@ -1,18 +1,5 @@
-"""Versioned serializers: how a connector's checkpoint state becomes bytes (Flink's ``SimpleVersionedSerializer``).
-
-A source names a serializer for its splits and one for its enumerator's state
-(:meth:`sluice.source.Source.split_serializer`, :meth:`~sluice.source.Source.enumerator_state_serializer`), a
-sink one for its committables and one for its writers' state (:meth:`sluice.sink.Sink.committable_serializer`,
-:meth:`~sluice.sink.Sink.writer_state_serializer`). The checkpoint stores each serialized value with the
-serializer's :attr:`~SimpleVersionedSerializer.version`, and a restore hands both back, so a connector can
-change its format and still read checkpoints of the old one.
-
-The default, :class:`PickleSerializer`, pickles. That is safe only because every checkpoint file is signed
-with the job's checkpoint key and verified before anything in it is decoded (docs/security.md); the built-in
-connectors use :class:`JsonSerializer`\\ s, so their checkpoints hold no pickle at all. Write your own as a
-:class:`JsonSerializer` (:func:`to_json_value` / :func:`from_json_value` carry bytes, tuples, dates,
-decimals and Arrow schemas through JSON).
-"""
+"""The versioned serializer contract (Flink's ``SimpleVersionedSerializer``), pickle and JSON serializers,
+and the JSON helpers for plain data and Arrow schemas."""
 
 from __future__ import annotations
 
@@ -24,13 +11,13 @@ from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
-from sluice.checkpoint import plain
+from sluice.serializers.plain import decode as decode_plain
+from sluice.serializers.plain import encode as encode_plain
 
 __all__ = [
     "JsonSerializer",
     "PickleSerializer",
     "SimpleVersionedSerializer",
-    "SourceSplitSerializer",
     "from_json_value",
     "schema_from_text",
     "schema_to_text",
@@ -117,32 +104,15 @@ class JsonSerializer(SimpleVersionedSerializer[T]):
         return self.from_json(version, json.loads(data))
 
 
-class SourceSplitSerializer(JsonSerializer[Any]):
-    """Plain :class:`~sluice.source.SourceSplit` objects whose ``position`` and ``end`` are plain data
-    (numbers, strings, lists, dicts, ...: see :func:`to_json_value`). Used by the generator source."""
-
-    def to_json(self, obj: Any) -> Any:
-        from sluice.source import SourceSplit
-
-        if type(obj) is not SourceSplit:
-            raise TypeError(f"SourceSplitSerializer writes SourceSplit, not {type(obj).__name__}")
-        return {"id": obj.split_id, "position": to_json_value(obj.position), "end": to_json_value(obj.end)}
-
-    def from_json(self, version: int, value: Any) -> Any:
-        from sluice.source import SourceSplit
-
-        return SourceSplit(str(value["id"]), from_json_value(value["position"]), from_json_value(value["end"]))
-
-
 def to_json_value(value: Any) -> Any:
     """Plain data (None, bool, int, float, str, bytes, list, tuple, dict, date, datetime, time, Decimal,
     UUID) as JSON-ready data; anything else raises TypeError. Inverse: :func:`from_json_value`."""
-    return plain.encode(value)
+    return encode_plain(value)
 
 
 def from_json_value(value: Any) -> Any:
     """Inverse of :func:`to_json_value` (strict: ValueError on data it did not write)."""
-    return plain.decode(value)
+    return decode_plain(value)
 
 
 def schema_to_text(schema: pa.Schema | None) -> str | None:

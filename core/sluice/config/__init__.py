@@ -1,7 +1,9 @@
 """Validated, frozen configuration objects.
 
 Every configuration object is checked when it is created (that is, when the job is built); a wrong value
-raises :class:`~sluice.errors.ConfigError` naming the option and what is allowed.
+raises :class:`~sluice.errors.ConfigError` naming the option and what is allowed. Here: the checkpoint
+and restart options; :mod:`sluice.config.checkpoint_key` resolves the checkpoint key,
+:class:`sluice.config.job.JobConfig` is how a job runs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Literal
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from sluice.checkpoint.signing import MIN_KEY_LENGTH, resolve_key
+from sluice.config.checkpoint_key import MIN_KEY_LENGTH, resolve_key
 from sluice.errors import ConfigError
 from sluice.events import AlignmentMode, CheckpointKind, CheckpointOptions
 
@@ -146,7 +148,7 @@ class CheckpointConfig(_Frozen):
 
     def resolved_key(self) -> bytes:
         """The checkpoint key: ``key``, else ``$SLUICE_CHECKPOINT_KEY``, else the user's key file (created if
-        missing; see :mod:`sluice.checkpoint.signing`)."""
+        missing; see :mod:`sluice.config.checkpoint_key`)."""
         return resolve_key(self.key.get_secret_value() if self.key is not None else None)
 
     def with_resolved_key(self) -> CheckpointConfig:
