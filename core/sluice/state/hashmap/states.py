@@ -276,6 +276,8 @@ class HeapBatchValueState(BatchValueState):
                 t.writable().update(zip(g.keys[a:b], vs[a:b], strict=True))
                 if t.owned is not None:
                     t.owned.update(g.keys[a:b])
+                if t.dirty is not None:
+                    t.dirty.update(g.keys[a:b])
             return
         expiry = reg.expiry(self._be.clock()) if reg.ttl is not None else None
         for kb, kg, v in zip(keys.keys, keys.key_groups.tolist(), values.to_pylist(), strict=True):

@@ -87,9 +87,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._uploads: dict[int, dict[str, FileRef]] = {}  # checkpoint id -> its SST files
         self._cleanup_cursor = b""
         self._accesses = 0
-        #: with change capture on (changelog checkpoints): every entry written since the last checkpoint,
-        #: its last value (None: deleted)
-        self.change_log: dict[bytes, bytes | None] | None = None
+
+    @property
+    def change_log(self) -> dict[bytes, bytes | None] | None:
+        """With change capture on (changelog checkpoints): every entry written since the last checkpoint,
+        its last value (None: deleted); kept by the write-back cache, which every write goes through."""
+        return self.cache.log
+
+    @change_log.setter
+    def change_log(self, log: dict[bytes, bytes | None] | None) -> None:
+        self.cache.log = log
 
     # -- the database ---------------------------------------------------------------------------------
     def _open(self, path: str) -> Any:
@@ -125,20 +132,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def put(self, key: bytes, value: bytes) -> None:
         """Write one entry."""
         self.cache.put(key, value)
-        if self.change_log is not None:
-            self.change_log[key] = value
 
     def delete(self, key: bytes) -> None:
         """Delete one entry."""
         self.cache.put(key, None)
-        if self.change_log is not None:
-            self.change_log[key] = None
 
     def write_many(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Write entries (a None value deletes; a key repeated keeps its last value)."""
-        if self.change_log is not None:
-            entries = list(entries)
-            self.change_log.update(entries)
         self.cache.write(entries)
 
     def flush(self) -> None:

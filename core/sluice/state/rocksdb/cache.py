@@ -59,6 +59,9 @@ class EntryCache:
         self._wo = write_options
         self._budget = budget
         self.enabled = budget() > 0
+        #: with change capture on (changelog checkpoints): every entry written since the last checkpoint,
+        #: its last value (None: deleted)
+        self.log: dict[bytes, bytes | None] | None = None
         self._dirty: dict[bytes, bytes | None] = {}
         self._clean: dict[bytes, bytes | None] = {}
         #: the cache's size in bytes at its last size check (keys, values and per-entry overhead)
@@ -117,6 +120,8 @@ class EntryCache:
     # -- writes ---------------------------------------------------------------------------------------
     def put(self, key: bytes, value: bytes | None) -> None:
         """Set ``key`` to ``value`` (None deletes it)."""
+        if self.log is not None:
+            self.log[key] = value
         if not self.enabled:
             self._write([key], [value], True)
             return
@@ -132,6 +137,8 @@ class EntryCache:
             ordered: the keys are sorted already (a repeated key's values in write order).
             nbytes: the keys' and values' bytes, if the caller knows them (else they are counted).
         """
+        if self.log is not None:
+            self.log.update(zip(keys, values, strict=True))
         if not self.enabled:
             self._write(keys, values, ordered)
             return
