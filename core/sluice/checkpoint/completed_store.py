@@ -36,20 +36,35 @@ class SharedState(Protocol):
     ``SharedStateRegistry``): files that several checkpoints reference, each kept while a retained
     checkpoint references it."""
 
-    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
-        """Checkpoint ``checkpoint_id`` completed and references the shared files ``refs``."""
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any], *, restored: bool = False) -> None:
+        """Checkpoint ``checkpoint_id`` completed and references the shared files ``refs`` (``restored``:
+        a retained checkpoint recorded again, whose placeholders are not checked)."""
+
+    def validate(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+        """Refuse (CheckpointError, declined) a checkpoint that reuses a file no retained checkpoint holds;
+        called before its metadata is written."""
 
     def unregister_unused(self, lowest_retained: int) -> list[str]:
         """Forget and return the shared files no checkpoint from ``lowest_retained`` on references."""
+
+    def discard_unregistered(self, refs: Iterable[Any]) -> list[str]:
+        """Of the files a checkpoint that will not complete uploaded, the ones no completed checkpoint
+        registered (to delete)."""
 
 
 class NoSharedState:
     """Full checkpoints share no files: a checkpoint's folder holds all of them."""
 
-    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any], *, restored: bool = False) -> None:
+        return None
+
+    def validate(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
         return None
 
     def unregister_unused(self, lowest_retained: int) -> list[str]:
+        return []
+
+    def discard_unregistered(self, refs: Iterable[Any]) -> list[str]:
         return []
 
 
@@ -107,6 +122,11 @@ class CompletedCheckpointStore:
                 self.completed[:0] = older
         return self._entries
 
+    def retained(self) -> list[tuple[int, str]]:
+        """The completed checkpoints retained now (id, path), oldest first, the job's record included."""
+        self._load()
+        return list(self.completed)
+
     def add(self, checkpoint_id: int, directory: str, savepoint: bool, shared: Iterable[Any] = ()) -> None:
         """Record a completed checkpoint (its metadata is written) and the shared files it references: the
         index is rewritten, subsumed checkpoints beyond ``num_retained`` are discarded, and so are shared
@@ -137,11 +157,22 @@ class CompletedCheckpointStore:
             f"discarding checkpoint {checkpoint_id}", lambda: self.storage.discard(checkpoint_id, savepoint)
         )
 
+    def discard_uploads(self, refs: Iterable[Any]) -> None:
+        """A checkpoint that will not complete: delete the shared files it uploaded that no completed
+        checkpoint registered (its reused ones stay), in the background."""
+        self._discard_shared(self.shared.discard_unregistered(refs))
+
     def _discard_shared(self, files: list[str]) -> None:
-        """Delete shared files no retained checkpoint references, in the background."""
+        """Delete shared files (paths relative to the job's folder) in the background."""
         for f in files:
-            delete = functools.partial(self.storage.retrying, "delete", self.storage.delete_file, f)
+            path = f"{self.storage.job_dir()}/{f}"
+            delete = functools.partial(self.storage.retrying, "delete", self.storage.delete_file, path)
             self._submit(f"deleting shared file {f}", delete)
+
+    def discard_orphans(self, files: list[str]) -> None:
+        """Delete shared files no checkpoint of the job references (left by checkpoints that never
+        completed before a crash), in the background. Only before the attempt's first checkpoint."""
+        self._discard_shared(files)
 
     def close(self, timeout: float, sweep: bool = True) -> None:
         """Wait up to ``timeout`` seconds for the discards under way; then (``sweep``) delete the folders
