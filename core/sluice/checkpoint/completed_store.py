@@ -101,6 +101,9 @@ class CompletedCheckpointStore:
         self._busy = 0
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
+        #: every completed checkpoint's shared files are in the registry: files under ``shared/`` it does
+        #: not know are orphans, deleted when the store closes (set once the registry was rebuilt)
+        self.orphans_known = False
 
     def _load(self) -> dict[int, dict[str, Any]]:
         if self._entries is None:
@@ -169,6 +172,13 @@ class CompletedCheckpointStore:
             delete = functools.partial(self.storage.retrying, "delete", self.storage.delete_file, path)
             self._submit(f"deleting shared file {f}", delete)
 
+    def _sweep_orphans(self) -> None:
+        orphans = getattr(self.shared, "orphans", None)
+        if orphans is not None:
+            listed = [f"shared/{f}" for f in self.storage.list_files(f"{self.storage.job_dir()}/shared")]
+            for f in orphans(listed):
+                self.storage.retrying("delete", self.storage.delete_file, f"{self.storage.job_dir()}/{f}")
+
     def discard_orphans(self, files: list[str]) -> None:
         """Delete shared files no checkpoint of the job references (left by checkpoints that never
         completed before a crash), in the background. Only before the attempt's first checkpoint."""
@@ -179,6 +189,8 @@ class CompletedCheckpointStore:
         of checkpoints that never completed. What is not done by then goes on in the background."""
         if sweep:
             self._submit("deleting folders of failed checkpoints", lambda: sweep_incomplete(self.storage))
+            if self.orphans_known:
+                self._submit("deleting orphaned shared files", self._sweep_orphans)
         deadline = time.monotonic() + timeout
         with self._idle:
             while self._busy and (left := deadline - time.monotonic()) > 0:

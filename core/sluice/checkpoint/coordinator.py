@@ -299,8 +299,6 @@ class CheckpointCoordinator:
                 if path
                 else None
             )
-            if keep is not None and keep.copied and self.completed:
-                self.store.shared.register_checkpoint(self.completed[-1][0], keep.copied, restored=True)
             final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
             final["shared"] = keep.ack_shared() if keep is not None else []
             self.finished[task] = final

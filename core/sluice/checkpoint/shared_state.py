@@ -62,7 +62,11 @@ def recover_shared_state(
     registry = SharedStateRegistry.rebuild(entries)
     store.shared = registry
     if complete:
-        listed = CheckpointFileTransfer(storage).list("shared")
+        try:
+            listed = CheckpointFileTransfer(storage).list("shared")
+        except NotImplementedError:  # a storage that cannot list files: orphans stay
+            return registry
+        store.orphans_known = True
         orphans = registry.orphans(listed)
         if orphans:
             log.info("shared state: deleting %d file(s) no completed checkpoint references", len(orphans))

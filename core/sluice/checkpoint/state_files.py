@@ -141,9 +141,10 @@ class FinishedKeyedState:
     name files inside the folder of the checkpoint it was written for (a RocksDB checkpoint's MANIFEST,
     CURRENT and OPTIONS), which retention deletes. Passed to
     :meth:`~sluice.checkpoint.codec.MetadataCodec.without_channel_state`, it copies those files once to
-    ``shared/`` and points the handle there; :attr:`refs` are then every shared file the final state
-    references, all registered (the copies by the caller), so later checkpoints reference them as
-    placeholders: counted, and never deleted while a retained checkpoint uses them.
+    ``shared/`` and points the handle there. Later checkpoints reference the files the final state reused
+    as placeholders (registered by the checkpoint it came from) and the copies as new files, registered by
+    the first later checkpoint that completes; an aborted checkpoint never deletes a finished subtask's
+    files, and copies no checkpoint came to reference are orphans, deleted when the job ends or restores.
 
     Args:
         storage: the job's checkpoint storage.
@@ -163,7 +164,7 @@ class FinishedKeyedState:
         s, base = self.storage, self.storage.job_dir()
         data = s.retrying("read state file", s.read_file, f"{base}/{path}")
         s.retrying("write state file", s.write_file, f"{base}/{new}", data)
-        self.copied.append(SharedRef(new, True))
+        self.copied.append(SharedRef(new))
         return new
 
     def __call__(self, handle: Any) -> Any:
@@ -181,5 +182,5 @@ class FinishedKeyedState:
         return walk(handle)
 
     def ack_shared(self) -> list[list[Any]]:
-        """The ``shared`` entries of the final acknowledgement: every file, as a placeholder."""
-        return [[r.path, True] for r in [*self.refs, *self.copied]]
+        """The ``shared`` entries of the final acknowledgement."""
+        return [[r.path, True] for r in self.refs] + [[r.path, False] for r in self.copied]
