@@ -173,8 +173,9 @@ class StatePaths:
         return f"shared/{self.owner}/{name}"
 
     def private(self, checkpoint_id: int, name: str, savepoint: bool = False) -> str:
-        """A file of one checkpoint (or savepoint) only, deleted with it."""
-        return f"{'sp' if savepoint else 'chk'}-{checkpoint_id}/{self.owner}/{name}"
+        """A file of one checkpoint (or savepoint) only, in its folder (``chk-<n>``, ``savepoint-<n>``):
+        deleted with it, and a savepoint's folder holds all of its files."""
+        return f"{'savepoint' if savepoint else 'chk'}-{checkpoint_id}/{self.owner}/{name}"
 
 
 class KeyedStateBackend(ABC):
