@@ -26,7 +26,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import FaultInjector
 
-from tests.faults.shapes import BACKENDS, rows_of
+from tests.faults.shapes import BACKENDS, backend_config, rows_of
 
 ROCKSDB = {"type": "rocksdb", "incremental": True, "memory": "32 mb"}
 
@@ -69,7 +69,8 @@ def test_timers_and_state_survive_a_crash_on_each_backend(backend: str, tmp_path
     sessions_job(str(tmp_path / "ref"), None).run(runtime="local", restore="none")
     expected = rows_of(read_committed(f"{tmp_path}/ref/out"))
     faults = FaultInjector(point="process", after=12)
-    sessions_job(str(tmp_path / "run"), BACKENDS[backend]).run(runtime="local", restore="none", faults=faults)
+    run = str(tmp_path / "run")
+    sessions_job(run, backend_config(backend, run)).run(runtime="local", restore="none", faults=faults)
     assert faults.all_fired
     got = rows_of(read_committed(f"{tmp_path}/run/out"))
     assert got == expected and {r[1] for r in got} == set(range(7))  # (at, k, n): every key fired

@@ -1,0 +1,141 @@
+"""The fault suite's keyed shapes on every state backend (issue 24): hashmap and RocksDB, each with and
+without changelog checkpoints, and with local recovery, locally and on Spark.
+
+Crash scenarios are those of ``test_exactly_once.py`` (faults armed only where a failure-free run of the same
+shape, seed, mode and backend reached; each must fire; committed output equals the hashmap backend's
+failure-free run), with the first crash's point chosen in turn: the default run crashes each new backend at
+every point once (``align`` and ``channel_state`` in a mode that has them, ``global_commit`` with a global
+commit) and once on Spark, and rescales a changelog job after a crash. ``-m soak`` runs the cross product:
+every backend x every (mode, point) x the keyed shapes, ``SLUICE_SOAK_SCALE`` scenarios per backend
+(default 1000), e.g. ``SLUICE_SOAK_SCALE=1000 pytest tests/faults/test_state_backends.py -m soak -k
+"soak_crash and rocksdb+changelog-"``; the summary counts fired scenarios per backend.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults import test_exactly_once as suite
+from tests.faults.plans import MODE_POINTS
+from tests.faults.shapes import BACKENDS, KEYED_SHAPES
+from tests.faults.test_exactly_once import crash_scenario, scenario
+
+#: the backends the older tests do not run the fault shapes on: changelog checkpoints on both backends, and
+#: local recovery (RocksDB incremental; RocksDB and hashmap with changelog)
+NEW = (
+    "hashmap+changelog",
+    "rocksdb+changelog",
+    "rocksdb+local",
+    "rocksdb+changelog+local",
+    "hashmap+changelog+local",
+)
+#: every crash point of the aligned, unaligned and adaptive modes
+POINTS = tuple(dict.fromkeys(p for mode in ("aligned", "unaligned", "adaptive") for p in MODE_POINTS[mode]))
+#: scenarios per backend in ``-m soak`` (each a keyed shape, a mode and a crash point in turn)
+SOAK_SCALE = int(os.environ.get("SLUICE_SOAK_SCALE", "1000"))
+#: Spark scenarios per backend in ``-m soak``
+SOAK_SPARK = int(os.environ.get("SLUICE_SOAK_SPARK", "24"))
+
+
+def every_point(start: int) -> list[tuple[int, str]]:
+    """A keyed scenario from ``start`` on per crash point, in a mode that has the point."""
+    out, i = [], start
+    for point in POINTS:
+        while scenario(i)[0] not in KEYED_SHAPES or point not in MODE_POINTS[scenario(i)[2]]:
+            i += 1
+        out.append((i, point))
+        i += 1
+    return out
+
+
+def spark_points(start: int) -> list[tuple[str, int, str]]:
+    """The default run's Spark scenarios (a Spark run costs tens of seconds): changelog checkpoints on both
+    backends, a crash between completion and commit (a restore of materialization + segments) and one while
+    processing; local recovery runs on Spark in ``-m soak``."""
+    at = {p: i for i, p in every_point(start)}
+    return [
+        ("hashmap+changelog", at["complete_to_commit"], "complete_to_commit"),
+        ("rocksdb+changelog", at["process"], "process"),
+    ]
+
+
+def cross_product(start: int, count: int) -> list[tuple[int, str]]:
+    """``count`` keyed scenarios from ``start`` on, the crash points of each (shape, mode) in turn: the list
+    covers shape x mode x point (72 combinations) from 100 entries on."""
+    out: list[tuple[int, str]] = []
+    turn: dict[tuple[str, str], int] = {}
+    i = start
+    while len(out) < count:
+        shape, _, mode, _ = scenario(i)
+        if shape in KEYED_SHAPES:
+            points = MODE_POINTS[mode]
+            n = turn[shape, mode] = turn.get((shape, mode), -1) + 1
+            out.append((i, points[n % len(points)]))
+        i += 1
+    return out
+
+
+def _cases(
+    backends: tuple[str, ...], pick: list[tuple[int, str]] | None, start: int, count: int
+) -> list[Any]:
+    """Test cases (backend, scenario, point): ``pick`` for every backend, else ``count`` of the cross
+    product per backend (each backend its own scenarios), the backends taking turns: a soak cut short has
+    run about as many scenarios on each."""
+    per_backend = [
+        [
+            pytest.param(backend, i, point, id=f"{backend}-{i}-{point}")
+            for i, point in (pick if pick is not None else cross_product(start + 100_000 * n, count))
+        ]
+        for n, backend in enumerate(backends)
+    ]
+    return [case for turn in zip(*per_backend, strict=True) for case in turn]
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(("backend", "i", "point"), _cases(NEW, every_point(2000), 0, 0))
+def test_crash_at_every_point(backend: str, i: int, point: str) -> None:
+    crash_scenario(i, "local", backend, point)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(
+    ("backend", "i", "point"),
+    [pytest.param(b, i, p, id=f"{b}-{i}-{p}") for b, i, p in spark_points(3000)],
+)
+def test_crash_on_spark(backend: str, i: int, point: str, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue("spark")
+    crash_scenario(i, "spark", backend, point)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(
+    ("i", "backend"), [(0, "hashmap+changelog"), (1, "rocksdb+changelog"), (3, "rocksdb+changelog+local")]
+)
+def test_crash_then_restore_at_another_parallelism(i: int, backend: str, tmp_path: Path) -> None:
+    """A changelog job crashes, then resumes its latest checkpoint at another parallelism: the
+    materialization and the segments are split by key group."""
+    suite.test_crash_then_restore_at_another_parallelism(i, backend, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("backend", "i", "point"), _cases(tuple(BACKENDS), None, 20_000, SOAK_SCALE))
+def test_soak_crash(backend: str, i: int, point: str) -> None:
+    crash_scenario(i, "local", backend, point)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("backend", "i", "point"), _cases(tuple(BACKENDS), None, 900_000, SOAK_SPARK))
+def test_soak_crash_on_spark(backend: str, i: int, point: str, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue("spark")
+    crash_scenario(i, "spark", backend, point)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("backend", NEW)
+@pytest.mark.parametrize("i", range(8, 28))
+def test_soak_rescale(i: int, backend: str, tmp_path: Path) -> None:
+    suite.test_crash_then_restore_at_another_parallelism(i, backend, tmp_path)
