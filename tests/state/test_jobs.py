@@ -88,12 +88,14 @@ def _referenced(storage: LocalCheckpointStorage) -> dict[int, set[str]]:
     return out
 
 
+@pytest.mark.parametrize("backend", ["rocksdb", "rocksdb+changelog", "hashmap+changelog"])
 def test_a_shared_file_is_deleted_exactly_when_the_last_checkpoint_using_it_is_subsumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Incremental RocksDB checkpoints share SST files; every deletion of one happens when no completed
-    checkpoint left in storage references it, and at the end the shared files are exactly those the retained
-    checkpoints reference. An orphan (an upload no completed checkpoint references) goes on restore."""
+    """Incremental RocksDB checkpoints share SST files, changelog checkpoints their materialization and
+    segments; every deletion of one happens when no completed checkpoint left in storage references it, and at
+    the end the shared files are exactly those the retained checkpoints reference. An orphan (an upload no
+    completed checkpoint references) goes on restore."""
     job = f"{tmp_path}/chk/shared"
     storage = LocalCheckpointStorage(f"{tmp_path}/chk", "shared")
     deleted: list[tuple[str, int]] = []
@@ -126,7 +128,7 @@ def test_a_shared_file_is_deleted_exactly_when_the_last_checkpoint_using_it_is_s
         p = Pipeline(
             "shared",
             checkpoint=CheckpointConfig(interval=0.1, num_retained=2, storage=f"{tmp_path}/chk"),
-            state_backend=ROCKSDB,
+            state_backend=BACKENDS[backend],
             max_parallelism=8,
         )
         p.source(src, parallelism=2).key_by("key").process(Count(), parallelism=2).sink(
