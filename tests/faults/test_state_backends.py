@@ -41,11 +41,17 @@ SOAK_SCALE = int(os.environ.get("SLUICE_SOAK_SCALE", "1000"))
 SOAK_SPARK = int(os.environ.get("SLUICE_SOAK_SPARK", "24"))
 
 
+def points_of(shape: str, mode: str) -> tuple[str, ...]:
+    """The crash points of ``shape`` in ``mode``: the union shape's keyed operator never records channel
+    state (its failure-free runs hit ``channel_state`` 0 times), so it is not armed there."""
+    return tuple(p for p in MODE_POINTS[mode] if not (shape == "union" and p == "channel_state"))
+
+
 def every_point(start: int) -> list[tuple[int, str]]:
-    """A keyed scenario from ``start`` on per crash point, in a mode that has the point."""
+    """A keyed scenario from ``start`` on per crash point, in a mode (and shape) that has the point."""
     out, i = [], start
     for point in POINTS:
-        while scenario(i)[0] not in KEYED_SHAPES or point not in MODE_POINTS[scenario(i)[2]]:
+        while scenario(i)[0] not in KEYED_SHAPES or point not in points_of(scenario(i)[0], scenario(i)[2]):
             i += 1
         out.append((i, point))
         i += 1
@@ -65,14 +71,14 @@ def spark_points(start: int) -> list[tuple[str, int, str]]:
 
 def cross_product(start: int, count: int) -> list[tuple[int, str]]:
     """``count`` keyed scenarios from ``start`` on, the crash points of each (shape, mode) in turn: the list
-    covers shape x mode x point (72 combinations) from 100 entries on."""
+    covers shape x mode x point (71 combinations) from 100 entries on."""
     out: list[tuple[int, str]] = []
     turn: dict[tuple[str, str], int] = {}
     i = start
     while len(out) < count:
         shape, _, mode, _ = scenario(i)
         if shape in KEYED_SHAPES:
-            points = MODE_POINTS[mode]
+            points = points_of(shape, mode)
             n = turn[shape, mode] = turn.get((shape, mode), -1) + 1
             out.append((i, points[n % len(points)]))
         i += 1
@@ -95,8 +101,19 @@ def _cases(
     return [case for turn in zip(*per_backend, strict=True) for case in turn]
 
 
+def fast_cases() -> list[Any]:
+    """The default run's local scenarios: each changelog backend crashes at every point; the local recovery
+    backends share the points (each point once on one of them)."""
+    cases = _cases(NEW[:2], every_point(2000), 0, 0)
+    local = NEW[2:]
+    for n, (i, point) in enumerate(every_point(2500)):
+        backend = local[n % len(local)]
+        cases.append(pytest.param(backend, i, point, id=f"{backend}-{i}-{point}"))
+    return cases
+
+
 @pytest.mark.faults
-@pytest.mark.parametrize(("backend", "i", "point"), _cases(NEW, every_point(2000), 0, 0))
+@pytest.mark.parametrize(("backend", "i", "point"), fast_cases())
 def test_crash_at_every_point(backend: str, i: int, point: str) -> None:
     crash_scenario(i, "local", backend, point)
 
