@@ -19,9 +19,11 @@ from sluice.connectors.kafka.formats.base import (
     ValueDecoder,
 )
 from sluice.connectors.kafka.formats.csv import CsvFormat
+from sluice.connectors.kafka.formats.debezium import DebeziumAvroFormat, DebeziumJsonFormat
 from sluice.connectors.kafka.formats.json import JsonFormat
 from sluice.connectors.kafka.formats.messages import Messages
 from sluice.connectors.kafka.formats.raw import RawFormat
+from sluice.connectors.kafka.formats.upsert import UpsertAvroFormat, UpsertJsonFormat
 
 __all__ = [
     "FORMATS",
@@ -36,7 +38,19 @@ __all__ = [
 ]
 
 #: every named format, in the order error messages list them
-FORMATS: dict[str, Format] = {f.name: f for f in (RawFormat(), JsonFormat(), CsvFormat(), AvroFormat())}
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        RawFormat(),
+        JsonFormat(),
+        CsvFormat(),
+        AvroFormat(),
+        DebeziumJsonFormat(),
+        DebeziumAvroFormat(),
+        UpsertJsonFormat(),
+        UpsertAvroFormat(),
+    )
+}
 
 
 def format_names(option: str | None = None) -> str:
