@@ -126,8 +126,8 @@ class ChangeDecoder(ABC):
         rows_t = pa.Table.from_batches([align(c.rows, parts[0][1].rows.schema) for _, c in parts]).take(order)
         ops = np.concatenate([c.ops for _, c in parts])[order]
         extra = {
-            name: pa.chunked_array([c.extra[name] for _, c in parts]).combine_chunks().take(pa.array(order))
-            for name in parts[0][1].extra
+            name: pa.chunked_array([c.extra[name].cast(col.type) for _, c in parts]).combine_chunks().take(order)
+            for name, col in parts[0][1].extra.items()
         }
         keys, good = self._keys(messages, msgs, rows_t, nulls, bad)
         if not good.any():

@@ -35,7 +35,8 @@ def _rows(col: pa.Array, schema: pa.Schema) -> pa.RecordBatch:
     """A ``before``/``after`` column as row columns of ``schema`` (a null row: all null)."""
     if not pa.types.is_struct(col.type):
         return pa.RecordBatch.from_arrays([pa.nulls(len(col), f.type) for f in schema], schema=schema)
-    return align(pa.RecordBatch.from_struct_array(col), schema)
+    # flatten: a null struct's children may hold values (the columnar Avro decoder leaves zeros there)
+    return align(pa.RecordBatch.from_arrays(col.flatten(), names=[f.name for f in col.type]), schema)
 
 
 def _row_schema(before: pa.DataType, after: pa.DataType) -> pa.Schema:
