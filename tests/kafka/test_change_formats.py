@@ -250,3 +250,14 @@ def test_options_are_refused_in_one_line_naming_option_and_allowed_values(option
     with pytest.raises(ConfigError, match=message) as info:
         KafkaSource("localhost:9092", "t", **options).validate()
     assert "\n" not in str(info.value)
+
+
+def test_connect_envelopes_are_cut_to_their_payload_bytes() -> None:
+    from sluice.connectors.kafka.formats.keys import ConnectUnwrapper
+
+    unwrap = ConnectUnwrapper()
+    v1 = b'{"schema":{"type":"struct","fields":[{"field":"a","default":0}]},"payload":{"a": 1}}'
+    v2 = b'{ "schema" : {"type":"struct","fields":[{"field":"b","default":"x"}]} ,\n "payload" : {"b": "\xc3\xa9"} }\n'
+    outbox = b'{"schema": "public", "payload": "{}", "op": "c"}'  # columns named schema and payload: no envelope
+    plain = b'{"before": null, "source": {"schema": "public"}}'
+    assert unwrap([v1, v2, v1, outbox, plain, b"{bad"]) == [b'{"a": 1}', b'{"b": "\xc3\xa9"}', b'{"a": 1}', outbox, plain, b"{bad"]
