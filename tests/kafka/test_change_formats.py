@@ -261,3 +261,16 @@ def test_connect_envelopes_are_cut_to_their_payload_bytes() -> None:
     outbox = b'{"schema": "public", "payload": "{}", "op": "c"}'  # columns named schema and payload: no envelope
     plain = b'{"before": null, "source": {"schema": "public"}}'
     assert unwrap([v1, v2, v1, outbox, plain, b"{bad"]) == [b'{"a": 1}', b'{"b": "\xc3\xa9"}', b'{"a": 1}', outbox, plain, b"{bad"]
+
+
+def test_the_inferred_envelope_schema_is_steady_and_adopted() -> None:
+    src = KafkaSource("localhost:9092", "t", format="debezium-json")
+    src.validate()
+    assert src.options.infers_schema
+    sampler = make_decoder(src.options)
+    sampler.decode([dbz("c", None, A2)])  # type: ignore[union-attr]  # the enumerator's sample
+    reader = make_decoder(src.options)
+    reader.adopt(sampler.steady_schema)  # type: ignore[union-attr]
+    d = reader.decode_messages(Messages.of([FakeMessage("t", 0, 0, dbz("c", None, A1), k=json_key(1))]))
+    assert d.batch is not None and d.batch.schema.field("email").type == pa.string()
+    assert reader.steady_schema.field("after").type.field("email").type == pa.string()  # type: ignore[union-attr]

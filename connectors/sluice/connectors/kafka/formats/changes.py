@@ -15,7 +15,7 @@ Debezium ``op``).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
@@ -50,8 +50,12 @@ class Changes:
         self.rows, self.ops, self.extra, self.bad = rows, ops, extra or {}, bad or []
 
 
-class ChangeDecoder(ABC):
+class ChangeDecoder(ValueDecoder):
     """Decodes messages into change batches (see the module docstring).
+
+    As a :class:`~.base.ValueDecoder` it is its value decoder: the schema the enumerator samples
+    (``decode``), the readers adopt and checkpoints keep is the decoded values' (a Debezium envelope's, an
+    upsert row's), so an inferred row schema is steady across readers and restores as ``json``'s is.
 
     Args:
         values: decodes the message values (null values are tombstones).
@@ -81,6 +85,31 @@ class ChangeDecoder(ABC):
         self.row_schema = row_schema
         self.key_column = key_column
 
+    # -- the value decoder's steady schema --------------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The decoded values' schema so far."""
+        return self.values.schema
+
+    @schema.setter
+    def schema(self, schema: pa.Schema | None) -> None:
+        self.values.schema = schema
+
+    def decode(self, values: list[bytes | None], nbytes: int | None = None) -> Decoded:
+        """Decode the values alone (the enumerator's schema sample)."""
+        return self.values.decode(values, nbytes)
+
+    def _decode(self, values: list[bytes]) -> Decoded:
+        return self.values.decode(list(values))
+
+    def adopt(self, schema: pa.Schema | None) -> None:
+        self.values.adopt(schema)
+
+    @property
+    def steady_schema(self) -> pa.Schema | None:
+        return self.values.steady_schema
+
+    # -- changes ---------------------------------------------------------------------------------------
     @abstractmethod
     def _changes(self, decoded: pa.RecordBatch) -> Changes:
         """The rows and operations of the decoded values."""

@@ -127,6 +127,9 @@ class DebeziumJsonFormat(Format):
     def check(self, options: FormatOptions) -> None:
         change_options(DebeziumOptions, options.format_options, self.name)
 
+    def infers_schema(self, options: FormatOptions) -> bool:
+        return True  # the envelope's (row columns typed by ``schema`` if given)
+
     def decoder(self, options: FormatOptions) -> DebeziumDecoder:
         opts = change_options(DebeziumOptions, options.format_options, self.name)
         values = ConnectJsonDecoder(_envelope_hint(options.value_schema), explicit=False)

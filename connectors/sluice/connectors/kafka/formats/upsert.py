@@ -84,6 +84,9 @@ class UpsertJsonFormat(_UpsertFormat):
     value_format = "json"
     takes = frozenset({"format_options", "schema_registry"})
 
+    def infers_schema(self, options: FormatOptions) -> bool:
+        return options.value_schema is None
+
 
 class UpsertAvroFormat(_UpsertFormat):
     """``format="upsert-avro"``: Avro rows (Confluent wire format) keyed by their message keys."""
