@@ -274,3 +274,20 @@ def test_the_inferred_envelope_schema_is_steady_and_adopted() -> None:
     d = reader.decode_messages(Messages.of([FakeMessage("t", 0, 0, dbz("c", None, A1), k=json_key(1))]))
     assert d.batch is not None and d.batch.schema.field("email").type == pa.string()
     assert reader.steady_schema.field("after").type.field("email").type == pa.string()  # type: ignore[union-attr]
+
+
+def test_only_the_row_sides_in_use_must_agree_and_misfits_are_bad_records() -> None:
+    def value(op: str, before: Any, after: Any) -> bytes:
+        return json.dumps({"op": op, "before": before, "after": after}).encode()
+
+    d = decode(
+        [(json_key(1), value("u", {"x": "a"}, {"x": 1})), (json_key(2), value("c", None, {"x": 2}))],
+        format="debezium-json",
+    )
+    assert rows(d, "id", "x") == [(1, 1), (2, 2)] and d.bad == []  # before's x is never used
+    d = decode(
+        [(json_key(1), value("c", None, {"x": 1})), (json_key(1), value("d", {"x": "a"}, None))],
+        format="debezium-json",
+    )
+    assert rows(d, "id", "x") == [(1, 1)]
+    assert [i for i, _ in d.bad] == [1] and "before row of a delete does not fit" in d.bad[0][1]

@@ -129,17 +129,19 @@ class ChangeDecoder(ValueDecoder):
             ch = self._changes(vd.batch)
             for i, e in ch.bad:
                 bad[int(vrows[i])] = e
+            keep = np.ones(len(vrows), dtype=bool)
             if ch.bad:
-                keep = np.ones(len(vrows), dtype=bool)
                 keep[[i for i, _ in ch.bad]] = False
+            if ch.bad and keep.any():
                 mask = pa.array(keep)
                 ch = Changes(
                     ch.rows.filter(mask), ch.ops[keep], {k: v.filter(mask) for k, v in ch.extra.items()}
                 )
                 vrows = vrows[keep]
-            if self.row_schema is not None:
-                ch.rows = align(ch.rows, self.row_schema)
-            parts.append((vrows, ch))
+            if keep.any():
+                if self.row_schema is not None:
+                    ch.rows = align(ch.rows, self.row_schema)
+                parts.append((vrows, ch))
         nulls = np.fromiter((v is None for v in messages.values), dtype=bool, count=n)
         tomb = np.flatnonzero(nulls) if self.tombstone_deletes else np.zeros(0, dtype=np.int64)
         skipped = int(nulls.sum()) - tomb.size

@@ -16,7 +16,13 @@ import pyarrow.compute as pc
 from sluice.changes import Op
 from sluice.connectors.kafka.errors import IncompatibleSchemaError
 from sluice.connectors.kafka.formats.avro import AvroDecoder
-from sluice.connectors.kafka.formats.base import Format, FormatOptions, ValueDecoder
+from sluice.connectors.kafka.formats.base import (
+    DECODE_ERRORS,
+    Format,
+    FormatOptions,
+    ValueDecoder,
+    error_text,
+)
 from sluice.connectors.kafka.formats.change_options import DebeziumOptions, change_options
 from sluice.connectors.kafka.formats.changes import ChangeDecoder, Changes
 from sluice.connectors.kafka.formats.keys import ConnectJsonDecoder
@@ -75,19 +81,29 @@ class DebeziumDecoder(ChangeDecoder):
         unknown = np.isnan(codes) if codes.dtype.kind == "f" else np.zeros(n, dtype=bool)
         ops = np.where(unknown, 0, codes).astype(np.int8)
         before, after = column("before"), column("after")
-        try:
-            schema = self.row_schema or _row_schema(before.type, after.type)
-        except IncompatibleSchemaError as exc:  # before and after disagree in one batch: rare, refuse it whole
-            return Changes(pa.RecordBatch.from_pylist([]), ops, bad=[(i, str(exc)) for i in range(n)])
         is_delete = ops == Op.DELETE
-        both = pa.Table.from_batches([_rows(after, schema), _rows(before, schema)])
-        rows = both.take(pa.array(np.arange(n) + n * is_delete)).combine_chunks().to_batches()
-        no_after = after.is_null().to_numpy(zero_copy_only=False) & ~is_delete & ~unknown
         bad = [
             (i, f"op must be one of 'c', 'u', 'd', 'r' (got {op[i].as_py()!r})")
             for i in np.flatnonzero(unknown).tolist()
         ]
+        no_after = after.is_null().to_numpy(zero_copy_only=False) & ~is_delete & ~unknown
         bad += [(i, f"a change with op {op[i].as_py()!r} needs an 'after' row") for i in np.flatnonzero(no_after).tolist()]
+        # the row is after, for a delete before: only the types of the sides in use must agree
+        after_t = after.type if (~is_delete & ~unknown).any() else pa.null()
+        before_t = before.type if is_delete.any() else pa.null()
+        try:
+            schema = self.row_schema or _row_schema(before_t, after_t)
+        except IncompatibleSchemaError as exc:  # the after rows win; the deletes' before rows do not fit them
+            schema, before = _row_schema(pa.null(), after_t), pa.nulls(n)
+            bad += [(i, f"the before row of a delete does not fit the batch's after rows: {exc}") for i in np.flatnonzero(is_delete).tolist()]
+        a_idx, d_idx = np.flatnonzero(~is_delete), np.flatnonzero(is_delete)
+        try:
+            both = pa.Table.from_batches([_rows(after.take(a_idx), schema), _rows(before.take(d_idx), schema)])
+        except DECODE_ERRORS as exc:  # a row that does not fit the given schema
+            return Changes(pa.RecordBatch.from_pylist([]), ops, bad=[(i, error_text(exc)) for i in range(n)])
+        pos = np.empty(n, dtype=np.int64)
+        pos[a_idx], pos[d_idx] = np.arange(a_idx.size), a_idx.size + np.arange(d_idx.size)
+        rows = both.take(pa.array(pos)).combine_chunks().to_batches()
         return Changes(
             rows[0] if rows else pa.RecordBatch.from_pylist([], schema=schema), ops, self._extra(decoded), sorted(bad)
         )
