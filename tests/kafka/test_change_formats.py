@@ -291,3 +291,14 @@ def test_only_the_row_sides_in_use_must_agree_and_misfits_are_bad_records() -> N
     )
     assert rows(d, "id", "x") == [(1, 1)]
     assert [i for i, _ in d.bad] == [1] and "before row of a delete does not fit" in d.bad[0][1]
+
+
+def test_format_options_as_a_frozen_model() -> None:
+    from sluice.connectors.kafka.formats import DebeziumOptions, UpsertOptions
+
+    d = decode([(None, dbz("c", None, A1))], format="debezium-json", format_options=DebeziumOptions(key_columns="id"))
+    assert rows(d, "id", OP) == [(1, C)]
+    u = decode([(b"5", b'{"n": 1}')], format="upsert-json", format_options=UpsertOptions(key_column="k"))
+    assert rows(u, "k", "n") == [(5, 1)]
+    with pytest.raises(ConfigError, match=r"^KafkaSource: format_options\['key_column'\] must be a column name or None \(got ''\)$"):
+        UpsertOptions(key_column="")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, SkipValidation, model_validator
+from pydantic import BaseModel, Field, SkipValidation, model_validator
 from sluice.config import _Frozen
 from sluice.connectors.kafka.config import (
     DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
@@ -139,7 +139,9 @@ class KafkaSourceOptions(_Frozen):
         dict[str, Any] | None,
         SkipValidation,
         _must("a dict of the format's options or None", lambda v: v is None or isinstance(v, dict)),
-        convert(lambda v: dict(v) if isinstance(v, Mapping) else v),
+        convert(
+            lambda v: dict(v) if isinstance(v, Mapping) else v.model_dump() if isinstance(v, BaseModel) else v
+        ),
     ] = None
     schema_sample_size: _Count0 = 1000
     include_metadata: _Flag = False

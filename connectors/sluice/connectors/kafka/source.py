@@ -59,7 +59,9 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
             values (required). With one: the reader schema every schema id is resolved to (default: the
             newest id seen).
         format_options: options of the change formats (``debezium-json``, ``debezium-avro``, ``upsert-json``,
-            ``upsert-avro``): key columns, tombstones, extra columns (docs/kafka.md, "Change formats").
+            ``upsert-avro``): key columns, tombstones, extra columns (docs/kafka.md, "Change formats"); a
+            dict or a :class:`~sluice.connectors.kafka.formats.change_options.DebeziumOptions` /
+            ``UpsertOptions``.
         schema_sample_size: json/csv without a schema: records per partition the enumerator samples at
             start to infer the schema (0: each reader infers from its first batch).
         include_metadata: json/csv: add ``_key``, ``_topic``, ``_partition``, ``_offset``, ``_timestamp``.

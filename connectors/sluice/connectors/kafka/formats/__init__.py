@@ -18,6 +18,7 @@ from sluice.connectors.kafka.formats.base import (
     FormatOptions,
     ValueDecoder,
 )
+from sluice.connectors.kafka.formats.change_options import DebeziumOptions, UpsertOptions
 from sluice.connectors.kafka.formats.csv import CsvFormat
 from sluice.connectors.kafka.formats.debezium import DebeziumAvroFormat, DebeziumJsonFormat
 from sluice.connectors.kafka.formats.json import JsonFormat
@@ -27,11 +28,13 @@ from sluice.connectors.kafka.formats.upsert import UpsertAvroFormat, UpsertJsonF
 
 __all__ = [
     "FORMATS",
+    "DebeziumOptions",
     "Decoded",
     "Decoder",
     "Format",
     "FormatOptions",
     "Messages",
+    "UpsertOptions",
     "ValueDecoder",
     "format_names",
     "make_decoder",
