@@ -121,7 +121,8 @@ def test_a_corrupt_newest_checkpoint_is_named(tmp_path: Path, damage: str) -> No
         bad = newest / "_metadata"
         bad.write_bytes(b"\x00\xff garbage")
     else:
-        (bad,) = [f for f in newest.glob("*.state") if f.name == "0-0.state"]
+        # the state file the metadata names for subtask 0.0 (a finished subtask's: <vertex>-<index>.final.state)
+        bad = newest / json.loads((newest / "_metadata").read_bytes())["tasks"]["0.0"]["path"]
         bad.write_bytes(b"")
     with pytest.raises(RestoreError) as ei:
         bounded(tmp_path).run(runtime="local", restore="latest", control_endpoint=None)
