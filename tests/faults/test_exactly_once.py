@@ -37,6 +37,7 @@ from tests.faults.shapes import (
     KEYED_SHAPES,
     SHAPE,
     SHAPES,
+    Run,
     pipeline_of,
     record,
     rows_of,
@@ -79,9 +80,7 @@ def reference(shape: str, seed: int) -> tuple[tuple[Any, ...], ...]:
 
 
 @functools.cache
-def hits(
-    shape: str, seed: int, mode: str, backend: str = "hashmap", global_commit: bool | None = None
-) -> dict[str, int]:
+def hits(shape: str, seed: int, mode: str, backend: str = "hashmap", global_commit: bool | None = None) -> dict[str, int]:
     """Hits per fault point of a failure-free run in ``mode`` on ``backend`` (whose output must equal the
     reference: the hashmap backend's, aligned); ``global_commit`` overrides the drawn commit path."""
     counter = HitCounter()
@@ -109,15 +108,14 @@ def keyed_scenarios(start: int, count: int) -> list[int]:
     return out
 
 
-def crash_scenario(i: int, runtime: str, backend: str = "hashmap", point: str | None = None) -> None:
-    """Crash scenario ``i`` on ``runtime`` and ``backend``; ``point`` forces its first crash's point (with a
-    global commit if it is ``global_commit``; drawn as usual if the failure-free run reached it too rarely)."""
+def crash_scenario(i: int, runtime: str, backend: str = "hashmap", point: str | None = None) -> Run:
+    """Crash scenario ``i`` on ``runtime`` and ``backend``; ``point`` forces the first crash's point (below)."""
     shape, seed, mode, rng = scenario(i)
     expected = reference(shape, seed)
     gc = True if point == "global_commit" else None
     reached = hits(shape, seed, mode, backend, gc)
     if point is not None and (reachable(point, reached.get(point, 0)) or point not in ("align", "channel_state")):
-        reached = {point: reached.get(point, 0)}  # a point hit once per checkpoint or batch is never missed
+        reached = {point: reached.get(point, 0)}  # align, channel_state reached too rarely: drawn as usual
     plan = crash_plan(rng, reached, mode, crashes=1 + (i % 3 == 0))
     faults: Any
     if runtime == "spark":
@@ -148,6 +146,7 @@ def crash_scenario(i: int, runtime: str, backend: str = "hashmap", point: str | 
     assert run.error is None, f"{label}: {run.error}"
     assert len(faults.fired) == armed, f"{label}: armed faults did not fire"
     check_exactly_once(label, run.rows, expected)
+    return run
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

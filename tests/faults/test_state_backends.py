@@ -101,6 +101,15 @@ def _cases(
     return [case for turn in zip(*per_backend, strict=True) for case in turn]
 
 
+def crash(i: int, runtime: str, backend: str, point: str) -> None:
+    """Crash scenario ``i`` (``test_exactly_once.crash_scenario``); with local recovery on the in-process
+    runtime, every restart restored each file from the local copy (none from checkpoint storage)."""
+    run = crash_scenario(i, runtime, backend, point)
+    if runtime == "local" and (BACKENDS[backend] or {}).get("local_recovery") and run.result is not None:
+        remote = run.result.metrics.get("state.local_recovery.files_remote", 0)
+        assert remote == 0, f"{backend} scenario {i}: {remote} file(s) restored from checkpoint storage"
+
+
 def fast_cases() -> list[Any]:
     """The default run's local scenarios: each changelog backend crashes at every point; the local recovery
     backends share the points (each point once on one of them)."""
@@ -115,7 +124,7 @@ def fast_cases() -> list[Any]:
 @pytest.mark.faults
 @pytest.mark.parametrize(("backend", "i", "point"), fast_cases())
 def test_crash_at_every_point(backend: str, i: int, point: str) -> None:
-    crash_scenario(i, "local", backend, point)
+    crash(i, "local", backend, point)
 
 
 @pytest.mark.faults
@@ -141,7 +150,7 @@ def test_crash_then_restore_at_another_parallelism(i: int, backend: str, tmp_pat
 @pytest.mark.soak
 @pytest.mark.parametrize(("backend", "i", "point"), _cases(tuple(BACKENDS), None, 20_000, SOAK_SCALE))
 def test_soak_crash(backend: str, i: int, point: str) -> None:
-    crash_scenario(i, "local", backend, point)
+    crash(i, "local", backend, point)
 
 
 @pytest.mark.soak
