@@ -1,11 +1,11 @@
 """Errors of the PostgreSQL sink, under :class:`~sluice.errors.SluiceError`::
 
-    SluiceError
-    ├── ConfigError
-    │   ├── PostgresSchemaError   the stream's schema does not fit the table (names both schemas)
-    │   └── PostgresServerError   the server cannot do two-phase commit (max_prepared_transactions = 0)
-    └── CommitError
-        └── PostgresDataLossError a completed checkpoint's prepared transaction was rolled back by someone else
+SluiceError
+├── ConfigError
+│   ├── PostgresSchemaError   the stream's schema does not fit the table (names both schemas)
+│   └── PostgresServerError   the server cannot do two-phase commit (max_prepared_transactions = 0)
+└── CommitError
+    └── PostgresDataLossError a completed checkpoint's prepared transaction was rolled back by someone else
 """
 
 from __future__ import annotations

@@ -80,9 +80,7 @@ class PostgresSinkOptions(_Frozen):
         try:
             from psycopg.conninfo import conninfo_to_dict
         except ImportError:  # pragma: no cover - the extra is installed with the tests
-            raise ConfigError(
-                "PostgresSink needs psycopg 3: pip install 'sluice-etl[postgres]'"
-            ) from None
+            raise ConfigError("PostgresSink needs psycopg 3: pip install 'sluice-etl[postgres]'") from None
         try:
             conninfo_to_dict(self.conninfo.get_secret_value())
         except Exception:
@@ -98,7 +96,9 @@ class PostgresSinkOptions(_Frozen):
         if self.mode == "append" and self.key_columns:
             raise ConfigError("PostgresSink: key_columns is for mode 'upsert' (mode is 'append')")
         if len(set(self.key_columns)) != len(self.key_columns) or any(not k for k in self.key_columns):
-            raise ConfigError(f"PostgresSink: key_columns must be distinct column names (got {self.key_columns})")
+            raise ConfigError(
+                f"PostgresSink: key_columns must be distinct column names (got {self.key_columns})"
+            )
         if self.table_schema is not None:
             missing = [k for k in self.key_columns if k not in self.table_schema.names]
             if missing:
@@ -107,7 +107,9 @@ class PostgresSinkOptions(_Frozen):
                 )
         for opt in ("connect_timeout_s", "lock_timeout_s"):
             if not 0 < getattr(self, opt) < float("inf"):
-                raise ConfigError(f"PostgresSink: {opt} must be a number of seconds > 0 (got {getattr(self, opt)!r})")
+                raise ConfigError(
+                    f"PostgresSink: {opt} must be a number of seconds > 0 (got {getattr(self, opt)!r})"
+                )
         if self.sink_id is not None and not (0 < len(self.sink_id) <= 100 and ":" not in self.sink_id):
             raise ConfigError(
                 f"PostgresSink: sink_id must be 1 to 100 characters without ':' (got {self.sink_id!r})"
@@ -152,7 +154,7 @@ def connect(options: PostgresSinkOptions, autocommit: bool = False) -> Any:
     import psycopg
     from sluice.errors import SluiceError
 
-    params = _params(options)
+    params: dict[str, Any] = _params(options)
     params.setdefault("application_name", "sluice")
     try:
         conn = psycopg.connect(

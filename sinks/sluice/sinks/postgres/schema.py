@@ -17,11 +17,11 @@ from sluice.sinks.postgres.options import PostgresSinkOptions, split_name
 
 __all__ = [
     "STAGE_GID",
-    "exists",
     "STAGE_SEQ",
     "ensure_marker_table",
     "ensure_stage_table",
     "ensure_table",
+    "exists",
     "ident",
     "pg_type",
     "stage_name",
@@ -121,7 +121,9 @@ def _unique_keys(conn: Any, name: str) -> list[set[str]]:
     return [set(r[0]) for r in rows]
 
 
-def check_schema(options: PostgresSinkOptions, schema: pa.Schema, columns: list[tuple[str, str, bool]]) -> None:
+def check_schema(
+    options: PostgresSinkOptions, schema: pa.Schema, columns: list[tuple[str, str, bool]]
+) -> None:
     """Raise PostgresSchemaError (one line, both schemas) if rows of ``schema`` cannot go into ``columns``."""
     table = {c: (t, req) for c, t, req in columns}
     problems: list[str] = []
@@ -159,7 +161,9 @@ def _create_sql(options: PostgresSinkOptions, schema: pa.Schema) -> Any:
     if options.key_columns:
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in options.key_columns)
         cols.append(sql.SQL("PRIMARY KEY ({})").format(keys))
-    return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident(options.table), sql.SQL(", ").join(cols))
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+        ident(options.table), sql.SQL(", ").join(cols)
+    )
 
 
 def exists(conn: Any, name: str) -> bool:
@@ -232,8 +236,12 @@ def ensure_stage_table(conn: Any, options: PostgresSinkOptions) -> None:
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS, {} text NOT NULL, {} bigint NOT NULL)"
-            ).format(ident(stage_name(options)), ident(options.table), sql.Identifier(STAGE_GID),
-                     sql.Identifier(STAGE_SEQ))  # fmt: skip
+            ).format(
+                ident(stage_name(options)),
+                ident(options.table),
+                sql.Identifier(STAGE_GID),
+                sql.Identifier(STAGE_SEQ),
+            )
         )
         idx = sql.Identifier(f"{split_name(stage_name(options))[-1][:50]}_gid")
         conn.execute(

@@ -64,9 +64,9 @@ class PostgresSink(Sink[PostgresCommittable]):
         name: str = "postgres-sink",
         **options: Any,
     ) -> None:
-        self.options = PostgresSinkOptions(
-            conninfo=conninfo, table=table, mode=mode, key_columns=key_columns, table_schema=schema, **options
-        )
+        given: dict[str, Any] = {"conninfo": conninfo, "table": table, "mode": mode, "key_columns": key_columns,
+                                 "table_schema": schema}
+        self.options = PostgresSinkOptions(**given, **options)
         self.name = name
 
     def __repr__(self) -> str:  # never shows the connection string
@@ -129,7 +129,6 @@ class PostgresSink(Sink[PostgresCommittable]):
         """Before the job starts: check the server, create or check the tables, commit the prepared
         transactions the restored checkpoint names and roll back the job's and sink's others."""
         import psycopg
-
         from sluice.sinks.postgres.committer import commit_all
 
         conn = connect(self.options)

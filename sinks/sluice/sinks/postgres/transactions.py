@@ -80,7 +80,11 @@ class PostgresCommittableSerializer(JsonSerializer[PostgresCommittable]):
 
     def from_json(self, version: int, value: Any) -> PostgresCommittable:
         return PostgresCommittable(
-            str(value["gid"]), str(value["job"]), int(value["subtask"]), int(value["checkpoint"]), int(value["rows"])
+            str(value["gid"]),
+            str(value["job"]),
+            int(value["subtask"]),
+            int(value["checkpoint"]),
+            int(value["rows"]),
         )
 
 
@@ -120,17 +124,27 @@ def _merge(conn: Any, options: PostgresSinkOptions, c: PostgresCommittable, colu
             sql.SQL(
                 "INSERT INTO {t} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {s} WHERE {gid} = %s "
                 "ORDER BY {keys}, {seq} DESC ON CONFLICT ({keys}) {action}"
-            ).format(t=ident(options.table), cols=cols, keys=keys, s=ident(stage_name(options)),
-                     gid=sql.Identifier(STAGE_GID), seq=sql.Identifier(STAGE_SEQ), action=action),  # fmt: skip
+            ).format(
+                t=ident(options.table),
+                cols=cols,
+                keys=keys,
+                s=ident(stage_name(options)),
+                gid=sql.Identifier(STAGE_GID),
+                seq=sql.Identifier(STAGE_SEQ),
+                action=action,
+            ),
             (c.gid,),
         )
         conn.execute(
-            sql.SQL("DELETE FROM {} WHERE {} = %s").format(ident(stage_name(options)), sql.Identifier(STAGE_GID)),
+            sql.SQL("DELETE FROM {} WHERE {} = %s").format(
+                ident(stage_name(options)), sql.Identifier(STAGE_GID)
+            ),
             (c.gid,),
         )
         conn.execute(
-            sql.SQL("UPDATE {} SET merged = true WHERE job = %s AND sink = %s AND subtask = %s AND checkpoint = %s")
-            .format(ident(options.marker_table)),
+            sql.SQL(
+                "UPDATE {} SET merged = true WHERE job = %s AND sink = %s AND subtask = %s AND checkpoint = %s"
+            ).format(ident(options.marker_table)),
             (c.job_id, options.sink_key, c.subtask, c.checkpoint_id),
         )
 
@@ -140,8 +154,9 @@ def _prune(conn: Any, options: PostgresSinkOptions, c: PostgresCommittable) -> N
 
     with conn.transaction():
         conn.execute(
-            sql.SQL("DELETE FROM {} WHERE job = %s AND sink = %s AND subtask = %s AND checkpoint < %s")
-            .format(ident(options.marker_table)),
+            sql.SQL(
+                "DELETE FROM {} WHERE job = %s AND sink = %s AND subtask = %s AND checkpoint < %s"
+            ).format(ident(options.marker_table)),
             (c.job_id, options.sink_key, c.subtask, c.checkpoint_id),
         )
 

@@ -138,8 +138,9 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
         from psycopg import sql
 
         conn.execute(
-            sql.SQL("INSERT INTO {} (job, sink, subtask, checkpoint, attempt, gid) VALUES (%s, %s, %s, %s, %s, %s)")
-            .format(ident(self.options.marker_table)),
+            sql.SQL(
+                "INSERT INTO {} (job, sink, subtask, checkpoint, attempt, gid) VALUES (%s, %s, %s, %s, %s, %s)"
+            ).format(ident(self.options.marker_table)),
             (self.ctx.job_id, self.options.sink_key, self.ctx.subtask, checkpoint_id, self.ctx.attempt, gid),
         )
 
@@ -149,7 +150,11 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
         try:
             conn.close()
         except Exception as exc:  # never hides the cause
-            log.debug("closing the connection after %s failed: %s", type(cause).__name__, redact(str(exc), self.options))
+            log.debug(
+                "closing the connection after %s failed: %s",
+                type(cause).__name__,
+                redact(str(exc), self.options),
+            )
 
     def close(self) -> None:
         if self._conn is not None:
