@@ -151,7 +151,9 @@ class PostgresServer:
                 self.port = 0
                 continue
             break
-        raise PostgresUnavailableError(f"pg_ctl start failed: {r.stdout.strip()} {r.stderr.strip()}\n{self._log()}")
+        raise PostgresUnavailableError(
+            f"pg_ctl start failed: {r.stdout.strip()} {r.stderr.strip()}\n{self._log()}"
+        )
 
     def _wait_ready(self, timeout: float) -> None:
         import psycopg
@@ -164,7 +166,9 @@ class PostgresServer:
                 return
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
-                    raise PostgresUnavailableError(f"the server does not answer: {exc}\n{self._log()}") from exc
+                    raise PostgresUnavailableError(
+                        f"the server does not answer: {exc}\n{self._log()}"
+                    ) from exc
                 time.sleep(0.1)
 
     def stop(self, mode: str = "fast") -> None:
@@ -210,7 +214,9 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.conninfo(name)
 
-    def query(self, sql: str, *params: Any, dbname: str = "postgres", conninfo: str | None = None) -> list[tuple[Any, ...]]:
+    def query(
+        self, sql: str, *params: Any, dbname: str = "postgres", conninfo: str | None = None
+    ) -> list[tuple[Any, ...]]:
         """Rows of one query, in its own autocommit connection."""
         import psycopg
 

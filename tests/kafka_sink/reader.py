@@ -1,14 +1,21 @@
 """Reading what a KafkaSink committed, in a way that holds on the test broker.
 
-tansu delivers the records of aborted transactions to ``read_committed`` consumers
-(tests/broker_quirks/transactions.py), so reading the topic as a real consumer would shows, after a crash in
-the middle of a publish, the aborted copy next to the committed one. The sink's ``lineage_header`` tags every
-record with ``<transactional id>:<checkpoint>:<token>`` (a token per transaction attempt), and its markers
-say which checkpoints each transactional id committed. A record counts as committed when its checkpoint is
-at most its transactional id's marker and its token is the last one of that (id, checkpoint) in its
-partition: a later attempt publishes only after fencing the earlier one, so the committed copy is the last
-(deterministic partitioning puts every copy's records in the same partitions). On Apache Kafka the same
-rule gives what read_committed gives.
+tansu is not a faithful reader of transactions (tests/broker_quirks/transactions.py,
+concurrent_transactions.py): it delivers the records of aborted transactions to ``read_committed`` consumers,
+and when several transactional producers commit at once it sometimes leaves an acknowledged commit half done
+(the committed offsets it carried are never applied; ``ListOffsets`` with read_committed answers 0 from then
+on). So this reader reads every record the broker holds (read_uncommitted, up to each partition's end as
+fetches report it) and decides itself, with the sink's ``lineage_header``: every record carries
+``<transactional id>:<checkpoint>:<token>``, a token per transaction attempt. A later attempt publishes a
+checkpoint again only after fencing the earlier one, and deterministic partitioning puts every copy's records
+in the same partitions, so in each partition **the last copy of a (transactional id, checkpoint) is the only
+one that can be committed**. Whether it is:
+
+* ``finished=True`` (the job finished: every checkpoint it took was published): yes;
+* ``finished=False`` (read in the middle of a run): if the transactional id's marker reached the checkpoint, or
+  a copy of a later checkpoint of the id exists (the id publishes its checkpoints in order).
+
+On Apache Kafka the same rule gives what a read_committed consumer gets.
 """
 
 from __future__ import annotations
@@ -41,15 +48,13 @@ class Record:
 
 
 def read_topic(broker: TansuBroker, topic: str, timeout: float = 60.0) -> list[Record]:
-    """Every record of ``topic`` (read_committed, as a real reader), in partition and offset order."""
-    ends = broker.end_offsets(topic)
-    todo = {p for p, end in ends.items() if end > 0}
-    out: list[Record] = []
-    if not todo:
-        return out
+    """Every record of ``topic`` the broker holds (read_uncommitted), in partition and offset order."""
+    parts = broker.admin.list_topics(topic=topic, timeout=timeout).topics[topic].partitions
     c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "sluice-test-reader", "enable.auto.commit": False,
-                  "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 10,
+                  "isolation.level": "read_uncommitted", "enable.partition.eof": True, "fetch.wait.max.ms": 10,
                   "log_level": 0})  # fmt: skip
+    todo = set(parts)
+    out: list[Record] = []
     try:
         c.assign([TopicPartition(topic, p, 0) for p in todo])
         deadline = time.monotonic() + timeout
@@ -58,14 +63,11 @@ def read_topic(broker: TansuBroker, topic: str, timeout: float = 60.0) -> list[R
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if m.offset() >= ends[m.partition()]:
-                            todo.discard(m.partition())
+                        todo.discard(m.partition())
                         continue
                     raise KafkaException(err)
                 ts = m.timestamp()[1]
-                out.append(
-                    Record(m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ()), ts)
-                )
+                out.append(Record(m.partition(), m.offset(), m.key(), m.value(), tuple(m.headers() or ()), ts))
         assert not todo, f"timed out reading {topic} partitions {sorted(todo)}"
     finally:
         c.close()
@@ -76,7 +78,7 @@ def markers(broker: TansuBroker, groups: set[str], marker_topic: str) -> dict[st
     """The committed marker offset (a checkpoint id) of each group; -1 if none."""
     out = {}
     for g in groups:
-        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": g, "isolation.level": "read_committed",
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": g, "isolation.level": "read_uncommitted",
                       "log_level": 0})  # fmt: skip
         try:
             (tp,) = c.committed([TopicPartition(marker_topic, 0)], timeout=30)
@@ -103,7 +105,7 @@ class Committed:
 
 
 def read_committed(
-    broker: TansuBroker, topic: str, marker_topic: str | None = None, header: str = HEADER
+    broker: TansuBroker, topic: str, finished: bool = False, marker_topic: str | None = None, header: str = HEADER
 ) -> Committed:
     """The records the sink committed (see the module docstring); every record must carry ``header``."""
     records = read_topic(broker, topic)
@@ -113,16 +115,18 @@ def read_committed(
         assert raw is not None, f"record {r.partition}/{r.offset} of {topic} has no {header} header"
         txn, ckpt, token = raw.decode().rsplit(":", 2)
         tags[r] = (txn, int(ckpt), token)
-    done = markers(broker, {t[0] for t in tags.values()}, marker_topic or topic)
     last: dict[tuple[int, str, int], str] = {}
+    newest: dict[str, int] = {}
     for r in records:  # offset order: the last token wins
         txn, ckpt, token = tags[r]
         last[(r.partition, txn, ckpt)] = token
+        newest[txn] = max(newest.get(txn, 0), ckpt)
+    done = {} if finished else markers(broker, set(newest), marker_topic or topic)
     out = Committed([])
     for r in records:
         txn, ckpt, token = tags[r]
-        ok = ckpt <= done[txn] and last[(r.partition, txn, ckpt)] == token
-        (out.records if ok else out.aborted).append(r)
+        published = finished or ckpt <= done[txn] or ckpt < newest[txn]
+        (out.records if published and last[(r.partition, txn, ckpt)] == token else out.aborted).append(r)
     return out
 
 

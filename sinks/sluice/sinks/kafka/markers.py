@@ -14,8 +14,7 @@ __all__ = ["fence", "marker_groups", "read_markers"]
 def _admin(options: KafkaSinkOptions) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    conf = {k: v for k, v in options.producer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}
-    return AdminClient({**conf, "bootstrap.servers": options.bootstrap_servers, "log_level": 3})
+    return AdminClient(options.client_settings())
 
 
 def marker_groups(options: KafkaSinkOptions, job_id: str) -> list[str]:
@@ -31,14 +30,16 @@ def marker_groups(options: KafkaSinkOptions, job_id: str) -> list[str]:
 
 
 def read_markers(options: KafkaSinkOptions, groups: Sequence[str]) -> dict[str, int]:
-    """The checkpoint each marker group last published (groups without a marker are left out)."""
+    """The checkpoint each marker group last published (groups without a marker are left out). Read before
+    any writer of the job runs; a transaction a crashed attempt left open is not waited for (its marker is
+    not committed, and the restore aborts it)."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
     admin = _admin(options)
     out: dict[str, int] = {}
     for g in groups:  # the admin API takes one group per request
         futures = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(g, [TopicPartition(options.marker, 0)])], require_stable=True
+            [ConsumerGroupTopicPartitions(g, [TopicPartition(options.marker, 0)])], require_stable=False
         )
         for f in futures.values():
             for tp in f.result(timeout=options.transaction_timeout_s).topic_partitions:

@@ -3,6 +3,7 @@ settings it builds (secrets never shown: :func:`redact`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 DELIVERIES = ("exactly_once", "at_least_once", "none")
+#: where librdkafka's log lines of the sink's clients go
+LIBRDKAFKA_LOG = logging.getLogger("sluice.sinks.kafka.librdkafka")
 FORMATS = ("json", "avro", "json_schema", "raw")
 #: librdkafka settings the sink sets itself, with the option to use instead
 RESERVED = {
@@ -191,6 +194,12 @@ class KafkaSinkOptions(_Frozen):
         """The topic whose partition 0 carries the marker offsets."""
         return self.marker_topic or self.topic
 
+    def client_settings(self, **extra: Any) -> dict[str, Any]:
+        """Settings of the sink's admin clients and marker consumers: the connection (and security) settings
+        of ``producer_config``, the brokers, librdkafka's log through Python logging."""
+        conf = {k: v for k, v in self.producer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}
+        return {**conf, "bootstrap.servers": self.bootstrap_servers, "log_level": 3, "logger": LIBRDKAFKA_LOG, **extra}
+
     def producer_settings(self, transactional_id: str | None = None) -> dict[str, Any]:
         """librdkafka settings of a producer: defaults, the user's ``producer_config``, then the sink's own."""
         conf: dict[str, Any] = {
@@ -200,6 +209,7 @@ class KafkaSinkOptions(_Frozen):
             "queue.buffering.max.kbytes": 1_048_576,
             "partitioner": "murmur2_random",  # the Java client's: keys land where Java producers put them
             "log_level": 3,
+            "logger": LIBRDKAFKA_LOG,
             **self.producer_config,
             "bootstrap.servers": self.bootstrap_servers,
         }

@@ -108,17 +108,21 @@ class KafkaCommittableSerializer(SimpleVersionedSerializer[KafkaCommittable]):
 
 
 def marker_consumer(options: KafkaSinkOptions, group: str) -> Any:
-    """A consumer of the marker group (never subscribes: it reads the marker and gives the group's metadata)."""
+    """A consumer of the marker group (never subscribes: it reads the marker and gives the group's metadata).
+
+    It reads committed offsets without asking for stable ones (``read_uncommitted``): the marker group is
+    written only by transactions of its own transactional id, and a reader of it has called
+    ``init_transactions`` with that id first, which returns once any earlier transaction of the id is
+    complete, its offsets included.
+    """
     from confluent_kafka import Consumer
 
-    conf = {k: v for k, v in options.producer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}
-    return Consumer({**conf, "bootstrap.servers": options.bootstrap_servers, "group.id": group,
-                     "enable.auto.commit": False, "isolation.level": "read_committed", "log_level": 3})  # fmt: skip
+    settings = options.client_settings(**{"group.id": group, "enable.auto.commit": False})
+    return Consumer({**settings, "isolation.level": "read_uncommitted"})
 
 
 def read_marker(consumer: Any, options: KafkaSinkOptions, timeout: float) -> int:
-    """The checkpoint id the marker group last committed (0 if none). With read_committed, librdkafka asks
-    for stable offsets: a transaction still committing is waited for, not read half-done."""
+    """The checkpoint id the marker group last committed (0 if none)."""
     from confluent_kafka import TopicPartition
 
     (tp,) = consumer.committed([TopicPartition(options.marker, 0)], timeout=timeout)

@@ -33,8 +33,7 @@ def partition_count(options: KafkaSinkOptions, topic: str | None = None) -> int:
     from confluent_kafka.admin import AdminClient
 
     name = topic or options.topic
-    conf = {k: v for k, v in options.producer_config.items() if k.startswith(("security.", "sasl.", "ssl."))}
-    admin = AdminClient({**conf, "bootstrap.servers": options.bootstrap_servers, "log_level": 3})
+    admin = AdminClient(options.client_settings())
     try:
         md = admin.list_topics(topic=name, timeout=options.transaction_timeout_s)
     except KafkaException as exc:

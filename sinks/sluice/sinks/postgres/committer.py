@@ -29,11 +29,9 @@ def commit_all(
 
     hook = ctx.fault_hook if ctx is not None else (lambda _p: None)
     published = 0
-    for i, c in enumerate(committables):
+    for c in committables:
         if commit_one(conn, options, c, target_columns, hook):
             published += 1
-        if i == 0:
-            hook("commit")  # in the middle of a commit: the first committable is visible
     return published
 
 

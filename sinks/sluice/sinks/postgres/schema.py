@@ -167,8 +167,15 @@ def _create_sql(options: PostgresSinkOptions, schema: pa.Schema) -> Any:
 
 
 def exists(conn: Any, name: str) -> bool:
-    """Whether table ``name`` exists (a catalog lookup: takes no lock on it)."""
-    return conn.execute("SELECT to_regclass(%s)", (regclass(name),)).fetchone()[0] is not None
+    """Whether table ``name`` exists: a catalog query under the statement's snapshot (it sees a table another
+    session just created, and takes no lock on it)."""
+    *schema, table = split_name(name)
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = %s AND n.nspname = COALESCE(%s, current_schema()))",
+        (table, schema[0] if schema else None),
+    ).fetchone()
+    return bool(row[0])
 
 
 def regclass(name: str) -> str:
@@ -235,7 +242,7 @@ def ensure_stage_table(conn: Any, options: PostgresSinkOptions) -> None:
             return
         conn.execute(
             sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS, {} text NOT NULL, {} bigint NOT NULL)"
+                "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS, {} text NOT NULL, {} bigint NOT NULL)"
             ).format(
                 ident(stage_name(options)),
                 ident(options.table),
@@ -245,7 +252,7 @@ def ensure_stage_table(conn: Any, options: PostgresSinkOptions) -> None:
         )
         idx = sql.Identifier(f"{split_name(stage_name(options))[-1][:50]}_gid")
         conn.execute(
-            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            sql.SQL("CREATE INDEX {} ON {} ({})").format(
                 idx, ident(stage_name(options)), sql.Identifier(STAGE_GID)
             )
         )
@@ -261,9 +268,11 @@ def ensure_marker_table(conn: Any, options: PostgresSinkOptions) -> None:
         return
     with conn.transaction():
         _locked(conn, options.marker_table)
+        if exists(conn, options.marker_table):
+            return
         conn.execute(
             sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (job text NOT NULL, sink text NOT NULL, subtask integer NOT NULL, "
+                "CREATE TABLE {} (job text NOT NULL, sink text NOT NULL, subtask integer NOT NULL, "
                 "checkpoint bigint NOT NULL, attempt integer NOT NULL, gid text NOT NULL, "
                 "merged boolean NOT NULL DEFAULT false, written_at timestamptz NOT NULL DEFAULT now(), "
                 "PRIMARY KEY (job, sink, subtask, checkpoint))"

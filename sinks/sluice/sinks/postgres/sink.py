@@ -64,8 +64,13 @@ class PostgresSink(Sink[PostgresCommittable]):
         name: str = "postgres-sink",
         **options: Any,
     ) -> None:
-        given: dict[str, Any] = {"conninfo": conninfo, "table": table, "mode": mode, "key_columns": key_columns,
-                                 "table_schema": schema}
+        given: dict[str, Any] = {
+            "conninfo": conninfo,
+            "table": table,
+            "mode": mode,
+            "key_columns": key_columns,
+            "table_schema": schema,
+        }
         self.options = PostgresSinkOptions(**given, **options)
         self.name = name
 
@@ -137,8 +142,10 @@ class PostgresSink(Sink[PostgresCommittable]):
             ensure_marker_table(conn, self.options)
             if self.options.table_schema is not None:
                 ensure_table(conn, self.options, self.options.table_schema)
-                if self.options.mode == "upsert":
-                    ensure_stage_table(conn, self.options)
+            if self.options.mode == "upsert" and exists(conn, self.options.table):
+                conn.rollback()
+                ensure_stage_table(conn, self.options)  # before any writer: no writer waits on another's DDL
+            conn.rollback()
             named = {c.gid for c in committables}
             mine = gid_prefix(job_id, self.options.sink_key)
             db = conn.info.dbname

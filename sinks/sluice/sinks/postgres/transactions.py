@@ -181,7 +181,7 @@ def commit_one(
     except psycopg.errors.UndefinedObject:  # 42704: not prepared any more: committed, or rolled back
         conn.rollback()
     if published:
-        hook("commit_prepared")  # committed; an upsert's rows are merged below
+        hook("commit")  # in the middle of a commit: committed; an upsert's rows are merged below
     committed, merged = marker_state(conn, options, c)
     conn.rollback()
     if not committed:

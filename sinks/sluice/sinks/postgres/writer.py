@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 from sluice.sink import SinkContext, SinkWriter
-from sluice.sinks.postgres.options import PostgresSinkOptions, connect, redact
+from sluice.sinks.postgres.options import PostgresSinkOptions, connect
 from sluice.sinks.postgres.schema import (
     STAGE_GID,
     STAGE_SEQ,
@@ -28,7 +28,7 @@ from sluice.sinks.postgres.schema import (
     ident,
     stage_name,
 )
-from sluice.sinks.postgres.transactions import PostgresCommittable, make_gid
+from sluice.sinks.postgres.transactions import PostgresCommittable, gid_prefix, make_gid
 
 __all__ = ["PostgresWriter", "copy_rows"]
 
@@ -72,8 +72,10 @@ def copy_rows(conn: Any, table: str, rows: pa.Table) -> None:
 
 
 class PostgresWriter(SinkWriter[PostgresCommittable]):
-    """One writer subtask: a connection, the rows of the running checkpoint, one prepared transaction per
-    checkpoint with rows."""
+    """One writer subtask: the rows of the running checkpoint, and one prepared transaction per checkpoint with
+    rows. A connection kept open checks the table and rolls back orphans; each transaction has a connection of
+    its own, closed once prepared (DB-API: a connection that prepared a transaction is bound to it until its
+    ``tpc_commit``, which the committer does later, from its own connection)."""
 
     def __init__(self, options: PostgresSinkOptions, ctx: SinkContext) -> None:
         self.options = options
@@ -105,18 +107,43 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
         rows = sum(b.num_rows for b in batches)
         ctx, o = self.ctx, self.options
         gid = make_gid(ctx.job_id, o.sink_key, ctx.subtask, checkpoint_id, ctx.attempt)
-        conn = self._connection()
-        conn.tpc_begin(gid)
+        self._roll_back_orphans(self._connection())
+        conn = connect(o)
         try:
+            conn.tpc_begin(gid)
             self._write_rows(conn, gid, batches)
             self._insert_marker(conn, gid, checkpoint_id)
-            ctx.fault_hook("postgres_prepare")  # rows written, not prepared: lost with the session
+            ctx.fault_hook("pre_commit")  # rows written, not prepared: lost with the session
             conn.tpc_prepare()
-        except BaseException as exc:
-            self._discard(exc)
-            raise
+        finally:
+            conn.close()  # the prepared transaction stays; an unprepared one is rolled back with the session
         ctx.metric("postgres_prepared_rows", rows)
         return [PostgresCommittable(gid, ctx.job_id, ctx.subtask, checkpoint_id, rows)]
+
+    def _roll_back_orphans(self, conn: Any) -> None:
+        """Roll back what writers of earlier attempts of this job prepared after the restore's recovery ran
+        (a writer that had not yet noticed its attempt failed): at the restore every transaction a completed
+        checkpoint names was committed, so theirs can only be orphans, which would keep their rows and locks."""
+        import psycopg
+
+        prefix = gid_prefix(self.ctx.job_id, self.options.sink_key)
+        rows = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",
+            (prefix,),
+        ).fetchall()
+        conn.rollback()
+        for (gid,) in rows:
+            attempt = gid.rsplit(":a", 1)[-1]
+            if attempt.isdigit() and int(attempt) < self.ctx.attempt:
+                try:
+                    conn.tpc_rollback(gid)
+                except psycopg.errors.UndefinedObject:  # another writer rolled it back first
+                    conn.rollback()
+                log.info(
+                    "%s: rolled back %s, prepared by an earlier attempt after the restore",
+                    self.options.table,
+                    gid,
+                )
 
     def _write_rows(self, conn: Any, gid: str, batches: list[pa.RecordBatch]) -> None:
         by_schema: dict[pa.Schema, list[pa.RecordBatch]] = {}
@@ -143,18 +170,6 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
             ).format(ident(self.options.marker_table)),
             (self.ctx.job_id, self.options.sink_key, self.ctx.subtask, checkpoint_id, self.ctx.attempt, gid),
         )
-
-    def _discard(self, cause: BaseException) -> None:
-        """A failed pre-commit: drop the connection (and with it the unprepared transaction)."""
-        conn, self._conn = self._conn, None
-        try:
-            conn.close()
-        except Exception as exc:  # never hides the cause
-            log.debug(
-                "closing the connection after %s failed: %s",
-                type(cause).__name__,
-                redact(str(exc), self.options),
-            )
 
     def close(self) -> None:
         if self._conn is not None:
