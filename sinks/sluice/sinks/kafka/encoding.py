@@ -19,7 +19,7 @@ import functools
 import io
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,14 +134,15 @@ class _Part:
     def _schema_id(self, schema: str, schema_type: str) -> bytes:
         if self._prefix is None:
             assert self.options.schema_registry is not None
-            subject = f"{self.options.topic}-{self.part}"
+            given = self.options.value_subject if self.part == "value" else self.options.key_subject
+            subject = given or f"{self.options.topic}-{self.part}"
             self._prefix = wire_prefix(register(self.options.schema_registry, subject, schema, schema_type))
         return self._prefix
 
-    def _schema_string(self, derived: dict[str, Any]) -> str:
+    def _schema_string(self, derive: Callable[[], dict[str, Any]]) -> str:
         given = self.schema_text
-        if given is None:
-            return json.dumps(derived, separators=(",", ":"))
+        if given is None:  # derived from the stream only when not given: a given schema covers any type
+            return json.dumps(derive(), separators=(",", ":"))
         return given if isinstance(given, str) else json.dumps(given, separators=(",", ":"))
 
     def encode(self, batch: pa.RecordBatch, columns: list[str]) -> pa.Array:
@@ -157,14 +158,14 @@ class _Part:
         sub = batch.select(columns)
         name = f"{self.options.topic.replace('-', '_').replace('.', '_')}_{self.part}"
         if self.fmt == "json_schema":
-            prefix = self._schema_id(self._schema_string(json_schema(sub.schema, name)), "JSON")
+            prefix = self._schema_id(self._schema_string(lambda: json_schema(sub.schema, name)), "JSON")
             return _with_prefix(json_values(sub, columns), prefix)
         return self._avro_values(sub, name)
 
     def _avro_values(self, sub: pa.RecordBatch, name: str) -> pa.Array:
         import fastavro
 
-        text = self._schema_string(avro_schema(sub.schema, name))
+        text = self._schema_string(lambda: avro_schema(sub.schema, name))
         prefix = self._schema_id(text, "AVRO")
         if self._avro is None:
             self._avro = fastavro.parse_schema(json.loads(text))

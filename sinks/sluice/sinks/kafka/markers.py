@@ -20,8 +20,15 @@ def _admin(options: KafkaSinkOptions) -> Any:
 def marker_groups(options: KafkaSinkOptions, job_id: str) -> list[str]:
     """The marker groups (= transactional ids) of the sink's writer subtasks in ``job_id`` that the broker
     knows: ``<prefix>-<subtask>``."""
+    from sluice.errors import SluiceError
+
     prefix = options.txn_prefix(job_id) + "-"
-    listed = _admin(options).list_consumer_groups().result(timeout=options.transaction_timeout_s)
+    admin = _admin(options)  # held until the result is in: a dropped client cancels its requests
+    listed = admin.list_consumer_groups().result(timeout=options.transaction_timeout_s)
+    if listed.errors:
+        raise SluiceError(
+            f"KafkaSink {options.topic}: listing the consumer groups (the sink's markers) failed: {listed.errors[0]}"
+        )
     return sorted(
         g.group_id
         for g in listed.valid

@@ -120,6 +120,8 @@ class KafkaSinkOptions(_Frozen):
     key: tuple[str, ...] = ()
     key_format: Literal["json", "avro", "json_schema", "raw"] = "raw"
     key_schema: dict[str, Any] | str | None = None
+    value_subject: str | None = None
+    key_subject: str | None = None
     header_columns: tuple[str, ...] = ()
     headers: dict[str, str | bytes] = Field(default_factory=dict)
     partition_by: str | None = None
@@ -179,7 +181,7 @@ class KafkaSinkOptions(_Frozen):
             raise ConfigError(
                 f"KafkaSink: transaction_timeout_s must be in (0, 900] seconds (got {self.transaction_timeout_s!r})"
             )
-        for opt in ("transactional_id_prefix", "marker_topic", "lineage_header"):
+        for opt in ("transactional_id_prefix", "marker_topic", "lineage_header", "value_subject", "key_subject"):
             v = getattr(self, opt)
             if v is not None and (not v or len(v) > 200):
                 raise ConfigError(f"KafkaSink: {opt} must be 1 to 200 characters (got {v!r})")

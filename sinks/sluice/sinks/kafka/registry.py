@@ -2,10 +2,11 @@
 
 A value in the Confluent wire format is ``0x00``, the schema id (4 bytes, big-endian), then the payload
 (Avro binary or JSON text). The sink registers its schema under the subject ``<topic>-value`` (or ``-key``:
-the registry's TopicNameStrategy) with ``POST /subjects/{subject}/versions``, which returns the id of the
-schema (the existing one if the subject already has it); ids are cached for the life of the process. A
-registry that refuses the schema (HTTP 409: incompatible with the subject's earlier schemas) fails the job
-at once with its message; transient failures (connection refused, timeouts, HTTP 5xx) are retried.
+the registry's TopicNameStrategy; the options ``value_subject`` / ``key_subject`` name another) with
+``POST /subjects/{subject}/versions``, which returns the id of the schema (the existing one if the subject
+already has it); ids are cached for the life of the process. A registry that refuses the schema (HTTP 409:
+incompatible with the subject's earlier schemas) fails the job at once with its message; transient failures
+(connection refused, timeouts, HTTP 5xx) are retried.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class KafkaSink(Sink[KafkaCommittable]):
         key_format: as ``value_format`` (default ``"raw"``: one column's bytes, text as UTF-8).
         name: the sink operator's name.
         **options: the rest of :class:`KafkaSinkOptions`: ``value_columns``, ``value_schema``,
-            ``key_schema``, ``header_columns``, ``headers``, ``partition_by``, ``timestamp_column``,
+            ``key_schema``, ``value_subject``, ``key_subject``, ``header_columns``, ``headers``,
+            ``partition_by``, ``timestamp_column``,
             ``schema_registry``, ``producer_config``, ``transactional_id_prefix``, ``marker_topic``,
             ``lineage_header``, ``transaction_timeout_s``.
     """

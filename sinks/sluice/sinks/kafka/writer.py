@@ -35,7 +35,8 @@ def partition_count(options: KafkaSinkOptions, topic: str | None = None) -> int:
     name = topic or options.topic
     admin = AdminClient(options.client_settings())
     try:
-        md = admin.list_topics(topic=name, timeout=options.transaction_timeout_s)
+        # all topics, not the one by name: a metadata request naming a topic may create it (tansu does)
+        md = admin.list_topics(timeout=options.transaction_timeout_s)
     except KafkaException as exc:
         raise SluiceError(
             f"KafkaSink: cannot reach {options.bootstrap_servers}: {redact_text(str(exc), options.producer_config)}"
