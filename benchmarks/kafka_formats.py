@@ -41,9 +41,9 @@ from kafka_broker import TansuBroker
 from sluice.api import Pipeline
 from sluice.config import NoRestart
 from sluice.connectors.kafka import KafkaSource
-from sluice.connectors.kafka.avro import AvroSchema, read_records
-from sluice.connectors.kafka.decoding import JsonDecoder
-from sluice.connectors.kafka.wire_decoding import AvroDecoder
+from sluice.connectors.kafka.formats.avro import AvroDecoder
+from sluice.connectors.kafka.formats.avro_schema import AvroSchema, read_records
+from sluice.connectors.kafka.formats.json import JsonDecoder
 
 from tests.kafka.registry_server import RecordedSchemaRegistry, avro_wire
 from tests.kafka.test_formats_units import ORDER_V1

@@ -157,11 +157,11 @@ def files_run(kind: str, seconds: float, root: Path) -> dict[str, Any]:
     if kind == "delta":
         from sluice.sinks.delta.rewrite import rewrite_small_files
 
-        rewrite_small_files(sink, policy)  # type: ignore[arg-type]
+        rewrite_small_files(sink.options, policy)  # type: ignore[attr-defined]
     else:
         from sluice.sinks.iceberg.rewrite import rewrite_small_files as iceberg_rewrite
 
-        iceberg_rewrite(sink, policy, threading.Lock())  # type: ignore[arg-type]
+        iceberg_rewrite(sink.options, policy, threading.Lock())  # type: ignore[attr-defined]
     rewrite_s = time.perf_counter() - t0
     after = target.files_per_partition()
     assert target.read().num_rows == rows, "the rewrite changed the table's rows"

@@ -7,17 +7,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_ROOTS = ("core", "connectors", "sinks", "templates")
-MAX_LINES = 450
+#: the most lines a module of each source root may have
+MAX_LINES = {"core": 400, "connectors": 400, "sinks": 400, "templates": 400}
 
 
-def test_no_source_module_over_450_lines() -> None:
+def test_no_source_module_over_the_line_cap() -> None:
     big = {
-        str(p.relative_to(ROOT)): n
+        f"{p.relative_to(ROOT)} (cap {MAX_LINES[root]})": n
         for root in SOURCE_ROOTS
         for p in (ROOT / root / "sluice").rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        if (n := len(p.read_text().splitlines())) > MAX_LINES[root]
     }
-    assert not big, f"modules over {MAX_LINES} lines (split them by role): {big}"
+    assert not big, f"modules over their root's line cap (split them by role): {big}"
 
 
 def test_every_source_root_holds_only_its_namespace() -> None:

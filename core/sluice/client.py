@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.checkpoint.history import forget_checkpoints
-from sluice.checkpoint.storage import storage_for
+from sluice.checkpoint.storage_loader import storage_for
+from sluice.config.job import JobConfig
 from sluice.control.monitor import JobMonitor
 from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.graph import JobGraph
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.job import JobConfig, JobResult, run_job
+from sluice.runtime.job import JobResult, run_job
 from sluice.runtime.status import JobLifecycle, JobStatus
 
 __all__ = ["JobClient"]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.errors import GraphError
+from sluice.errors import ConfigError, GraphError
 from sluice.keys import KeySelector
 
 __all__ = [
@@ -89,6 +89,16 @@ class LogicalGraph:
     def add(self, node: LogicalNode) -> LogicalNode:
         self.nodes[node.id] = node
         return node
+
+    def set_uid(self, node: LogicalNode, uid: str) -> None:
+        """Name ``node``'s state in checkpoints (``Stream.uid``); ConfigError / GraphError if ``uid`` is
+        empty or another node's."""
+        if not isinstance(uid, str) or not uid.strip():
+            raise ConfigError(f"uid: must be a non-empty string (got {uid!r})")
+        taken = {n.uid: n.name for n in self.nodes.values() if n is not node}
+        if uid in taken:
+            raise GraphError(f"uid {uid!r} is already used by operator {taken[uid]!r}: uids must be unique")
+        node.explicit_uid = uid
 
     def parallelism_of(self, node: LogicalNode) -> int:
         return node.parallelism or self.default_parallelism

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
+from sluice.serializers.versioned import PickleSerializer, SimpleVersionedSerializer
 
 __all__ = [
     "Boundedness",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline
-from sluice.checkpoint.coordinator import CheckpointCoordinator
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.coordinator import CheckpointCoordinator, CoordinatedTasks, CoordinatorServices
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import ConfigError, JobFailedError
 from sluice.graph import SubtaskId
@@ -41,9 +41,12 @@ def test_coordinator_stop_reports_a_failed_discard_instead_of_raising(tmp_path) 
     storage.retry_timeout = 0
     reported: list[tuple[str, BaseException]] = []
     c = CheckpointCoordinator(
-        CheckpointConfig(interval=None, storage=str(tmp_path)), storage, {A: _Handle()}, {A}, {"job_id": "job"}, 1,
-        on_cleanup_failure=lambda what, exc: reported.append((what, exc)),
-    )  # fmt: skip
+        CheckpointConfig(interval=None, storage=str(tmp_path)),
+        CoordinatedTasks({A: _Handle()}, {A}),
+        CoordinatorServices(
+            storage, {"job_id": "job"}, on_cleanup_failure=lambda what, exc: reported.append((what, exc))
+        ),
+    )
     cid = c._try_trigger(forced=True)
     storage.down.add("delete")
     c.stop()  # aborts the pending checkpoint: its discard fails

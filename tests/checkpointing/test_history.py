@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.checkpoint.history import INDEX, read_index
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import RestoreError
 from sluice.runtime.job import JobConfig, RunRestore, resolve_restore

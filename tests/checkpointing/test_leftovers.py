@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.checkpoint.coordinator import CheckpointCoordinator
-from sluice.checkpoint.storage import LocalCheckpointStorage, checkpoint_storage
+from sluice.checkpoint.storage import LocalCheckpointStorage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.control.registry import ENTRY, RegistryEntry, read_entries
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from sluice.connectors.generator import GeneratorSource, _Enumerator, _Reader
+from sluice.connectors.generator import GeneratorOptions, GeneratorSource, _Enumerator, _Reader
 from sluice.serializers import PickleSerializer, SimpleVersionedSerializer, SourceSplitSerializer
 from sluice.sink import (
     CommitOutcome,
@@ -48,10 +48,10 @@ class _Generator(GeneratorSource):
         super().__init__(num_splits=5, records_per_split=120, batch_size=25, rows=distinct_rows)
 
     def create_enumerator(self, ctx: EnumeratorContext, restored: Any | None) -> SplitEnumerator:
-        return self.enumerator(self, ctx, restored)
+        return self.enumerator(self.options, ctx, restored)
 
     def create_reader(self, ctx: ReaderContext) -> SourceReader:
-        return self.reader(self, ctx)
+        return self.reader(self.options, ctx)
 
     def enumerator_state_serializer(self) -> SimpleVersionedSerializer[Any]:
         return PickleSerializer()  # some broken enumerators snapshot a state of their own shape
@@ -66,7 +66,7 @@ class _Generator(GeneratorSource):
 class _Forgetful(_Enumerator):
     """Forgets every split above the first half when it starts (the 5,000 of 9,000 lines of issue 14)."""
 
-    def __init__(self, src: GeneratorSource, ctx: EnumeratorContext, restored: Any) -> None:
+    def __init__(self, src: GeneratorOptions, ctx: EnumeratorContext, restored: Any) -> None:
         super().__init__(src, ctx, restored)
         if restored is None:
             self.unassigned = {k: v for k, v in self.unassigned.items() if int(k) < src.num_splits // 2 + 1}
@@ -98,7 +98,7 @@ class _NeverSignalsAgain(_Enumerator):
 class _FixedParallelism(_Enumerator):
     """Assigns by the parallelism it was first started with, which it keeps in its snapshot."""
 
-    def __init__(self, src: GeneratorSource, ctx: EnumeratorContext, restored: Any) -> None:
+    def __init__(self, src: GeneratorOptions, ctx: EnumeratorContext, restored: Any) -> None:
         super().__init__(src, ctx, restored["splits"] if restored is not None else None)
         self.first_parallelism = restored["p"] if restored is not None else ctx.parallelism
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.control.client import ControlClient, ControlError
 from sluice.control.registry import RegistryEntry, token_path, write_token
 

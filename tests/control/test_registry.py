@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from sluice import ConfigError
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.control.registry import RegistryEntry, parse_address, read_entries, token_path, write_token
 
 from tests.sinks.conftest import MotoS3

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from sluice.checkpoint.barriers import BarrierHandler, SingleCheckpointBarrierHandler
+from sluice.checkpoint.barriers import SingleCheckpointBarrierHandler, barrier_handler
 from sluice.events import (
     AlignmentMode,
     CancelCheckpointMarker,
@@ -66,7 +66,8 @@ class Sender:
 
 
 class Task:
-    """The handler's BarrierTarget, and the part of a task around it: polls unblocked channels."""
+    """Both halves the handler acts on (input, checkpointing), and the part of a task around them: polls
+    unblocked channels."""
 
     def __init__(self, rng: random.Random, n: int, mode: AlignmentMode, credits: int) -> None:
         self.rng = rng
@@ -74,7 +75,7 @@ class Task:
         self.now = 1000.0
         signal = Signal()
         self.senders = [Sender(LocalChannel(signal, credits=credits, output_capacity=credits)) for _ in range(n)]
-        self.handler = BarrierHandler(n, self, mode, clock=lambda: self.now)
+        self.handler = barrier_handler(mode, n, self, self, clock=lambda: self.now)
         self.processed: list[Item] = []
         self.blocked: set[int] = set()
         self.ended: set[int] = set()
@@ -89,7 +90,7 @@ class Task:
         self.events: list[tuple[str, int]] = []  # what the handler was told, with the checkpoint id
         self.event: tuple[str, int] = ("", 0)
 
-    # -- BarrierTarget ---------------------------------------------------------------------------------
+    # -- the input and checkpointing halves ---------------------------------------------------------------------------------
     def block(self, channel: int) -> None:
         assert channel not in self.ended
         self.blocked.add(channel)

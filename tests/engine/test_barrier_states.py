@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from sluice import ConfigError
 from sluice.checkpoint.barrier_tracker import CheckpointBarrierTracker
-from sluice.checkpoint.barriers import BarrierHandler, SingleCheckpointBarrierHandler
+from sluice.checkpoint.barriers import SingleCheckpointBarrierHandler, barrier_handler
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind, CheckpointOptions
 
 
 class Recorder:
-    """A BarrierTarget that records every call; ``queued`` says which barriers a pull finds (and what they
+    """Both halves a barrier handler acts on (input, checkpointing), recording every call; ``queued`` says which barriers a pull finds (and what they
     overtook)."""
 
     def __init__(self) -> None:
@@ -70,20 +70,21 @@ def barrier(cid: int, mode: AlignmentMode = AlignmentMode.ALIGNED, ts: float = 0
     ],
 )
 def test_each_mode_gets_its_handler(mode: AlignmentMode, impl: type, state: str) -> None:
-    h = BarrierHandler(2, Recorder(), mode)
+    r = Recorder()
+    h = barrier_handler(mode, 2, r, r)
     assert type(h) is impl and h.state_name == state and not h.in_progress
 
 
 def test_at_least_once_is_not_aligned_by_the_single_checkpoint_handler() -> None:
     with pytest.raises(ConfigError, match="CheckpointBarrierTracker"):
-        SingleCheckpointBarrierHandler(2, Recorder(), AlignmentMode.AT_LEAST_ONCE)
+        SingleCheckpointBarrierHandler(2, Recorder(), Recorder(), AlignmentMode.AT_LEAST_ONCE)
 
 
 def test_barrier_of_a_skipped_older_checkpoint_does_not_count_for_the_current_one() -> None:
     """Regression: barrier 1 arriving while checkpoint 2 aligns was counted as channel 1's barrier 2, so
     checkpoint 2 was snapshotted without the data between the two barriers on channel 1."""
     r = Recorder()
-    h = BarrierHandler.aligned(2, r)
+    h = SingleCheckpointBarrierHandler.aligned(2, r, r)
     h.on_barrier(0, barrier(2))
     h.on_barrier(1, barrier(1))
     assert r.blocked == {0} and not r.of("snapshot") and h.current == barrier(2)
@@ -94,7 +95,7 @@ def test_barrier_of_a_skipped_older_checkpoint_does_not_count_for_the_current_on
 def test_adaptive_switches_at_the_timeout_and_pulls_queued_barriers_forward() -> None:
     r = Recorder()
     now = [100.0]
-    h = BarrierHandler(3, r, AlignmentMode.ADAPTIVE, clock=lambda: now[0])
+    h = barrier_handler(AlignmentMode.ADAPTIVE, 3, r, r, clock=lambda: now[0])
     b = barrier(1, AlignmentMode.ADAPTIVE, ts=100.0, timeout=5.0)
     h.on_announcement(2, b)  # queued behind data on channel 2: the clock runs, nothing is blocked
     assert h.state_name == "AlternatingCollectingBarriers" and r.blocked == set()
@@ -117,7 +118,7 @@ def test_adaptive_switches_at_the_timeout_and_pulls_queued_barriers_forward() ->
 
 def test_adaptive_priority_barrier_of_a_switched_upstream_continues_unaligned_here() -> None:
     r = Recorder()
-    h = BarrierHandler.alternating(2, r, clock=lambda: 0.0)
+    h = SingleCheckpointBarrierHandler.alternating(2, r, r, clock=lambda: 0.0)
     b = barrier(3, AlignmentMode.ADAPTIVE, timeout=1e9)
     h.on_barrier(0, b)
     h.on_barrier(1, b.as_unaligned(), ["x"])
@@ -128,7 +129,7 @@ def test_adaptive_priority_barrier_of_a_switched_upstream_continues_unaligned_he
 @pytest.mark.parametrize("mode", [AlignmentMode.UNALIGNED, AlignmentMode.ADAPTIVE, AlignmentMode.AT_LEAST_ONCE])
 def test_savepoints_align_in_every_mode_and_never_time_out(mode: AlignmentMode) -> None:
     r = Recorder()
-    h = BarrierHandler(2, r, mode, clock=lambda: 1e12)
+    h = barrier_handler(mode, 2, r, r, clock=lambda: 1e12)
     sp = barrier(5, savepoint=True, timeout=0.0)
     h.on_barrier(1, sp)
     h.check_timeout()
@@ -139,7 +140,7 @@ def test_savepoints_align_in_every_mode_and_never_time_out(mode: AlignmentMode) 
 
 def test_cancel_marker_aborts_the_checkpoint_and_is_passed_on_even_if_not_started_here() -> None:
     r = Recorder()
-    h = BarrierHandler.unaligned(2, r)
+    h = SingleCheckpointBarrierHandler.unaligned(2, r, r)
     h.on_barrier(0, barrier(1, AlignmentMode.UNALIGNED), [])
     h.on_cancel(1, 1)
     h.on_cancel(0, 4)  # never seen here: downstream tasks and the coordinator still hear of it
@@ -151,7 +152,7 @@ def test_cancel_marker_aborts_the_checkpoint_and_is_passed_on_even_if_not_starte
 
 def test_at_least_once_tracks_concurrent_checkpoints_and_a_cancel_aborts_older_ones() -> None:
     r = Recorder()
-    h = BarrierHandler.at_least_once(2, r)
+    h = CheckpointBarrierTracker(2, r, r)
     h.on_barrier(0, barrier(1, AlignmentMode.AT_LEAST_ONCE))
     h.on_barrier(0, barrier(2, AlignmentMode.AT_LEAST_ONCE))
     assert r.blocked == set() and h.current == barrier(1, AlignmentMode.AT_LEAST_ONCE) and h.received == {0}
@@ -167,7 +168,7 @@ def test_at_least_once_tracks_concurrent_checkpoints_and_a_cancel_aborts_older_o
 
 def test_at_least_once_snapshot_of_a_newer_checkpoint_drops_older_incomplete_ones() -> None:
     r = Recorder()
-    h = BarrierHandler.at_least_once(2, r)
+    h = CheckpointBarrierTracker(2, r, r)
     h.on_barrier(0, barrier(1, AlignmentMode.AT_LEAST_ONCE))
     h.on_cancel(1, 0)  # stale: ignored
     h.on_barrier(0, barrier(2, AlignmentMode.AT_LEAST_ONCE))

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 from sluice import CheckpointConfig, ConfigError, RestoreError
-from sluice.checkpoint import plain
 from sluice.checkpoint.codec import MetadataCodec, seal_metadata, verify_metadata
 from sluice.checkpoint.payload import decode_task_state, encode_task_state, without_channel_state
-from sluice.checkpoint.signing import KEY_ENV, default_key_file, key_id, resolve_key
+from sluice.checkpoint.signing import key_id
+from sluice.config.checkpoint_key import KEY_ENV, default_key_file, resolve_key
+from sluice.serializers import plain
 
 KEY = b"format-test-key-0123456789abcdef"
 

@@ -7,9 +7,14 @@ import json
 
 import pytest
 from sluice import CheckpointConfig, CheckpointError, CheckpointFailureReason
-from sluice.checkpoint.coordinator import AckResult, CheckpointCoordinator
+from sluice.checkpoint.coordinator import (
+    AckResult,
+    CheckpointCoordinator,
+    CoordinatedTasks,
+    CoordinatorServices,
+)
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.errors import IllegalTransitionError
 from sluice.events import CheckpointBarrier
 from sluice.graph import SubtaskId
@@ -39,8 +44,9 @@ def coordinator(tmp_path, tolerable: int = 0, concurrent: int = 1) -> tuple[Chec
     )
     fatal: list[BaseException] = []
     c = CheckpointCoordinator(
-        cfg, checkpoint_storage(str(tmp_path), "job"), {A: Handle(), B: Handle()}, {A, B}, {"job_id": "job"}, 1,
-        on_fatal=fatal.append,
+        cfg,
+        CoordinatedTasks({A: Handle(), B: Handle()}, {A, B}),
+        CoordinatorServices(checkpoint_storage(str(tmp_path), "job"), {"job_id": "job"}, on_fatal=fatal.append),
     )
     return c, fatal
 

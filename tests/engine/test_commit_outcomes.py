@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sluice import CheckpointConfig, CommitError, FixedDelayRestart, JobFailedError, NoRestart, Pipeline
 from sluice.connectors.generator import GeneratorSource
-from sluice.runtime.sink_operator import commit_with_retry
+from sluice.operators.committables import commit_with_retry
 from sluice.sink import CommitOutcome, Committer, GlobalCommitter, GlobalCommitterContext, SinkContext
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 

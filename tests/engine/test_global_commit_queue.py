@@ -14,7 +14,7 @@ from typing import Any
 
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.checkpoint.global_commit import GlobalCommitQueue
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed

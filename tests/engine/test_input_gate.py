@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from sluice.checkpoint.barriers import BarrierHandler
+from sluice.checkpoint.barriers import barrier_handler
 from sluice.events import (
     AlignmentMode,
     CancelCheckpointMarker,
@@ -35,15 +35,15 @@ class Rig:
         self.faults: list[str] = []
         self.log: list[tuple[Any, ...]] = []
         self.ended = 0
-        self.handler = BarrierHandler(n, self, mode)
         self.gate = InputGate(
             self.channels,  # type: ignore[arg-type]
-            self.handler,
+            lambda gate: barrier_handler(mode, n, gate, self),
             StatusWatermarkValve(n, self.watermarks.append),
             lambda ch, b: self.got.append((ch, b.column("x")[0].as_py())),
             self._end,
             self.faults.append,
         )
+        self.handler = self.gate.handler
 
     def _end(self) -> None:
         self.ended += 1
@@ -54,16 +54,7 @@ class Rig:
             k += 1
         return k
 
-    # -- BarrierTarget, as the task routes it -------------------------------------------------------
-    def block(self, channel: int) -> None:
-        self.gate.block(channel)
-
-    def unblock_all(self) -> None:
-        self.gate.unblock_all()
-
-    def pull_barrier_forward(self, channel: int, checkpoint_id: int) -> list[pa.RecordBatch] | None:
-        return self.gate.pull_barrier_forward(channel, checkpoint_id)
-
+    # -- the checkpointing half (the gate is the input half) ------------------------------------------
     def perform_checkpoint(self, barrier: CheckpointBarrier, unaligned: bool) -> None:
         self.log.append(("snapshot", barrier.checkpoint_id, unaligned, list(self.got)))
 

@@ -8,7 +8,7 @@ import time
 import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, JobFailedError, NoRestart, Pipeline
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import IllegalTransitionError, SluiceError
 from sluice.runtime.job import run_job

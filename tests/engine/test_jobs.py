@@ -303,7 +303,7 @@ def test_idle_input_does_not_hold_back_event_time(tmp_path) -> None:
 
     seen: list[int] = []
 
-    from sluice.runtime.operators import Operator
+    from sluice.operators.base import Operator
 
     class Rec(Operator):
         def process_watermark(self, timestamp: int) -> None:
@@ -311,7 +311,7 @@ def test_idle_input_does_not_hold_back_event_time(tmp_path) -> None:
 
     from sluice.events import AlignmentMode
     from sluice.graph import SubtaskId
-    from sluice.runtime.operators import OperatorContext
+    from sluice.operators.base import OperatorContext
     from sluice.runtime.task import Task
     from sluice.runtime.task_spec import TaskSpec
     from sluice.state.keygroups import key_group_range

@@ -8,13 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, ConfigError, GraphError, Pipeline
-from sluice.checkpoint.barriers import BarrierHandler
+from sluice.checkpoint.barriers import CheckpointBarrierTracker, SingleCheckpointBarrierHandler
 from sluice.config import ExponentialBackoffRestart, FailureRateRestart, FixedDelayRestart
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointOptions, EndOfPartition
 from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, NodeKind
 from sluice.runtime.channels import LocalChannel, Signal
 from sluice.state.api import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from sluice.state.backend import InMemoryStateBackend
 from sluice.state.keygroups import (
     hash_values,
     key_group_of,
@@ -48,8 +47,13 @@ def test_key_group_ranges_partition_all_groups(parallelism: int) -> None:
 
 
 # -- state ---------------------------------------------------------------------------------------------
-def test_snapshot_is_copy_on_write() -> None:
-    be = InMemoryStateBackend(key_group_range(8, 1, 0))
+def test_snapshot_is_copy_on_write(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The job's default keyed backend (hashmap): the synchronous snapshot freezes, later writes copy."""
+    from sluice.state.hashmap import HashMapStateBackend
+    from sluice.state.transfer import LocalFileTransfer
+
+    files = LocalFileTransfer(str(tmp_path))
+    be = HashMapStateBackend().create_keyed_backend("op-0", key_group_range(8, 1, 0), 8, files)
     v, lst, m = (
         be.state(ValueStateDescriptor("v", 0)),
         be.state(ListStateDescriptor("l")),
@@ -60,23 +64,21 @@ def test_snapshot_is_copy_on_write() -> None:
         v.update(k)
         lst.add(k)
         m.put("a", k)
-    snap = be.snapshot()
+    snap = be.snapshot(1)
     for k in range(20):
         be.set_current_key(k, k % 8)
         v.update(-1)
         lst.add(99)
         m.put("a", -1)
-    import pickle
-
-    restored = {kg: pickle.loads(b) for kg, b in snap.serialize().items()}
-    assert restored[3]["v"][3] == 3 and restored[3]["l"][3] == [3] and restored[3]["m"][3] == {"a": 3}
-    be2 = InMemoryStateBackend(key_group_range(8, 2, 1))
-    be2.restore(snap.serialize())
-    be2.set_current_key(5, 5)
-    assert be2.state(ValueStateDescriptor("v")).value() == 5
-    be2.set_current_key(3, 3)  # key group 3 belongs to the other half: not restored here
-    with pytest.raises(KeyError):
-        be2.state(ValueStateDescriptor("v")).value()
+    handle = snap.run()
+    be2 = HashMapStateBackend().create_keyed_backend("op-1", key_group_range(8, 2, 1), 8, files)
+    be2.restore([handle])
+    be2.set_current_key(13, 5)
+    assert be2.state(ValueStateDescriptor("v", 0)).value() == 13
+    assert be2.state(ListStateDescriptor("l")).get() == [13]
+    assert be2.state(MapStateDescriptor("m")).get("a") == 13
+    be2.set_current_key(11, 3)  # key group 3 belongs to the other half: not restored here
+    assert be2.state(ValueStateDescriptor("v", 0)).value() == 0
 
 
 # -- channels ------------------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ def bar(cid: int) -> CheckpointBarrier:
 
 def test_aligned_blocks_until_last_barrier() -> None:
     r = Recorder()
-    h = BarrierHandler.aligned(3, r)
+    h = SingleCheckpointBarrierHandler.aligned(3, r, r)
     h.on_barrier(0, bar(1))
     assert r.blocked == {0} and h.state_name == "CollectingBarriers"
     h.on_barrier(2, bar(1))
@@ -164,7 +166,7 @@ def test_aligned_blocks_until_last_barrier() -> None:
 
 def test_end_of_partition_completes_alignment_and_late_barriers_are_ignored() -> None:
     r = Recorder()
-    h = BarrierHandler.aligned(2, r)
+    h = SingleCheckpointBarrierHandler.aligned(2, r, r)
     h.on_barrier(0, bar(1))
     h.on_end_of_partition(1)
     assert ("snapshot", 1, False) in r.log
@@ -174,7 +176,7 @@ def test_end_of_partition_completes_alignment_and_late_barriers_are_ignored() ->
 
 def test_newer_barrier_aborts_unfinished_alignment_and_cancel_marker() -> None:
     r = Recorder()
-    h = BarrierHandler.aligned(2, r)
+    h = SingleCheckpointBarrierHandler.aligned(2, r, r)
     h.on_barrier(0, bar(1))
     h.on_barrier(1, bar(2))
     assert ("abort", 1) in r.log
@@ -184,7 +186,7 @@ def test_newer_barrier_aborts_unfinished_alignment_and_cancel_marker() -> None:
 
 def test_at_least_once_never_blocks() -> None:
     r = Recorder()
-    h = BarrierHandler.at_least_once(2, r)
+    h = CheckpointBarrierTracker(2, r, r)
     h.on_barrier(0, bar(1))
     assert r.blocked == set()
     h.on_barrier(1, bar(1))
@@ -193,7 +195,7 @@ def test_at_least_once_never_blocks() -> None:
 
 def test_unaligned_snapshots_at_first_barrier_and_records_others() -> None:
     r = Recorder()
-    h = BarrierHandler.unaligned(3, r)
+    h = SingleCheckpointBarrierHandler.unaligned(3, r, r)
     h.on_barrier(1, bar(4).as_unaligned())
     assert r.log[0] == ("snapshot", 4, True) and ("record", 4, [0, 2]) in r.log and r.blocked == set()
     h.on_barrier(0, bar(4).as_unaligned())
@@ -206,7 +208,7 @@ def test_randomized_barrier_interleavings_snapshot_each_checkpoint_once() -> Non
         rng = random.Random(seed)
         n = rng.randint(1, 5)
         r = Recorder()
-        h = BarrierHandler.aligned(n, r)
+        h = SingleCheckpointBarrierHandler.aligned(n, r, r)
         for cid in range(1, 6):
             for c in rng.sample(range(n), n):
                 h.on_barrier(c, bar(cid))

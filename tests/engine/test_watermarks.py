@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sluice.runtime.operators import MIN_WATERMARK
+from sluice.operators.base import MIN_WATERMARK
 from sluice.runtime.watermarks import StatusWatermarkValve
 
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from sluice import CheckpointConfig, NoRestart, Pipeline, RestoreError
-from sluice.checkpoint import plain
 from sluice.checkpoint.payload import decode_task_state, encode_task_state
 from sluice.connectors.generator import GeneratorSource
+from sluice.serializers import plain
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import FaultInjector
 

@@ -148,11 +148,10 @@ class _Ctx:
 
 
 def _ends(source: KafkaSource, attempt: int, lookup: _Lookup, end: int | None) -> int | None:
-    from sluice.connectors.kafka.enumerator import KafkaSplitEnumerator
     from sluice.connectors.kafka.offsets import KafkaSplit
 
-    enum = KafkaSplitEnumerator(source, _Ctx(attempt), None)
-    enum._lookup = lookup  # type: ignore[assignment]
+    enum: Any = source.create_enumerator(_Ctx(attempt), None)  # type: ignore[arg-type]
+    enum._lookup = lookup
     (split,) = enum._bounded([KafkaSplit("t:0", 40, end)])
     return split.end  # type: ignore[no-any-return]
 

@@ -16,9 +16,9 @@ import pytest
 from sluice.api import Pipeline
 from sluice.config import FixedDelayRestart, NoRestart
 from sluice.connectors.kafka import KafkaSource
-from sluice.connectors.kafka.avro import AvroSchema
+from sluice.connectors.kafka.formats.avro_schema import AvroSchema
+from sluice.connectors.kafka.formats.schemas import align
 from sluice.connectors.kafka.reader import KafkaSourceReader
-from sluice.connectors.kafka.schemas import align
 from sluice.errors import BadRecordError, JobFailedError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import FaultInjector

@@ -16,9 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from sluice.connectors.kafka import KafkaSource
-from sluice.connectors.kafka.avro import AvroSchema, read_records
-from sluice.connectors.kafka.avro_columnar import PAD
-from sluice.connectors.kafka.decoding import CsvDecoder, JsonDecoder, make_decoder
 from sluice.connectors.kafka.errors import (
     IncompatibleSchemaError,
     SchemaNotFoundError,
@@ -26,9 +23,19 @@ from sluice.connectors.kafka.errors import (
     UnsupportedSchemaError,
 )
 from sluice.connectors.kafka.fetcher import Fetcher, split_messages
-from sluice.connectors.kafka.json_schema import json_schema_to_arrow
-from sluice.connectors.kafka.registry import SchemaRegistry, SchemaRegistryClient, split_wire_format
-from sluice.connectors.kafka.schemas import align, widen
+from sluice.connectors.kafka.formats import make_decoder
+from sluice.connectors.kafka.formats.avro_columnar import PAD
+from sluice.connectors.kafka.formats.avro_schema import AvroSchema, read_records
+from sluice.connectors.kafka.formats.csv import CsvDecoder
+from sluice.connectors.kafka.formats.json import JsonDecoder
+from sluice.connectors.kafka.formats.json_schema import json_schema_to_arrow
+from sluice.connectors.kafka.formats.schema_registry import (
+    SchemaRegistry,
+    SchemaRegistryClient,
+    split_wire_format,
+)
+from sluice.connectors.kafka.formats.schemas import align, widen
+from sluice.connectors.kafka.options import KafkaSourceOptions
 
 from tests.kafka.fakes import FakeMessage
 from tests.kafka.registry_server import RECORDINGS, RecordedSchemaRegistry, avro_wire, json_wire
@@ -60,10 +67,8 @@ def order(i: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-def source(**kwargs: Any) -> KafkaSource:
-    src = KafkaSource("localhost:9092", "t", **kwargs)
-    src.validate()
-    return src
+def source(**kwargs: Any) -> KafkaSourceOptions:
+    return KafkaSource("localhost:9092", "t", **kwargs).options
 
 
 # -- Avro: the columnar decoder agrees with fastavro ------------------------------------------------------

@@ -8,8 +8,10 @@ import json
 
 import pyarrow as pa
 import pytest
+from pydantic import ValidationError
 from sluice.connectors.kafka import KafkaDataLossError, KafkaSource, OffsetsInitializer
-from sluice.connectors.kafka.decoding import CsvDecoder, JsonDecoder
+from sluice.connectors.kafka.formats.csv import CsvDecoder
+from sluice.connectors.kafka.formats.json import JsonDecoder
 from sluice.connectors.kafka.offsets import KafkaSplit, owner_of, parse_split_id, resolve_offsets, split_id
 from sluice.connectors.kafka.reader import KafkaSourceReader
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
@@ -230,6 +232,24 @@ def test_secrets_never_shown() -> None:
     assert "hunter2-secret" not in str(info.value)
 
 
+def test_options_are_checked_once_frozen_and_read_as_attributes() -> None:
+    src = KafkaSource("localhost:9092", "t", format="json", consumer_config={"sasl.password": "hunter2-secret"})
+    options = src.options
+    assert src.options is options and options.topics == ["t"] and src.topics == ["t"] and src.format == "json"
+    assert "hunter2-secret" not in repr(options) and "'sasl.password': '***'" in repr(options)
+    with pytest.raises(ValidationError, match="frozen"):
+        options.batch_size = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        _ = src.no_such_option
+    src.batch_size = 0  # an option assigned later is checked when the job is built
+    with pytest.raises(ConfigError, match=r"batch_size must be an integer >= 1 \(got 0\)"):
+        src.validate()
+    src.batch_size, src.name = 500, "orders"
+    assert src.options.batch_size == 500 and src.options.name == src.name == "orders"
+    with pytest.raises(ConfigError, match=r"consumer_config must be a dict of librdkafka settings \(got 5\)"):
+        KafkaSource("localhost:9092", "t", consumer_config=5).validate()  # type: ignore[arg-type]
+
+
 # -- reader (fake consumer) ----------------------------------------------------------------------------
 def make_reader(
     monkeypatch: pytest.MonkeyPatch, **kwargs: object
@@ -244,7 +264,7 @@ def make_reader(
     src = KafkaSource("localhost:9092", "t", **{"format": "json", "schema": SCHEMA, "fetch_thread": False, **kwargs})  # type: ignore[arg-type]
     src.validate()
     ctx = FakeReaderContext()
-    reader = KafkaSourceReader(src, ctx)
+    reader = KafkaSourceReader(src.options, ctx)
     reader.start()
     return reader, consumers[0], ctx
 

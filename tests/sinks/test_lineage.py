@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from sluice import CheckpointConfig, NoRestart, Pipeline, RestoreError
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.files import FileSink
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.checkpoint.s3 import S3CheckpointStorage
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import CommitError
 from sluice.sinks.files import FileSink, StorageError

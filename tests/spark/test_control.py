@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from sluice import CheckpointConfig, Pipeline
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.graph import SubtaskId
 from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt

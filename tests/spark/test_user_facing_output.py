@@ -67,7 +67,9 @@ def test_sluice_run_keeps_the_jvm_banner_off_stderr_unless_verbose(tmp_path: Pat
     job = _job(tmp_path)
     for verbose, args in ((False, []), (True, ["-v"])):
         cmd = [str(BIN / "sluice"), *args, "run", str(job), "--no-progress", "--restore", "none"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(tmp_path), cwd=tmp_path)
+        run_dir = tmp_path / ("verbose" if verbose else "quiet")  # each run its own output and checkpoints
+        run_dir.mkdir()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(run_dir), cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         shown = [b for b in BANNER if b in r.stderr]
         if verbose:

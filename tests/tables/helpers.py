@@ -55,7 +55,7 @@ class Target:
             return False
 
     def _delta_options(self) -> dict[str, str]:
-        return self.sink().delta_storage_options()  # type: ignore[attr-defined,no-any-return]
+        return self.sink().options.delta_storage_options()  # type: ignore[attr-defined,no-any-return]
 
     def delta_table(self) -> Any:
         from deltalake import DeltaTable
@@ -65,7 +65,7 @@ class Target:
     def iceberg_table(self) -> Any:
         from sluice.sinks.iceberg.catalog import load_catalog
 
-        return load_catalog(self.sink()).load_table("db.events")  # type: ignore[arg-type]
+        return load_catalog(self.sink().options).load_table("db.events")  # type: ignore[attr-defined]
 
     def read(self) -> pa.Table:
         """What a reader of the table's current version sees (the library's own reader)."""

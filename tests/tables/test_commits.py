@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, CommitError, JobFailedError, NoRestart, Pipeline
 from sluice.connectors.generator import GeneratorSource
-from sluice.runtime.sink_operator import commit_with_retry
+from sluice.operators.committables import commit_with_retry
 from sluice.sink import CommitOutcome
 from sluice.sinks.tables import TableLineageError
 
@@ -80,7 +80,7 @@ def test_recover_deletes_only_files_no_completed_checkpoint_names(local_target: 
     restored = precommit(sink, 2, 10)  # checkpoint 2 completed, its commit did not happen yet
     orphans = precommit(sink, 3, 20, subtask=1)  # checkpoint 3 never completed
     other_job = precommit(sink, 3, 30, job_id="other")
-    fs, root = sink.filesystem()
+    fs, root = sink.table_format().filesystem()
 
     def present(files: list[Any]) -> bool:
         return all(fs.get_file_info(f"{root}/{f.path}").type.name == "File" for f in files)

@@ -87,7 +87,7 @@ def test_delta_on_s3_commits_with_conditional_puts_one_racer_wins(moto_s3: MotoS
     from deltalake.transaction import CommitProperties
 
     target = s3_target_of("delta", moto_s3, str(tmp_path))
-    opts = target.sink().delta_storage_options()  # type: ignore[attr-defined]
+    opts = target.sink().options.delta_storage_options()  # type: ignore[attr-defined]
     assert opts["conditional_put"] == "etag"
     path = f"{target.root}/table"
     write_deltalake(path, pa.table({"id": [0]}), storage_options=opts)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline, RestoreError
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.tables.storage import arrow_filesystem
 

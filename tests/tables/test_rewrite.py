@@ -18,10 +18,10 @@ def rewrite_now(target: Target, sink: object, policy: RewritePolicy) -> int:
     if target.kind == "delta":
         from sluice.sinks.delta.rewrite import rewrite_small_files
 
-        return rewrite_small_files(sink, policy)  # type: ignore[arg-type]
+        return rewrite_small_files(sink.options, policy)  # type: ignore[attr-defined]
     from sluice.sinks.iceberg.rewrite import rewrite_small_files as iceberg_rewrite
 
-    return iceberg_rewrite(sink, policy, threading.Lock())  # type: ignore[arg-type]
+    return iceberg_rewrite(sink.options, policy, threading.Lock())  # type: ignore[attr-defined]
 
 
 def test_a_job_with_background_rewrite_keeps_every_row_once(local_target: Target, tmp_path: Path) -> None:

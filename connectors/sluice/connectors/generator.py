@@ -7,12 +7,16 @@ to reader ``split % parallelism``; the position is the next ``seq`` to emit.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
+from pydantic import SkipValidation
+from sluice.config import _Frozen
+from sluice.connectors.options import OptionAttributes, must
 from sluice.errors import ConfigError
 from sluice.serializers import JsonSerializer, SimpleVersionedSerializer, SourceSplitSerializer
 from sluice.source import (
@@ -27,7 +31,7 @@ from sluice.source import (
     SplitEnumerator,
 )
 
-__all__ = ["GeneratorSource", "default_rows"]
+__all__ = ["GeneratorOptions", "GeneratorSource", "default_rows"]
 
 SCHEMA = pa.schema(
     [
@@ -60,7 +64,42 @@ def default_rows(
     )
 
 
-class GeneratorSource(Source):
+_must = functools.partial(must, "GeneratorSource")
+_Count1 = Annotated[int, SkipValidation, _must("an integer >= 1", lambda v: isinstance(v, int) and v >= 1)]
+
+
+class GeneratorOptions(_Frozen):
+    """The options of a :class:`GeneratorSource`, checked when it is created."""
+
+    num_splits: _Count1 = 4
+    records_per_split: Annotated[
+        int | None, SkipValidation, _must("an integer >= 0 or None", lambda v: v is None or (isinstance(v, int) and v >= 0))
+    ] = 1000
+    batch_size: _Count1 = 100
+    num_keys: _Count1 = 100
+    rows_per_second: Annotated[
+        float | None,
+        SkipValidation,
+        _must("> 0 or None", lambda v: v is None or (isinstance(v, int | float) and v > 0)),
+    ] = None
+    step_ms: Annotated[int, SkipValidation] = 10
+    out_of_orderness_ms: Annotated[int, SkipValidation] = 0
+    rows: Annotated[Callable[[int, int, int], pa.RecordBatch] | None, SkipValidation] = None
+    name: str = "generator"
+
+    @property
+    def bounded(self) -> bool:
+        """Whether every split ends (``records_per_split`` given)."""
+        return self.records_per_split is not None
+
+    def make_rows(self, split: int, start: int, end: int) -> pa.RecordBatch:
+        """Rows ``start..end`` of ``split``."""
+        if self.rows is not None:
+            return self.rows(split, start, end)
+        return default_rows(split, start, end, self.records_per_split or 2**40, self.num_keys, self.step_ms)
+
+
+class GeneratorSource(OptionAttributes[GeneratorOptions], Source):
     """Deterministic rows in ``num_splits`` splits.
 
     Args:
@@ -72,9 +111,13 @@ class GeneratorSource(Source):
         step_ms: event-time step between consecutive rows of a split.
         out_of_orderness_ms: watermark = min over splits of the last timestamp minus this.
         rows: custom ``fn(split, start, end) -> RecordBatch`` replacing the default columns.
+
+    The options are checked at once into the frozen :attr:`options` (:class:`GeneratorOptions`), which the
+    enumerator and readers get; each option reads as an attribute too (``gen.num_splits``).
     """
 
     name = "generator"
+    options_model = GeneratorOptions
 
     def __init__(
         self,
@@ -88,51 +131,27 @@ class GeneratorSource(Source):
         rows: Callable[[int, int, int], pa.RecordBatch] | None = None,
         name: str = "generator",
     ) -> None:
-        for opt, val, lo in (
-            ("num_splits", num_splits, 1),
-            ("batch_size", batch_size, 1),
-            ("num_keys", num_keys, 1),
-        ):
-            if not isinstance(val, int) or val < lo:
-                raise ConfigError(f"GeneratorSource: {opt} must be an integer >= {lo} (got {val!r})")
-        if records_per_split is not None and (
-            not isinstance(records_per_split, int) or records_per_split < 0
-        ):
-            raise ConfigError(
-                f"GeneratorSource: records_per_split must be an integer >= 0 or None (got {records_per_split!r})"
-            )
-        if rows_per_second is not None and rows_per_second <= 0:
-            raise ConfigError(
-                f"GeneratorSource: rows_per_second must be > 0 or None (got {rows_per_second!r})"
-            )
-        self.num_splits = num_splits
-        self.records_per_split = records_per_split
-        self.batch_size = batch_size
-        self.num_keys = num_keys
-        self.rows_per_second = rows_per_second
-        self.step_ms = step_ms
-        self.out_of_orderness_ms = out_of_orderness_ms
-        self.rows = rows
+        self._take(locals())
+        self.validate()
         self.name = name
 
     @property
     def boundedness(self) -> Boundedness:
-        return Boundedness.BOUNDED if self.records_per_split is not None else Boundedness.CONTINUOUS
+        return Boundedness.BOUNDED if self.options.bounded else Boundedness.CONTINUOUS
 
     @property
     def output_schema(self) -> pa.Schema | None:
-        return SCHEMA if self.rows is None else None
+        return SCHEMA if self.options.rows is None else None
 
     def make_rows(self, split: int, start: int, end: int) -> pa.RecordBatch:
-        if self.rows is not None:
-            return self.rows(split, start, end)
-        return default_rows(split, start, end, self.records_per_split or 2**40, self.num_keys, self.step_ms)
+        """Rows ``start..end`` of ``split``."""
+        return self.options.make_rows(split, start, end)
 
     def create_enumerator(self, ctx: EnumeratorContext, restored: Any | None) -> SplitEnumerator:
-        return _Enumerator(self, ctx, restored)
+        return _Enumerator(self.options, ctx, restored)
 
     def create_reader(self, ctx: ReaderContext) -> SourceReader:
-        return _Reader(self, ctx)
+        return _Reader(self.options, ctx)
 
     def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
         """Splits go into checkpoints as JSON."""
@@ -144,11 +163,10 @@ class GeneratorSource(Source):
 
     def expected(self) -> pa.Table:
         """Every row a bounded generator emits (for tests)."""
-        if self.records_per_split is None:
+        n = self.options.records_per_split
+        if n is None:
             raise ConfigError("expected() needs a bounded generator")
-        return pa.Table.from_batches(
-            [self.make_rows(s, 0, self.records_per_split) for s in range(self.num_splits)]
-        )
+        return pa.Table.from_batches([self.make_rows(s, 0, n) for s in range(self.options.num_splits)])
 
 
 class _SplitListSerializer(JsonSerializer[list[SourceSplit]]):
@@ -163,7 +181,7 @@ class _SplitListSerializer(JsonSerializer[list[SourceSplit]]):
 
 class _Enumerator(SplitEnumerator):
     def __init__(
-        self, src: GeneratorSource, ctx: EnumeratorContext, restored: list[SourceSplit] | None
+        self, src: GeneratorOptions, ctx: EnumeratorContext, restored: list[SourceSplit] | None
     ) -> None:
         self.src = src
         self.ctx = ctx
@@ -193,7 +211,7 @@ class _Enumerator(SplitEnumerator):
             if owner in registered:
                 out.setdefault(owner, []).append(self.unassigned.pop(sid))
         self.ctx.assign_splits(out)
-        if not self.unassigned and self.src.boundedness is Boundedness.BOUNDED:
+        if not self.unassigned and self.src.bounded:
             for r in sorted(registered):
                 if r not in self.signalled:
                     self.signalled.add(r)
@@ -204,7 +222,7 @@ class _Enumerator(SplitEnumerator):
 
 
 class _Reader(SourceReader):
-    def __init__(self, src: GeneratorSource, ctx: ReaderContext) -> None:
+    def __init__(self, src: GeneratorOptions, ctx: ReaderContext) -> None:
         self.src = src
         self.ctx = ctx
         self.splits: dict[str, SourceSplit] = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from sluice.checkpoint.barriers import BarrierHandler, BarrierTarget, Clock
+from sluice.checkpoint.barrier_handler import BarrierHandler, CheckpointableInput, CheckpointingTarget
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind
 
 __all__ = ["CheckpointBarrierTracker"]
@@ -26,18 +27,20 @@ class _BarrierCount:
 class CheckpointBarrierTracker(BarrierHandler):
     """At-least-once: counts barriers per checkpoint, never blocks (savepoints excepted), and snapshots when
     every live channel delivered a checkpoint's barrier. Older checkpoints still missing barriers are
-    dropped then (subsumed, as in Flink's ``CheckpointBarrierTracker``). ``clock`` is unused (no timeouts)."""
+    dropped then (subsumed, as in Flink's ``CheckpointBarrierTracker``).
+
+    Args:
+        num_channels: The task's input channels.
+        inputs: The input half (only a savepoint's barriers block a channel).
+        checkpointing: The checkpointing half.
+    """
 
     def __init__(
-        self,
-        num_channels: int,
-        target: BarrierTarget,
-        mode: AlignmentMode = AlignmentMode.AT_LEAST_ONCE,
-        *,
-        clock: Clock = time.time,
+        self, num_channels: int, inputs: CheckpointableInput, checkpointing: CheckpointingTarget
     ) -> None:
-        self.target = target
-        self.mode = mode
+        self.inputs = inputs
+        self.checkpointing = checkpointing
+        self.mode = AlignmentMode.AT_LEAST_ONCE
         self.live = set(range(num_channels))
         self.last_done = 0
         self._pending: dict[int, _BarrierCount] = {}
@@ -54,7 +57,7 @@ class CheckpointBarrierTracker(BarrierHandler):
     def state_name(self) -> str:
         return f"Tracking({len(self._pending)})" if self._pending else "Idle"
 
-    def on_barrier(self, channel: int, barrier: CheckpointBarrier, overtaken: list | None = None) -> None:  # type: ignore[type-arg]
+    def on_barrier(self, channel: int, barrier: CheckpointBarrier, overtaken: list[Any] | None = None) -> None:
         cid = barrier.checkpoint_id
         if cid <= self.last_done:
             return
@@ -63,7 +66,7 @@ class CheckpointBarrierTracker(BarrierHandler):
             count = self._pending[cid] = _BarrierCount(barrier, set(), time.monotonic())
         count.channels.add(channel)
         if count.aligned:
-            self.target.block(channel)
+            self.inputs.block(channel)
         self._trigger_completed()
 
     def _trigger_completed(self) -> None:
@@ -74,18 +77,18 @@ class CheckpointBarrierTracker(BarrierHandler):
         for cid in sorted(c for c in self._pending if c <= upto):
             count = self._pending.pop(cid)
             if count.aligned:
-                self.target.unblock_all()
+                self.inputs.unblock_all()
             if self.live <= count.channels:
-                self.target.perform_checkpoint(count.barrier, False)
-                self.target.alignment_done(cid, time.monotonic() - count.started_at, False)
+                self.checkpointing.perform_checkpoint(count.barrier, False)
+                self.checkpointing.alignment_done(cid, time.monotonic() - count.started_at, False)
         self.last_done = max(self.last_done, upto)
 
     def _abort_upto(self, checkpoint_id: int, reason: str) -> None:
         """Abort every pending checkpoint up to ``checkpoint_id`` (a cancel of one subsumes older ones)."""
         for cid in sorted(c for c in self._pending if c <= checkpoint_id):
             if self._pending.pop(cid).aligned:
-                self.target.unblock_all()
-            self.target.abort_checkpoint(cid, reason)
+                self.inputs.unblock_all()
+            self.checkpointing.abort_checkpoint(cid, reason)
         self.last_done = max(self.last_done, checkpoint_id)
 
     def on_cancel(self, channel: int, checkpoint_id: int) -> None:
@@ -94,7 +97,7 @@ class CheckpointBarrierTracker(BarrierHandler):
         started = checkpoint_id in self._pending
         self._abort_upto(checkpoint_id, "cancelled upstream")
         if not started:
-            self.target.abort_checkpoint(checkpoint_id, "cancelled upstream")
+            self.checkpointing.abort_checkpoint(checkpoint_id, "cancelled upstream")
 
     def on_aborted(self, checkpoint_id: int) -> None:
         if checkpoint_id > self.last_done:

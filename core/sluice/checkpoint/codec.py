@@ -2,7 +2,7 @@
 
 ``_metadata`` is JSON. The enumerators' states and the global committables are stored as *envelopes*
 ``{"v": <serializer version>, "data": <bytes>}`` written by the connector's versioned serializer
-(:mod:`sluice.serializers`), in the plain encoding of :mod:`sluice.checkpoint.plain`; the task state files
+(:mod:`sluice.serializers`), in the plain encoding of :mod:`sluice.serializers.plain`; the task state files
 store source splits and sink committables the same way. The coordinator seals the metadata last:
 ``format``, ``key_id`` and ``mac``, an HMAC-SHA256 with the job's checkpoint key over the canonical JSON of
 everything else. A restore verifies it before it reads anything else of the checkpoint
@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.checkpoint import plain
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import mac_failure, without_channel_state
 from sluice.checkpoint.signing import key_id, mac
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import RestoreError
 from sluice.graph import JobGraph, NodeKind
-from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
+from sluice.serializers import PickleSerializer, SimpleVersionedSerializer, plain
 
 __all__ = [
     "METADATA_FORMAT",
@@ -161,9 +160,12 @@ class MetadataCodec:
         """``metadata`` signed with the key (:func:`seal_metadata`)."""
         return seal_metadata(metadata, self.key)
 
-    def without_channel_state(self, storage: CheckpointStorage, path: str) -> bytes:
-        """A finished task's state file at ``path`` (verified) without its in-flight data, signed again."""
-        return without_channel_state(storage.read_file(path), self.key, path)
+    def without_channel_state(
+        self, storage: CheckpointStorage, path: str, keyed: Callable[[Any], Any] | None = None
+    ) -> bytes:
+        """A finished task's state file at ``path`` (verified) without its in-flight data (its keyed state
+        handles passed through ``keyed``), signed again."""
+        return without_channel_state(storage.read_file(path), self.key, path, keyed)
 
 
 def _canonical(body: dict[str, Any]) -> bytes:

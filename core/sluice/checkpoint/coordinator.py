@@ -2,12 +2,14 @@
 
 Runs in the driver. A checkpoint n goes: trigger (enumerator snapshots, barriers injected at the source
 tasks and at tasks whose inputs all ended) -> every running task acknowledges with a state handle ->
-metadata written **last** and atomically (state paths relative to its folder) -> the job's index of
-completed checkpoints (:mod:`~sluice.checkpoint.history`) -> global committables to the ordered commit
-queue (:mod:`~sluice.checkpoint.global_commit`) -> tasks notified ``checkpoint_complete(n)`` -> checkpoints
-beyond ``num_retained`` deleted. A checkpoint that expires or is declined is aborted: tasks get
-``checkpoint_aborted(n)``, its files are deleted (again after a late write) and the failure goes into the
-stats history. A failure to delete files is reported (``on_cleanup_failure``), never raised.
+metadata written **last** and atomically (:class:`~sluice.checkpoint.pending.PendingCheckpoint`) -> the
+retained checkpoints and the job's index of them
+(:class:`~sluice.checkpoint.completed_store.CompletedCheckpointStore`) -> global committables to the ordered commit queue (:mod:`~sluice.checkpoint.global_commit`) -> tasks
+notified ``checkpoint_complete(n)`` -> checkpoints beyond ``num_retained`` deleted. A checkpoint that
+expires or is declined is aborted: tasks get ``checkpoint_aborted(n)``, its files are deleted (again after
+a late write) and the failure goes into the stats history; consecutive failures are counted by the
+:class:`~sluice.checkpoint.failure_manager.CheckpointFailureManager`. A failure to delete files is
+reported (``on_cleanup_failure``), never raised.
 """
 
 from __future__ import annotations
@@ -15,84 +17,76 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.checkpoint.codec import MetadataCodec
+from sluice.checkpoint.completed_store import CompletedCheckpointStore
+from sluice.checkpoint.coordinator_setup import CoordinatedTasks, CoordinatorServices, ResumePoint
 from sluice.checkpoint.failure_manager import CheckpointFailureManager
-from sluice.checkpoint.global_commit import CommitGroups, GlobalCommitQueue
 from sluice.checkpoint.handles import AckResult, TaskHandle
-from sluice.checkpoint.history import CompletedCheckpointStore, relative_handle
-from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
-from sluice.checkpoint.storage import CheckpointStorage
+from sluice.checkpoint.pending import CompletedCheckpoint, FinalizeError, PendingCheckpoint
+from sluice.checkpoint.state_files import FinishedKeyedState, refs_of
+from sluice.checkpoint.stats import CheckpointStats, CheckpointStatsTracker
 from sluice.config import CheckpointConfig
 from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind, CheckpointOptions
 from sluice.graph import SubtaskId
 
-__all__ = ["AckResult", "CheckpointCoordinator", "TaskHandle"]
+__all__ = [
+    "AckResult",
+    "CheckpointCoordinator",
+    "CoordinatedTasks",
+    "CoordinatorServices",
+    "ResumePoint",
+    "TaskHandle",
+]
 
 log = logging.getLogger("sluice.checkpoint")
 
 
-@dataclass
-class _Pending:
-    checkpoint_id: int
-    barrier: CheckpointBarrier
-    waiting: set[SubtaskId]
-    acks: dict[SubtaskId, dict[str, Any]] = field(default_factory=dict)
-    enumerators: dict[str, Any] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-    done: threading.Event = field(default_factory=threading.Event)
-    error: CheckpointError | None = None
-
-
 class CheckpointCoordinator:
-    """Drives checkpoints of one job attempt."""
+    """Drives checkpoints of one job attempt.
+
+    Args:
+        config: The job's checkpoint configuration.
+        tasks: The subtasks and enumerators it drives.
+        services: Storage, metadata codec, commit queue and failure callbacks.
+        resume: Where its checkpoints go on from (default: a fresh start, checkpoint 1).
+    """
 
     def __init__(
         self,
         config: CheckpointConfig,
-        storage: CheckpointStorage,
-        tasks: dict[SubtaskId, TaskHandle],
-        source_tasks: set[SubtaskId],
-        job_info: dict[str, Any],
-        next_checkpoint_id: int,
-        enumerators: dict[str, Any] | None = None,
-        enumerator_lock: threading.RLock | None = None,
-        global_commits: GlobalCommitQueue | None = None,
-        on_fatal: Callable[[BaseException], None] | None = None,
-        completed: list[tuple[int, str]] | None = None,
-        committed_upto: int = 0,
-        codec: MetadataCodec | None = None,
-        on_cleanup_failure: Callable[[str, BaseException], None] | None = None,
+        tasks: CoordinatedTasks,
+        services: CoordinatorServices,
+        resume: ResumePoint | None = None,
     ) -> None:
+        resume = resume or ResumePoint()
         self.config = config
-        self.storage = storage
-        self.tasks = tasks
-        self.source_tasks = source_tasks
-        self.job_info = job_info
-        self.next_id = next_checkpoint_id
-        self.enumerators = enumerators or {}
-        self.lock = enumerator_lock or threading.RLock()
-        self.global_commits = global_commits
-        self.on_fatal = on_fatal or (lambda exc: None)
-        self.codec = codec or MetadataCodec(config.resolved_key())
-        self.pending: dict[int, _Pending] = {}
+        self.storage = services.storage
+        self.tasks = tasks.tasks
+        self.source_tasks = tasks.sources
+        self.job_info = services.job_info
+        self.next_id = resume.next_checkpoint_id
+        self.enumerators = tasks.enumerators
+        self.lock = tasks.lock
+        self.global_commits = services.global_commits
+        self.on_fatal = services.on_fatal
+        self.codec = services.codec or MetadataCodec(config.resolved_key())
+        self.pending: dict[int, PendingCheckpoint] = {}
         self.ended: set[SubtaskId] = set()
         self.finished: dict[SubtaskId, dict[str, Any]] = {}
         self.last_handles: dict[SubtaskId, dict[str, Any]] = {}
         self.completed_handles: dict[SubtaskId, dict[str, Any]] = {}
-        self.on_cleanup_failure = on_cleanup_failure or _log_cleanup_failure
+        self.on_cleanup_failure = services.on_cleanup_failure
         #: retained completed checkpoints, the job's index of them, discards (never raising)
         self.store = CompletedCheckpointStore(
-            storage, config.num_retained, completed[-1] if completed else None, self.on_cleanup_failure
+            self.storage, config.num_retained, resume.restored, self.on_cleanup_failure, services.shared_state
         )
         self._aborted: dict[int, bool] = {}  # aborted checkpoint -> savepoint: late writers are cleaned up
-        self.history: list[CheckpointStats] = []
+        self.stats = CheckpointStatsTracker(self.storage.record_stats, self.on_cleanup_failure)
         #: the last checkpoint whose committables went to the global committers (restored one after a restore)
-        self.committed_upto = committed_upto
+        self.committed_upto = resume.committed_upto
         self.failures = CheckpointFailureManager(config.tolerable_failed_checkpoints, self.on_fatal)
         self.last_completed_at = 0.0
         self._stopped = threading.Event()
@@ -112,6 +106,10 @@ class CheckpointCoordinator:
     @property
     def completed(self) -> list[tuple[int, str]]:  # retained, oldest first
         return self.store.completed
+
+    @property
+    def history(self) -> list[CheckpointStats]:  # every checkpoint of the attempt, in trigger order
+        return self.stats.history
 
     def stop(self, reason: CheckpointFailureReason = CheckpointFailureReason.JOB_FAILOVER) -> None:
         """Stop triggering; pending checkpoints are aborted with ``reason`` and their files deleted (waiting
@@ -241,21 +239,13 @@ class CheckpointCoordinator:
         self.next_id += 1
         barrier = CheckpointBarrier(cid, time.time(), opts)
         waiting = {t for t in self.tasks if t not in self.finished}
-        p = _Pending(cid, barrier, waiting)
+        p = PendingCheckpoint(cid, barrier, waiting)
         for t, handle in self.finished.items():
             p.acks[t] = handle
         for name, enum in self.enumerators.items():
             p.enumerators[name] = self.codec.enumerator_state(name, enum.snapshot_state(cid))
         self.pending[cid] = p
-        self.history.append(
-            CheckpointStats(
-                cid,
-                CheckpointStatus.IN_PROGRESS,
-                barrier.timestamp,
-                kind=opts.kind.value,
-                alignment=opts.alignment.value,
-            )
-        )
+        self.stats.triggered(cid, barrier.timestamp, opts.kind.value, opts.alignment.value)
         for t in sorted(waiting, key=lambda s: (s.vertex, s.index)):
             if t in self.source_tasks or t in self.ended:
                 self.tasks[t].trigger_checkpoint(barrier)
@@ -268,18 +258,19 @@ class CheckpointCoordinator:
             if p is None:
                 if checkpoint_id in self._aborted:  # written after the abort deleted the folder
                     self.store.discard(checkpoint_id, self._aborted[checkpoint_id])
+                    self.store.discard_uploads(refs_of([handle]))
                 return AckResult.UNKNOWN if checkpoint_id >= self.next_id else AckResult.DISCARDED
-            if task not in p.waiting:
-                return AckResult.DUPLICATE
-            p.waiting.discard(task)
-            p.acks[task] = handle
-            self.last_handles[task] = handle
-            if not p.waiting:
-                self._complete(p)
-            return AckResult.SUCCESS
+            result = p.acknowledge(task, handle)
+            if result is AckResult.SUCCESS:
+                self.last_handles[task] = handle
+                if p.fully_acknowledged:
+                    self._complete(p)
+            return result
 
     def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
         with self.lock:
+            if task in self.finished:
+                return  # it acknowledged with its final state; an upload cut short by its end does not count
             if checkpoint_id in self.pending:
                 self._abort(checkpoint_id, CheckpointFailureReason.DECLINED, reason)
             elif checkpoint_id in self._aborted:  # a late writer may have left a file
@@ -302,129 +293,74 @@ class CheckpointCoordinator:
             handle = self.completed_handles.get(task) or self.last_handles.get(task) or {}
             # keep its bytes: every later checkpoint gets its own copy, so retention never breaks a restore
             path = handle.get("path")
+            keep = FinishedKeyedState(self.storage, path, handle.get("shared") or []) if path else None
             data = (
-                self.storage.retrying("read", self.codec.without_channel_state, self.storage, path) if path else None
+                self.storage.retrying("read", self.codec.without_channel_state, self.storage, path, keep)
+                if path
+                else None
             )
             final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
+            final["shared"] = keep.ack_shared() if keep is not None else []
             self.finished[task] = final
             # its state no longer changes: it acknowledges pending checkpoints with its final state
             for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
-                if task in p.waiting:
-                    p.waiting.discard(task)
-                    p.acks[task] = final
-                    if not p.waiting:
-                        self._complete(p)
+                if p.acknowledge(task, final) is AckResult.SUCCESS and p.fully_acknowledged:
+                    self._complete(p)
 
     # -- completion and abort ------------------------------------------------------------------------
-    def _complete(self, p: _Pending) -> None:
+    def _complete(self, p: PendingCheckpoint) -> None:
         cid = p.checkpoint_id
-        savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
-        duration = time.monotonic() - p.started
-        committables: dict[str, list[Any]] = {}
-        folder = self.storage.checkpoint_dir(cid, savepoint)
-        try:
-            for t, h in list(p.acks.items()):
-                if h.get("data") is not None:
-                    path = self.storage.write_task_state(
-                        cid, f"{t.vertex}-{t.index}.state", h["data"], savepoint
-                    )
-                    p.acks[t] = {k: v for k, v in h.items() if k != "data"} | {"path": path}
-        except Exception as exc:
+        uncommitted = self.global_commits.uncommitted if self.global_commits is not None else lambda: {}
+        shared = refs_of(p.acks.values())
+        try:  # before the metadata: a checkpoint over a shared file that may be gone never completes
+            self.store.shared.validate(cid, shared)
+            done = p.finalize(self.storage, self.codec, self.job_info, self.committed_upto, uncommitted)
+        except CheckpointError as exc:
+            self._abort(cid, exc.reason, exc.detail)
+            return
+        except FinalizeError as exc:
             self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
             return
-        for h in p.acks.values():
-            for sink_name, c in h.get("committables") or []:
-                # a failed checkpoint's committables come again with later acknowledgements until a
-                # completed checkpoint took them: take each once
-                if c.checkpoint_id > self.committed_upto:
-                    committables.setdefault(sink_name, []).append(c.committable)
-        metadata = {
-            **self.job_info,
-            "checkpoint_id": cid,
-            "kind": p.barrier.options.kind.value,
-            "alignment": p.barrier.options.alignment.value,
-            "trigger_time": p.barrier.timestamp,
-            "duration_s": duration,
-            "tasks": {
-                str(t): relative_handle({k: v for k, v in h.items() if k != "committables"}, folder)
-                for t, h in sorted(p.acks.items(), key=lambda kv: (kv[0].vertex, kv[0].index))
-            },
-            "enumerators": p.enumerators,
-            "global_committables": self.codec.global_committables(self._groups(cid, committables)),
-        }
-        try:
-            path = self.storage.write_metadata(cid, self.codec.seal(metadata), savepoint)
-        except Exception as exc:
-            self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
-            return
+        # the checkpoint is complete (its metadata is written): what follows never undoes that
         del self.pending[cid]
-        for t, h in p.acks.items():
+        for t, h in done.acks.items():
             if not h.get("finished"):
                 self.completed_handles[t] = h
-        stats = self._stats(cid)
-        directory = path.rsplit("/", 1)[0]
-        stats.completed(duration, directory, p.acks)
-        # the checkpoint is complete (its metadata is written): what follows never undoes that
-        self.store.add(cid, directory, savepoint)
-        try:
-            self.storage.record_stats(stats.to_dict())
-        except Exception as exc:
-            self.on_cleanup_failure(f"recording stats of checkpoint {cid}", exc)
+        self.store.add(cid, done.directory, done.savepoint, shared)
+        stats = self.stats.completed(cid, done.duration, done.directory, done.acks)
         self.failures.completed()
         self.last_completed_at = time.monotonic()
         if p.barrier.options.terminate:
-            self.terminal_path = directory  # the job's last checkpoint: nothing is triggered after it
+            self.terminal_path = done.directory  # the job's last checkpoint: nothing is triggered after it
         # older pending checkpoints are subsumed
         for older in [c for c in self.pending if c < cid]:
             self._abort(older, CheckpointFailureReason.SUBSUMED, f"checkpoint {cid} completed")
+        self._announce(done)
+        p.done.set()
+        self._wake.set()
+        log.info("checkpoint %d completed in %.3fs (%d bytes)", cid, done.duration, stats.state_bytes)
+
+    def _announce(self, done: CompletedCheckpoint) -> None:
+        """Hand a completed checkpoint's committables to the commit queue and tell the running tasks."""
+        cid = done.checkpoint_id
         self.committed_upto = cid  # handed to the commit queue: acknowledgements need not carry them again
         if self.global_commits is not None:
-            self.global_commits.submit(cid, committables)
+            self.global_commits.submit(cid, done.committables)
         for t, handle in self.tasks.items():
             if t not in self.finished:
                 handle.notify_checkpoint_complete(cid)
         if self.terminal_path is None and any(t not in self.finished for t in self.ended):
             self.request_checkpoint()  # tasks that ended input may still need a checkpoint taken after that
-        p.done.set()
-        self._wake.set()
-        log.info("checkpoint %d completed in %.3fs (%d bytes)", cid, duration, stats.state_bytes)
-
-    def _groups(self, cid: int, committables: dict[str, list[Any]]) -> dict[str, CommitGroups]:
-        """What checkpoint ``cid``'s metadata records for global committers: the committables of earlier
-        checkpoints whose commit has not returned yet, then its own, by checkpoint (a restore commits them
-        in this order)."""
-        groups = self.global_commits.uncommitted() if self.global_commits is not None else {}
-        for uid, comms in committables.items():
-            if comms:
-                groups.setdefault(uid, []).append((cid, comms))
-        return groups
-
-    def _stats(self, cid: int) -> CheckpointStats:
-        for s in reversed(self.history):
-            if s.checkpoint_id == cid:
-                return s
-        s = CheckpointStats(cid, CheckpointStatus.IN_PROGRESS, time.time())
-        self.history.append(s)
-        return s
 
     def _abort(self, cid: int, reason: CheckpointFailureReason, detail: str, notify: bool = True) -> None:
         p = self.pending.pop(cid, None)
         if p is None:
             return
-        savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
+        savepoint = p.savepoint
         self._aborted[cid] = savepoint
-        p.error = CheckpointError(reason, detail, cid)
-        p.done.set()
+        p.abort(CheckpointError(reason, detail, cid))
         self._wake.set()
-        stats = self._stats(cid)
-        stats.finish(CheckpointStatus.FAILED)
-        stats.failure_reason = reason.name
-        stats.failure_detail = detail or reason.message
-        stats.duration_s = time.monotonic() - p.started
-        try:
-            self.storage.record_stats(stats.to_dict())
-        except Exception as exc:
-            self.on_cleanup_failure(f"recording stats of checkpoint {cid}", exc)
+        self.stats.failed(cid, reason.name, detail or reason.message, time.monotonic() - p.started)
         if notify:
             for t, handle in self.tasks.items():
                 if t not in self.finished:
@@ -433,6 +369,7 @@ class CheckpointCoordinator:
                     except Exception as exc:
                         self.on_cleanup_failure(f"telling {t} that checkpoint {cid} was aborted", exc)
         self.store.discard(cid, savepoint)
+        self.store.discard_uploads(refs_of(h for t, h in p.acks.items() if t not in self.finished))
         self.failures.failed(cid, reason, detail, counts=not savepoint and not p.barrier.options.terminate)
 
     def _expire(self, now: float) -> None:
@@ -442,6 +379,3 @@ class CheckpointCoordinator:
                     missing = ", ".join(sorted(str(t) for t in p.waiting))
                     self._abort(cid, CheckpointFailureReason.EXPIRED, f"no acknowledgement from {missing}")
 
-
-def _log_cleanup_failure(what: str, error: BaseException) -> None:
-    log.warning("checkpoint cleanup: %s failed: %s: %s", what, type(error).__name__, error)

@@ -4,20 +4,16 @@
 completed checkpoints and savepoints the job retains, oldest first: id, folder and kind. With the stats
 history (``_stats.jsonl``) it says which checkpoint (or savepoint) completed last, so restoring "latest" when that one is
 missing or unreadable is refused by name (:func:`latest_checkpoint`), never replaced by an older
-checkpoint or an empty start. :class:`CompletedCheckpointStore` keeps the record while a coordinator
-runs: retention, and the discards of subsumed and failed checkpoints, done by one cleanup thread off the
-coordinator's lock; a discard that fails is reported, never raised.
+checkpoint or an empty start. While a coordinator runs,
+:class:`~sluice.checkpoint.completed_store.CompletedCheckpointStore` keeps the record (retention and
+discards).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import queue
 import re
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from sluice.checkpoint.storage import CheckpointStorage
@@ -25,7 +21,6 @@ from sluice.errors import RestoreError
 
 __all__ = [
     "INDEX",
-    "CompletedCheckpointStore",
     "expected_latest",
     "forget_checkpoints",
     "highest_id",
@@ -34,6 +29,7 @@ __all__ = [
     "refused",
     "relative_handle",
     "sweep_incomplete",
+    "write_index",
 ]
 
 log = logging.getLogger("sluice.checkpoint")
@@ -66,7 +62,9 @@ def read_index(storage: CheckpointStorage) -> dict[str, Any] | None:
     return index  # type: ignore[no-any-return]
 
 
-def _write_index(storage: CheckpointStorage, entries: dict[int, dict[str, Any]], cleared_through: int) -> None:
+def write_index(storage: CheckpointStorage, entries: dict[int, dict[str, Any]], cleared_through: int) -> None:
+    """Rewrite the job's index (atomically): ``entries`` by checkpoint id, and the id through which every
+    checkpoint was discarded on purpose."""
     index = {
         "job_id": storage.job_id,
         "checkpoints": [entries[cid] for cid in sorted(entries)],
@@ -163,7 +161,7 @@ def _forget(storage: CheckpointStorage) -> None:
     index = read_index(storage) or {}
     newest = max([cid for cid, _, _ in done] + [int(r["checkpoint_id"]) for r in storage.read_stats()], default=0)
     entries = {int(e["id"]): e for e in index.get("checkpoints", []) if e["kind"] != "checkpoint"}
-    _write_index(storage, entries, max(newest, int(index.get("cleared_through", 0))))
+    write_index(storage, entries, max(newest, int(index.get("cleared_through", 0))))
 
 
 def sweep_incomplete(storage: CheckpointStorage) -> None:
@@ -176,123 +174,6 @@ def sweep_incomplete(storage: CheckpointStorage) -> None:
         if cid not in done:
             storage.retrying("discard", storage.delete_dir, path)
             log.info("deleted %s, left by a checkpoint that did not complete", path)
-
-
-class CompletedCheckpointStore:
-    """A running coordinator's completed checkpoints: retention, the index, and discards (the index writes
-    and discards run in order on one cleanup thread, off the coordinator's lock).
-
-    Args:
-        storage: The job's checkpoint storage.
-        num_retained: Completed checkpoints to keep.
-        restored: The checkpoint this attempt restored (id, path), if it is not a savepoint.
-        report: Called with what failed and the error when a discard or an index write fails (after the
-            storage's retries); such failures are never raised.
-    """
-
-    def __init__(
-        self,
-        storage: CheckpointStorage,
-        num_retained: int,
-        restored: tuple[int, str] | None,
-        report: Callable[[str, BaseException], None],
-    ) -> None:
-        self.storage = storage
-        self.num_retained = num_retained
-        self._report = report
-        #: retained checkpoints (id, path), oldest first
-        self.completed: list[tuple[int, str]] = [restored] if restored is not None else []
-        self._entries: dict[int, dict[str, Any]] | None = None
-        self._cleared = 0
-        self._queue: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
-        self._busy = 0
-        self._idle = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def _load(self) -> dict[int, dict[str, Any]]:
-        if self._entries is None:
-            try:
-                index = read_index(self.storage) or {}
-            except Exception as exc:  # rewritten from what this store knows
-                log.warning("%s; it is rewritten", exc)
-                index = {}
-            self._cleared = int(index.get("cleared_through", 0))
-            self._entries = {int(e["id"]): dict(e) for e in index.get("checkpoints", [])}
-            # older checkpoints the job retains from before the restored one: retention deletes them in turn
-            if self.completed and self.completed[0][1] == self.storage.checkpoint_dir(self.completed[0][0]):
-                first = self.completed[0][0]
-                older = sorted(
-                    (cid, self.storage.job_dir() + "/" + e["dir"])
-                    for cid, e in self._entries.items()
-                    if cid < first and e["kind"] == "checkpoint"
-                )
-                self.completed[:0] = older
-        return self._entries
-
-    def add(self, checkpoint_id: int, directory: str, savepoint: bool) -> None:
-        """Record a completed checkpoint (its metadata is written): the index is rewritten and subsumed
-        checkpoints beyond ``num_retained`` are discarded."""
-        entries = self._load()
-        kind = "savepoint" if savepoint else "checkpoint"
-        entries[checkpoint_id] = {"id": checkpoint_id, "dir": directory.rsplit("/", 1)[-1], "kind": kind}
-        if not savepoint:
-            self.completed.append((checkpoint_id, directory))
-            while len(self.completed) > self.num_retained:
-                old, path = self.completed.pop(0)
-                if path == self.storage.checkpoint_dir(old):  # never a restored checkpoint kept elsewhere
-                    entries.pop(old, None)
-                    self.discard(old, False)
-        # off the coordinator's path, in order with the discards (an index that lags only guards less)
-        snapshot, cleared = dict(entries), self._cleared
-        self._submit(
-            f"writing the checkpoint index after checkpoint {checkpoint_id}",
-            lambda: _write_index(self.storage, snapshot, cleared),
-        )
-
-    def discard(self, checkpoint_id: int, savepoint: bool) -> None:
-        """Delete a checkpoint's folder in the background (a failure is reported)."""
-        self._submit(
-            f"discarding checkpoint {checkpoint_id}", lambda: self.storage.discard(checkpoint_id, savepoint)
-        )
-
-    def _submit(self, what: str, fn: Callable[[], None]) -> None:
-        with self._idle:
-            self._busy += 1
-            self._queue.put((what, fn))
-            if self._thread is None:  # one thread while there is work; it ends when idle
-                self._thread = threading.Thread(target=self._work, name="checkpoint-cleanup", daemon=True)
-                self._thread.start()
-
-    def _work(self) -> None:
-        while True:
-            try:
-                what, fn = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                with self._idle:
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            try:
-                fn()
-            except Exception as exc:
-                self._report(what, exc)
-            finally:
-                with self._idle:
-                    self._busy -= 1
-                    self._idle.notify_all()
-
-    def close(self, timeout: float, sweep: bool = True) -> None:
-        """Wait up to ``timeout`` seconds for the discards under way; then (``sweep``) delete the folders
-        of checkpoints that never completed. What is not done by then goes on in the background."""
-        if sweep:
-            self._submit("deleting folders of failed checkpoints", lambda: sweep_incomplete(self.storage))
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._busy and (left := deadline - time.monotonic()) > 0:
-                self._idle.wait(left)
-            if self._busy:
-                log.warning("checkpoint cleanup goes on in the background (%d operation(s) left)", self._busy)
 
 
 def relative_handle(handle: dict[str, Any], folder: str) -> dict[str, Any]:

@@ -1,11 +1,8 @@
-"""S3 plumbing shared by the file sink and :class:`S3CheckpointStorage` (registered as the ``s3`` entry point
-of ``sluice.checkpoint_storage``).
+""":class:`S3CheckpointStorage`: checkpoints in ``s3://bucket/prefix`` (registered as the ``s3`` entry point of
+``sluice.checkpoint_storage``).
 
-Clients come from boto3 with the standard AWS credential chain unless options name credentials; the
-endpoint can be set with ``endpoint_url`` or boto3's own ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
-environment variables. Transient errors (throttling, 5xx, connection failures and timeouts) are retried
-with tenacity; anything else becomes a :class:`~sluice.errors.StorageError` naming the bucket and the
-operation. Credentials are never logged.
+Clients, retries of transient errors and the mapping of S3 errors to :class:`~sluice.errors.StorageError` come
+from :mod:`sluice.io.s3`, which the file sink uses as well. Credentials are never logged.
 
 How long an S3 checkpoint operation can take is bounded: the storage retries it for at most
 ``CheckpointConfig.storage_retry_timeout`` seconds (:meth:`~sluice.checkpoint.storage.CheckpointStorage.retrying`),
@@ -17,139 +14,22 @@ fails). Each of these three can be set in ``storage_options``.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import tenacity
-
 from sluice.checkpoint.storage import CheckpointStorage
-from sluice.errors import ConfigError, StorageError
+from sluice.errors import StorageError
+from sluice.io.s3 import MISSING, is_transient, list_pages, make_client, parse_s3_uri, s3_call
 
-__all__ = ["S3_OPTIONS", "S3CheckpointStorage", "make_client", "parse_s3_uri", "s3_call"]
+__all__ = ["CHECKPOINT_CLIENT_DEFAULTS", "S3CheckpointStorage"]
 
 log = logging.getLogger("sluice.s3")
 
 T = TypeVar("T")
 
-#: options accepted by :func:`make_client` (everything else is a ConfigError)
-S3_OPTIONS = (
-    "endpoint_url",
-    "region_name",
-    "aws_access_key_id",
-    "aws_secret_access_key",
-    "aws_session_token",
-    "profile_name",
-    "max_attempts",
-    "connect_timeout",
-    "read_timeout",
-)
 #: client options of checkpoint storage unless ``storage_options`` say otherwise: the storage retries
 #: (for storage_retry_timeout), so the client tries once, and a request that hangs fails in bounded time
 CHECKPOINT_CLIENT_DEFAULTS = {"max_attempts": 0, "connect_timeout": 5.0, "read_timeout": 20.0}
-
-_SESSIONS: dict[str | None, Any] = {}
-_SESSIONS_LOCK = threading.Lock()
-_TRANSIENT = {
-    "SlowDown",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "Throttling",
-    "ThrottlingException",
-    "500",
-    "502",
-    "503",
-    "504",
-}
-_HINTS = {
-    "AccessDenied": "check that the credentials may perform this operation on the bucket",
-    "NoSuchBucket": "create the bucket or fix the path",
-    "InvalidAccessKeyId": "check the AWS credentials",
-    "SignatureDoesNotMatch": "check the AWS credentials",
-}
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """Split ``s3://bucket/prefix`` into (bucket, prefix without surrounding slashes)."""
-    if not uri.startswith("s3://"):
-        raise ConfigError(f"expected an s3://bucket/prefix URI (got {uri!r})")
-    bucket, _, prefix = uri[5:].partition("/")
-    if not bucket:
-        raise ConfigError(f"{uri!r} names no bucket (expected s3://bucket/prefix)")
-    return bucket, prefix.strip("/")
-
-
-def make_client(options: dict[str, Any]) -> Any:
-    """A boto3 S3 client from ``options`` (see :data:`S3_OPTIONS`); unset ones come from the AWS chain."""
-    import boto3
-    from botocore.config import Config
-
-    unknown = sorted(set(options) - set(S3_OPTIONS))
-    if unknown:
-        raise ConfigError(f"s3 options: unknown option(s) {unknown} (allowed: {', '.join(S3_OPTIONS)})")
-    opts = dict(options)
-    profile = opts.pop("profile_name", None)
-    retries = {"max_attempts": int(opts.pop("max_attempts", 3)), "mode": "standard"}
-    timeouts = {k: float(opts.pop(k)) for k in ("connect_timeout", "read_timeout") if k in opts}
-    with _SESSIONS_LOCK:  # a session loads the service models once; creating clients is not thread-safe
-        session = _SESSIONS.get(profile)
-        if session is None:
-            session = _SESSIONS[profile] = boto3.session.Session(profile_name=profile)
-        return session.client("s3", config=Config(retries=retries, **timeouts), **opts)
-
-
-def _code(exc: BaseException) -> str:
-    resp = getattr(exc, "response", None)
-    if isinstance(resp, dict):
-        return str(resp.get("Error", {}).get("Code", "")) or str(
-            resp.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-        )
-    return ""
-
-
-def _transient(exc: BaseException) -> bool:
-    from botocore.exceptions import (
-        ClientError,
-        ConnectionError,
-        HTTPClientError,
-        IncompleteReadError,
-        SSLError,
-    )
-
-    # connection refused, reset or timed out, a response cut short; not a TLS error (a wrong certificate)
-    if isinstance(exc, ConnectionError | HTTPClientError | IncompleteReadError):
-        return not isinstance(exc, SSLError)
-    return isinstance(exc, ClientError) and _code(exc) in _TRANSIENT
-
-
-def s3_call(operation: str, bucket: str, fn: Callable[..., T], /, *, attempts: int = 5, **kwargs: Any) -> T:
-    """``fn(**kwargs)`` with tenacity retries of transient errors; other failures raise StorageError."""
-    try:
-        for attempt in tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
-            retry=tenacity.retry_if_exception(_transient),
-            reraise=True,
-        ):
-            with attempt:
-                return fn(**kwargs)
-    except Exception as exc:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        if not isinstance(exc, ClientError | BotoCoreError):
-            raise
-        code = _code(exc)
-        hint = _HINTS.get(code, "")
-        raise StorageError(
-            f"S3 {operation} on bucket {bucket!r} failed: {code or type(exc).__name__}: {exc}"
-            + (f" ({hint})" if hint else ""),
-            operation=operation,
-            bucket=bucket,
-            code=code,
-        ) from exc
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class S3CheckpointStorage(CheckpointStorage):
@@ -161,7 +41,7 @@ class S3CheckpointStorage(CheckpointStorage):
     Args:
         uri: ``s3://bucket/prefix``.
         job_id: the job whose checkpoints these are.
-        **options: client options (:data:`S3_OPTIONS`), e.g. ``endpoint_url``, ``region_name``.
+        **options: client options (:data:`sluice.io.s3.S3_OPTIONS`), e.g. ``endpoint_url``, ``region_name``.
     """
 
     def __init__(self, uri: str, job_id: str, **options: Any) -> None:
@@ -173,7 +53,7 @@ class S3CheckpointStorage(CheckpointStorage):
         self._unsure: set[str] = set()
 
     def transient(self, error: BaseException) -> bool:
-        return isinstance(error, StorageError) and error.__cause__ is not None and _transient(error.__cause__)
+        return isinstance(error, StorageError) and error.__cause__ is not None and is_transient(error.__cause__)
 
     def _key(self, path: str) -> str:
         bucket, key = parse_s3_uri(path)
@@ -204,26 +84,45 @@ class S3CheckpointStorage(CheckpointStorage):
     def delete_file(self, path: str) -> None:
         self._call("DeleteObject", self._client.delete_object, Key=self._key(path))
 
+    def upload_file(self, local_path: str, path: str) -> None:
+        def put(**kw: Any) -> Any:
+            with open(local_path, "rb") as body:  # opened per try: a retry sends the file again
+                return self._client.put_object(Body=body, **kw)
+
+        self._call("PutObject", put, Key=self._key(path))
+
+    def download_file(self, path: str, local_path: str) -> None:
+        def get(**kw: Any) -> None:
+            body = self._client.get_object(**kw)["Body"]
+            with open(local_path, "wb") as f:
+                for chunk in iter(lambda: body.read(1 << 20), b""):
+                    f.write(chunk)
+
+        try:
+            self._call("GetObject", get, Key=self._key(path))
+        except StorageError as exc:
+            if exc.code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(path) from exc
+            raise
+
+    def list_files(self, path: str) -> list[str]:
+        prefix = self._key(path).rstrip("/") + "/"
+        return sorted(o["Key"][len(prefix) :] for page in self._list(prefix, None) for o in page.get("Contents", []))
+
     def exists(self, path: str) -> bool:
         try:
             self._call("HeadObject", self._client.head_object, Key=self._key(path))
         except StorageError as exc:
-            if exc.code in ("404", "NoSuchKey", "NotFound"):
+            if exc.code in MISSING:
                 return False
             raise
         return True
 
     def _list(self, prefix: str, delimiter: str | None) -> list[dict[str, Any]]:
-        pages = []
         kw: dict[str, Any] = {"Prefix": prefix}
         if delimiter:
             kw["Delimiter"] = delimiter
-        while True:
-            page = self._call("ListObjectsV2", self._client.list_objects_v2, **kw)
-            pages.append(page)
-            if not page.get("IsTruncated"):
-                return pages
-            kw["ContinuationToken"] = page["NextContinuationToken"]
+        return list(list_pages(lambda **k: self._call("ListObjectsV2", self._client.list_objects_v2, **k), **kw))
 
     def list_dirs(self, path: str) -> list[str]:
         prefix = self._key(path).rstrip("/")

@@ -1,15 +1,17 @@
-"""Checkpoint statistics: one record per checkpoint, completed or failed, with per-task details."""
+"""Checkpoint statistics: one record per checkpoint, completed or failed, with per-task details, and the
+coordinator's history of them (:class:`CheckpointStatsTracker`)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sluice.errors import IllegalTransitionError
 
-__all__ = ["CheckpointStats", "CheckpointStatus"]
+__all__ = ["CheckpointStats", "CheckpointStatsTracker", "CheckpointStatus"]
 
 
 class CheckpointStatus(enum.StrEnum):
@@ -72,3 +74,56 @@ class CheckpointStats:
         d["switched_to_unaligned"] = self.switched_to_unaligned
         d["unaligned"] = self.is_unaligned
         return d
+
+
+class CheckpointStatsTracker:
+    """A coordinator's stats history: a record per checkpoint from its trigger, appended to the job's
+    stats file when it completes or fails (Flink's ``CheckpointStatsTracker``).
+
+    Args:
+        write: Appends one record to the job's stats history (``CheckpointStorage.record_stats``).
+        report: Called with what failed and the error when ``write`` fails (never raised).
+    """
+
+    def __init__(
+        self, write: Callable[[dict[str, Any]], None], report: Callable[[str, BaseException], None]
+    ) -> None:
+        self._write = write
+        self._report = report
+        #: every checkpoint of the attempt, in trigger order
+        self.history: list[CheckpointStats] = []
+
+    def triggered(self, checkpoint_id: int, trigger_time: float, kind: str, alignment: str) -> None:
+        self.history.append(
+            CheckpointStats(checkpoint_id, CheckpointStatus.IN_PROGRESS, trigger_time, kind=kind, alignment=alignment)
+        )
+
+    def completed(
+        self, checkpoint_id: int, duration_s: float, path: str, acks: Mapping[Any, Mapping[str, Any]]
+    ) -> CheckpointStats:
+        stats = self._get(checkpoint_id)
+        stats.completed(duration_s, path, acks)
+        self._record(stats)
+        return stats
+
+    def failed(self, checkpoint_id: int, reason: str, detail: str, duration_s: float) -> None:
+        stats = self._get(checkpoint_id)
+        stats.finish(CheckpointStatus.FAILED)
+        stats.failure_reason = reason
+        stats.failure_detail = detail
+        stats.duration_s = duration_s
+        self._record(stats)
+
+    def _get(self, checkpoint_id: int) -> CheckpointStats:
+        for s in reversed(self.history):
+            if s.checkpoint_id == checkpoint_id:
+                return s
+        s = CheckpointStats(checkpoint_id, CheckpointStatus.IN_PROGRESS, time.time())
+        self.history.append(s)
+        return s
+
+    def _record(self, stats: CheckpointStats) -> None:
+        try:
+            self._write(stats.to_dict())
+        except Exception as exc:
+            self._report(f"recording stats of checkpoint {stats.checkpoint_id}", exc)

@@ -2,9 +2,8 @@
 
 The presence of ``_metadata`` alone marks a checkpoint complete; a directory without it is never restored
 from. Savepoints live in ``<base>/<job-id>/savepoint-<n>/`` and are never deleted by retention.
-Implementations: :class:`LocalCheckpointStorage` here and :class:`~sluice.checkpoint.s3.S3CheckpointStorage`
-(``s3://``, imported only when used, so boto3 loads only for S3); other schemes come from the
-``sluice.checkpoint_storage`` entry point group.
+Implementations: :class:`LocalCheckpointStorage` here and :class:`~sluice.checkpoint.s3.S3CheckpointStorage`;
+:mod:`sluice.checkpoint.storage_loader` picks the one a URI names.
 
 Every checkpoint operation (writing a task's state or the metadata, reading, listing, discarding) is retried
 with backoff (tenacity) while it fails with an error its storage calls transient (:meth:`transient`: for a
@@ -22,27 +21,24 @@ import errno
 import json
 import logging
 import os
-import re
+import shutil
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import tenacity
 
-from sluice.errors import ConfigError, RestoreError, StorageError
-
-if TYPE_CHECKING:
-    from sluice.config import CheckpointConfig
+from sluice.checkpoint.paths import CHECKPOINT_DIR as _DIR
+from sluice.checkpoint.paths import parse_checkpoint_uri, same_folder
+from sluice.errors import RestoreError, StorageError
 
 __all__ = [
     "CheckpointStorage",
     "LocalCheckpointStorage",
-    "checkpoint_storage",
     "parse_checkpoint_uri",
-    "storage_for",
+    "same_folder",
 ]
 
 log = logging.getLogger("sluice.checkpoint")
@@ -50,7 +46,6 @@ log = logging.getLogger("sluice.checkpoint")
 T = TypeVar("T")
 
 METADATA = "_metadata"
-_DIR = re.compile(r"^(chk|savepoint)-(\d+)$")
 #: file system errors a retry may cure: I/O errors, timeouts, stale or busy handles, a lost network mount
 _TRANSIENT_ERRNOS = {
     getattr(errno, name)
@@ -134,6 +129,21 @@ class CheckpointStorage(ABC):
     def delete_file(self, path: str) -> None:
         """Delete one file (nothing if it does not exist). Storages that cannot raise NotImplementedError."""
         raise NotImplementedError(f"{type(self).__name__} cannot delete single files")
+
+    def upload_file(self, local_path: str, path: str) -> None:
+        """Store the local file at ``path`` (a state backend's file; storages stream it where they can)."""
+        with open(local_path, "rb") as f:
+            self.write_file(path, f.read())
+
+    def download_file(self, path: str, local_path: str) -> None:
+        """Copy ``path`` into the local file ``local_path`` (FileNotFoundError if it is missing)."""
+        data = self.read_file(path)
+        with open(local_path, "wb") as f:
+            f.write(data)
+
+    def list_files(self, path: str) -> list[str]:
+        """Every file under the folder ``path``, recursively, as paths relative to it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list files")
 
     # -- checkpoint operations -----------------------------------------------------------------------
     def write_task_state(self, checkpoint_id: int, name: str, data: bytes, savepoint: bool = False) -> str:
@@ -309,6 +319,25 @@ class LocalCheckpointStorage(CheckpointStorage):
     def delete_file(self, path: str) -> None:
         _remove(path)
 
+    def upload_file(self, local_path: str, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        try:
+            shutil.copyfile(local_path, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            _remove(tmp)
+            raise
+
+    def download_file(self, path: str, local_path: str) -> None:
+        shutil.copyfile(path, local_path)
+
+    def list_files(self, path: str) -> list[str]:
+        out: list[str] = []
+        for folder, _, files in os.walk(path):
+            out.extend(os.path.relpath(os.path.join(folder, f), path) for f in files if not f.endswith(".tmp"))
+        return sorted(out)
+
     def replace(self, path: str, data: bytes) -> None:
         self.write_atomic(path, data)
 
@@ -358,40 +387,3 @@ def _remove(path: str) -> None:
         pass
     except OSError as exc:
         log.warning("could not remove %s: %s", path, exc)
-
-
-def storage_for(config: CheckpointConfig, job_id: str) -> CheckpointStorage:
-    """The checkpoint storage a job's ``config`` names, with its options and retry time."""
-    storage = checkpoint_storage(config.storage, job_id, **config.storage_options)
-    storage.retry_timeout = config.storage_retry_timeout
-    return storage
-
-
-def checkpoint_storage(uri: str, job_id: str, **options: Any) -> CheckpointStorage:
-    """The storage for ``uri``: a local path, ``file://...``, or a scheme registered under the
-    ``sluice.checkpoint_storage`` entry point group (``s3://``)."""
-    if "://" not in uri or uri.startswith("file://"):
-        return LocalCheckpointStorage(uri, job_id)
-    scheme = uri.split("://", 1)[0]
-    if scheme == "s3":
-        from sluice.checkpoint.s3 import S3CheckpointStorage
-
-        return S3CheckpointStorage(uri, job_id, **options)
-    for ep in entry_points(group="sluice.checkpoint_storage"):
-        if ep.name == scheme:
-            cls = ep.load()
-            return cls(uri, job_id, **options)  # type: ignore[no-any-return]
-    raise ConfigError(
-        f"checkpoint storage: no storage for scheme {scheme!r} (allowed: local path, file://, s3://)"
-    )
-
-
-def parse_checkpoint_uri(uri: str) -> tuple[str, str, str]:
-    """Split ``<base>/<job-id>/chk-<n>`` into (base, job id, checkpoint dir name)."""
-    trimmed = uri.rstrip("/")
-    parts = trimmed.rsplit("/", 2)
-    if len(parts) != 3 or not _DIR.match(parts[2]):
-        raise RestoreError(
-            f"{uri!r} is not a checkpoint path (expected <base>/<job-id>/chk-<n> or savepoint-<n>)"
-        )
-    return parts[0], parts[1], parts[2]

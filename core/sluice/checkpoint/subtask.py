@@ -19,13 +19,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from sluice.checkpoint.channel_state import ChannelState, ChannelStateRecorder
 from sluice.checkpoint.payload import encode_task_state
+from sluice.checkpoint.snapshot import OperatorSnapshot
+from sluice.checkpoint.state_files import ack_shared
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.events import (
     AlignmentMode,
@@ -35,11 +39,17 @@ from sluice.events import (
     CheckpointKind,
 )
 from sluice.graph import SubtaskId
-from sluice.runtime.operators import OperatorSnapshot
-from sluice.runtime.task_spec import TaskSpec
-from sluice.source import SourceSplit
+from sluice.source import SourceReader, SourceSplit
 
-__all__ = ["CheckpointResponder", "PendingSnapshot", "SubtaskCheckpointing"]
+__all__ = [
+    "BarrierWriter",
+    "CheckpointResponder",
+    "CheckpointedSubtask",
+    "EndOfInputOutputs",
+    "PendingSnapshot",
+    "SnapshotOperator",
+    "SubtaskCheckpointing",
+]
 
 log = logging.getLogger("sluice.task")
 
@@ -49,6 +59,76 @@ class CheckpointResponder(Protocol):
 
     def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None: ...
     def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None: ...
+
+
+class SnapshotOperator(Protocol):
+    """What checkpointing asks of an operator of the chain."""
+
+    @property
+    def name(self) -> str:
+        """The operator's uid: it keys the operator's state."""
+
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None: ...
+    def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot: ...
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
+
+
+class BarrierWriter(Protocol):
+    """What checkpointing asks of an output writer: send events to every channel, in order or ahead."""
+
+    @property
+    def supports_unaligned(self) -> bool:
+        """Its exchange lets a barrier overtake data (not forward, not broadcast)."""
+
+    def broadcast(self, event: Any) -> None: ...
+    def broadcast_priority(self, event: Any) -> list[pa.RecordBatch]:
+        """Send ``event`` ahead of queued output; returns the output it overtook."""
+
+
+class _Wakeup(Protocol):
+    def notify(self) -> None: ...
+
+
+class CheckpointedSubtask(Protocol):
+    """What checkpointing needs of its subtask: operators, reader, writers and how state is written."""
+
+    @property
+    def task_id(self) -> SubtaskId: ...
+    @property
+    def subtask_name(self) -> str: ...
+    @property
+    def operators(self) -> Sequence[SnapshotOperator]: ...
+    @property
+    def reader(self) -> SourceReader | None: ...
+    @property
+    def all_writers(self) -> Sequence[BarrierWriter]:
+        """Every output writer, in the order output channel state numbers them."""
+
+    @property
+    def input_index_of(self) -> list[int]:
+        """For each input channel, the head operator's input it feeds."""
+
+    @property
+    def checkpoint_key(self) -> bytes: ...
+    @property
+    def signal(self) -> _Wakeup:
+        """Wakes the task thread (to re-raise a crash of the upload thread)."""
+
+    def pack_splits(self, splits: list[SourceSplit] | None) -> list[Any] | None:
+        """The reader's snapshot as the task state stores it."""
+
+
+class EndOfInputOutputs(Protocol):
+    """What the task's end of input means for its snapshots (its final checkpoint)."""
+
+    def outputs_open(self) -> bool:
+        """False once the outputs carry ``EndOfPartition``: no barrier follows it. What is still queued
+        before it belongs to the receivers' checkpoints (they see the channel as live until they reach
+        ``EndOfPartition``), so no output state either."""
+
+    def snapshot_taken(self, barrier: CheckpointBarrier) -> None:
+        """The snapshot of ``barrier`` was taken and the barrier forwarded."""
 
 
 @dataclass
@@ -64,6 +144,8 @@ class PendingSnapshot:
     channel_state: ChannelState = field(default_factory=ChannelState)
     alignment_s: float = 0.0
     switched: bool = False
+    #: handed to the upload thread (its keyed snapshots run there, or are dropped with the thread)
+    submitted: bool = False
 
 
 class SubtaskCheckpointing:
@@ -75,20 +157,23 @@ class SubtaskCheckpointing:
         spec: The subtask (its operators, reader, writers and input numbering).
         responder: Receives acknowledgements and declines.
         storage: Where the task's state file of each checkpoint goes.
+        outputs: Whether the outputs still take a barrier, told of every snapshot (the task's end of input).
         fault: The task's fault-injection hook.
     """
 
     def __init__(
         self,
-        spec: TaskSpec,
+        spec: CheckpointedSubtask,
         responder: CheckpointResponder,
         storage: CheckpointStorage,
+        outputs: EndOfInputOutputs,
         fault: Callable[[str], None],
     ) -> None:
         self._spec = spec
         self._name = spec.subtask_name
         self._responder = responder
         self._storage = storage
+        self._outputs = outputs
         self._fault = fault
         self._pending: dict[int, PendingSnapshot] = {}
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"upload-{spec.task_id}")
@@ -105,17 +190,13 @@ class SubtaskCheckpointing:
         return sorted(self._pending)
 
     # -- the synchronous part ------------------------------------------------------------------------
-    def perform_checkpoint(
-        self, barrier: CheckpointBarrier, unaligned: bool, outputs_open: bool, upload_now: bool
-    ) -> None:
-        """Snapshot operators and reader, forward ``barrier``, and upload unless channel state is due.
+    def perform_checkpoint(self, barrier: CheckpointBarrier, unaligned: bool, upload_now: bool = False) -> None:
+        """Snapshot operators and reader, forward ``barrier`` (unless the outputs ended), and upload unless
+        channel state is due.
 
         Args:
             barrier: The checkpoint's barrier.
             unaligned: Send the barrier ahead of queued output and persist what it overtook.
-            outputs_open: False after end of input: the outputs carry ``EndOfPartition`` and no barrier
-                follows it; what is still queued before it belongs to the receivers' checkpoints (they
-                see the channel as live until they reach ``EndOfPartition``), so no output state either.
             upload_now: Upload at once even if unaligned (a task without inputs records nothing).
         """
         cid = barrier.checkpoint_id
@@ -123,12 +204,13 @@ class SubtaskCheckpointing:
         t0 = time.perf_counter()
         for op in self._spec.operators:
             op.prepare_snapshot_pre_barrier(cid)
-        snaps = {op.name: op.snapshot_state(cid) for op in self._spec.operators}
+        savepoint = barrier.options.kind is CheckpointKind.SAVEPOINT
+        snaps = {op.name: op.snapshot_state(cid, savepoint=savepoint) for op in self._spec.operators}
         reader = self._spec.reader
         splits = reader.snapshot_state(cid) if reader is not None else None
         state = ChannelState()
         announce = barrier.options.alignment is AlignmentMode.ADAPTIVE and not unaligned
-        writers = self._spec.all_writers if outputs_open else []
+        writers = self._spec.all_writers if self._outputs.outputs_open() else []
         for idx, w in enumerate(writers):
             if unaligned and w.supports_unaligned:
                 state.output.extend((idx, b) for b in w.broadcast_priority(barrier))
@@ -143,6 +225,7 @@ class SubtaskCheckpointing:
         self._pending[cid] = p
         if not unaligned or upload_now:
             self._upload(p)
+        self._outputs.snapshot_taken(barrier)
 
     def alignment_done(self, checkpoint_id: int, alignment_s: float, switched: bool) -> None:
         """Record how long the checkpoint aligned, and whether it switched to unaligned on the way."""
@@ -160,6 +243,10 @@ class SubtaskCheckpointing:
             checkpoint_id, self._pending[checkpoint_id].channel_state, channels, overtaken
         )
 
+    def stop_recording(self, channel: int) -> None:
+        """``channel`` delivered its barrier (or ended): what follows belongs to the next checkpoint."""
+        self.channel_state.stop(channel)
+
     def add_overtaken(self, checkpoint_id: int, channel: int, batches: list[Any]) -> None:
         """Persist input that a later channel's priority barrier overtook."""
         p = self._pending.get(checkpoint_id)
@@ -176,7 +263,18 @@ class SubtaskCheckpointing:
 
     # -- the asynchronous part -----------------------------------------------------------------------
     def _upload(self, p: PendingSnapshot) -> None:
+        p.submitted = True
         self._uploads.submit(self._upload_async, p)
+
+    def _drop(self, checkpoint_id: int) -> PendingSnapshot | None:
+        """Forget a pending checkpoint; keyed snapshots never handed to the upload thread release their
+        local resources (a RocksDB checkpoint folder)."""
+        p = self._pending.pop(checkpoint_id, None)
+        if p is not None and not p.submitted:
+            for s in p.operators.values():
+                if s.keyed is not None:
+                    s.keyed.discard()
+        return p
 
     def _upload_async(self, p: PendingSnapshot) -> None:
         cid = p.barrier.checkpoint_id
@@ -185,13 +283,14 @@ class SubtaskCheckpointing:
             t0 = time.perf_counter()
             ops: dict[str, Any] = {}
             committables: list[Any] = []
+            keyed: list[dict[str, Any]] = []
             for name, s in p.operators.items():
                 if s.async_part is not None:
                     s.async_part(s)
-                ops[name] = {
-                    "keyed": s.keyed.serialize() if s.keyed is not None else {},
-                    "operator": s.operator,
-                }
+                handle = s.keyed.run() if s.keyed is not None else None  # writes or uploads keyed state
+                if handle is not None:
+                    keyed.append(handle)
+                ops[name] = {"keyed": handle, "operator": s.operator}
                 if s.committables:
                     committables.extend((name, c) for c in s.committables)
             payload: dict[str, Any] = {"operators": ops, "splits": self._spec.pack_splits(p.splits)}
@@ -206,6 +305,8 @@ class SubtaskCheckpointing:
                 "path": path,
                 "size": len(data),
                 "committables": committables,
+                # the shared files its keyed state references: the coordinator's registry counts them
+                "shared": ack_shared(keyed),
                 "stats": {
                     "sync_s": p.sync_s,
                     "async_s": time.perf_counter() - t0,
@@ -230,13 +331,13 @@ class SubtaskCheckpointing:
         for w in self._spec.all_writers:
             w.broadcast(CancelCheckpointMarker(checkpoint_id))
         self.channel_state.abort(checkpoint_id)
-        self._pending.pop(checkpoint_id, None)
+        self._drop(checkpoint_id)
         self._responder.decline(self._spec.task_id, checkpoint_id, f"{self._name}: {reason}")
 
     def notify_complete(self, checkpoint_id: int) -> None:
         """``checkpoint_id`` completed: forget it and older ones, tell operators and the reader."""
         for cid in [c for c in self._pending if c <= checkpoint_id]:
-            del self._pending[cid]
+            self._drop(cid)
         for op in self._spec.operators:
             op.notify_checkpoint_complete(checkpoint_id)
         if self._spec.reader is not None:
@@ -244,7 +345,7 @@ class SubtaskCheckpointing:
 
     def notify_aborted(self, checkpoint_id: int) -> None:
         """The coordinator aborted ``checkpoint_id``: forget it, tell operators."""
-        if self._pending.pop(checkpoint_id, None) is not None:
+        if self._drop(checkpoint_id) is not None:
             self.channel_state.abort(checkpoint_id)
         for op in self._spec.operators:
             op.notify_checkpoint_aborted(checkpoint_id)

@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from sluice.checkpoint.history import expected_latest, latest_checkpoint
-from sluice.checkpoint.storage import CheckpointStorage, checkpoint_storage, parse_checkpoint_uri
+from sluice.checkpoint.storage import CheckpointStorage, parse_checkpoint_uri
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.cli.main import main
 from sluice.errors import ConfigError, RestoreError, SluiceError
 

@@ -18,9 +18,9 @@ from collections import deque
 from typing import Any
 
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
+from sluice.config.job import JobConfig
 from sluice.graph import JobGraph, NodeKind, SubtaskId
 from sluice.runtime.attempt import JobAttempt
-from sluice.runtime.job import JobConfig
 from sluice.runtime.status import JobLifecycle
 from sluice.runtime.task_metrics import SINK_RECORDS, add_totals, empty_snapshot, merge_attempt, task_snapshot
 

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.checkpoint.storage import CheckpointStorage, LocalCheckpointStorage, checkpoint_storage
+from sluice.checkpoint.storage import CheckpointStorage, LocalCheckpointStorage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.errors import ConfigError
 
 __all__ = [

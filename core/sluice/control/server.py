@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sluice.checkpoint.storage import checkpoint_storage
+from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.control.connections import ConnectionGuard
 from sluice.control.login import BrowserLogin
 from sluice.control.metrics import job_registry

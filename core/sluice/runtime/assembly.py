@@ -6,14 +6,15 @@ Both runtimes call :func:`build_task` once per subtask they host; only the chann
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
+from sluice.checkpoint.state_files import CheckpointFileTransfer
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.config.job import JobConfig
 from sluice.events import AlignmentMode
 from sluice.graph import JobEdge, JobGraph, JobVertex, NodeKind, Partitioning, SubtaskId
+from sluice.operators.base import OperatorContext
 from sluice.runtime.channels import InputChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.operators import OperatorContext
 from sluice.runtime.output import ChainOutput, RecordWriter
 from sluice.runtime.partitioners import (
     BroadcastPartitioner,
@@ -25,10 +26,8 @@ from sluice.runtime.partitioners import (
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.task import Task, TaskGateway
 from sluice.runtime.task_spec import TaskSpec
+from sluice.state.factory import state_backend_for
 from sluice.state.keygroups import key_group_range
-
-if TYPE_CHECKING:
-    from sluice.runtime.job import JobConfig
 
 __all__ = ["build_task", "make_partitioner"]
 
@@ -65,8 +64,20 @@ def build_task(
     :class:`~sluice.runtime.task_spec.TaskSpec`, and the :class:`Task` that runs it."""
     kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
     ops = [node.factory() for node in vertex.chain]
+    backend = state_backend_for(cfg.state_backend)  # one per process: its memory is shared
+    files = CheckpointFileTransfer(storage)
     ctxs = [
-        OperatorContext(node.name, index, vertex.parallelism, job.max_parallelism, kgr, cfg.job_id, attempt)
+        OperatorContext(
+            node.name,
+            index,
+            vertex.parallelism,
+            job.max_parallelism,
+            kgr,
+            cfg.job_id,
+            attempt,
+            state_backend=backend,
+            state_files=files,
+        )
         for node in vertex.chain
     ]
     writers: dict[tuple[int, str | None], list[RecordWriter]] = {}

@@ -21,26 +21,29 @@ import enum
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sluice.checkpoint.codec import MetadataCodec
-from sluice.checkpoint.coordinator import CheckpointCoordinator
+from sluice.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CoordinatedTasks,
+    CoordinatorServices,
+    ResumePoint,
+)
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.history import highest_id
+from sluice.checkpoint.shared_state import recover_shared_state
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.config.job import JobConfig
 from sluice.errors import CheckpointFailureReason, SluiceError
-from sluice.graph import JobGraph, JobVertex, NodeKind, SubtaskId
+from sluice.graph import JobGraph, NodeKind, SubtaskId
+from sluice.operators.committables import commit_with_retry
+from sluice.runtime.enumerators import SourceEnumerators
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
-from sluice.runtime.sink_operator import commit_with_retry
 from sluice.sink import GlobalCommitter, Sink
-from sluice.source import Source, SourceSplit
-
-if TYPE_CHECKING:
-    from sluice.runtime.job import JobConfig
 
 __all__ = ["AttemptCancelled", "AttemptFailedError", "FailureKind", "JobAttempt"]
 
@@ -65,35 +68,6 @@ class FailureKind(enum.IntEnum):
     LOST = 1
     #: caused by another failure (a slot that lost a peer, a Spark stage that failed after a slot did)
     CONSEQUENCE = 2
-
-
-class _EnumeratorCtx:
-    """EnumeratorContext: routes assignments to the source subtasks of one vertex."""
-
-    def __init__(self, attempt: JobAttempt, vertex: JobVertex) -> None:
-        self._a = attempt
-        self._v = vertex
-        self.registered: list[int] = []
-
-    @property
-    def parallelism(self) -> int:
-        return self._v.parallelism
-
-    @property
-    def attempt(self) -> int:
-        """The attempt's number (0: the run starts; a source resolves run-wide bounds then)."""
-        return self._a.attempt
-
-    def assign_splits(self, assignment: dict[int, list[SourceSplit]]) -> None:
-        for i, splits in assignment.items():
-            if splits:
-                self._a.remote(SubtaskId(self._v.id, i)).assign_splits(splits)
-
-    def signal_no_more_splits(self, subtask: int) -> None:
-        self._a.remote(SubtaskId(self._v.id, subtask)).no_more_splits()
-
-    def registered_readers(self) -> list[int]:
-        return list(self.registered)
 
 
 class JobAttempt:
@@ -123,11 +97,11 @@ class JobAttempt:
         self._failures: list[tuple[BaseException, SubtaskId | None, FailureKind]] = []
         self.finished_tasks: set[SubtaskId] = set()
         self.done = threading.Event()
-        self.enumerators: dict[str, Any] = {}
-        self._enum_ctx: dict[int, _EnumeratorCtx] = {}
+        self.sources = SourceEnumerators(job, attempt, self.remote, self.lock, self.done, self._enumerator_failed)
+        #: the sources' split enumerators, by source uid
+        self.enumerators: dict[str, Any] = self.sources.enumerators
         self.coordinator: CheckpointCoordinator | None = None
         self.metrics: dict[str, int] = {}
-        self._poll_thread: threading.Thread | None = None
         self.global_committers: dict[str, GlobalCommitter[Any]] = {}
         self.global_commits: GlobalCommitQueue | None = None
         #: seconds each global commit took, per sink uid (in checkpoint order)
@@ -173,18 +147,7 @@ class JobAttempt:
     def start_control(self) -> None:
         """Create enumerators and the coordinator; register readers. Call after tasks are registered."""
         r = self.restored
-        source_tasks: set[SubtaskId] = set()
-        for v in self.job.vertices.values():
-            if not v.is_source:
-                continue
-            node = v.chain[0]
-            src: Source = node.spec
-            ctx = _EnumeratorCtx(self, v)
-            self._enum_ctx[v.id] = ctx
-            state = r.enumerator_state(node.uid, src.enumerator_state_serializer()) if r else None
-            enum = src.create_enumerator(ctx, state)
-            self.enumerators[node.uid] = enum
-            source_tasks.update(SubtaskId(v.id, i) for i in range(v.parallelism))
+        source_tasks = self.sources.create(r)
         self.global_commits = GlobalCommitQueue(
             {
                 name: functools.partial(self._global_commit, name, gc)
@@ -209,39 +172,29 @@ class JobAttempt:
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = highest_id(self.storage)
         next_id = max(next_id, prior + 1, self.checkpoint_floor + 1)
-        completed = [(r.checkpoint_id, r.path)] if r is not None and "savepoint-" not in r.path else []
+        restored = (r.checkpoint_id, r.path) if r is not None and "savepoint-" not in r.path else None
+        key = self.cfg.checkpoint.resolved_key()
         self.coordinator = CheckpointCoordinator(
             self.cfg.checkpoint,
-            self.storage,
-            self.tasks,
-            source_tasks,
-            job_info,
-            next_id,
-            enumerators=self.enumerators,
-            enumerator_lock=self.lock,
-            global_commits=self.global_commits,
-            on_fatal=lambda exc: self.failed(None, exc),
-            completed=completed,
-            committed_upto=r.checkpoint_id if r is not None else 0,
-            codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
-            on_cleanup_failure=self._cleanup_failed,
+            CoordinatedTasks(self.tasks, source_tasks, self.enumerators, self.lock),
+            CoordinatorServices(
+                self.storage,
+                job_info,
+                codec=MetadataCodec.for_job(self.job, key),
+                global_commits=self.global_commits,
+                on_fatal=lambda exc: self.failed(None, exc),
+                on_cleanup_failure=self._cleanup_failed,
+            ),
+            ResumePoint(next_id, restored, committed_upto=r.checkpoint_id if r is not None else 0),
         )
-        with self.lock:
-            for v in self.job.vertices.values():
-                if not v.is_source:
-                    continue
-                enum = self.enumerators[v.chain[0].uid]
-                enum.start()
-                if r is not None:
-                    splits = r.reader_splits(v.chain[0].uid, v.chain[0].spec.split_serializer())
-                    if splits:
-                        enum.add_splits_back(splits)
-                for i in range(v.parallelism):
-                    self._enum_ctx[v.id].registered.append(i)
-                    enum.add_reader(i)
+        # before the first checkpoint: shared files of the retained checkpoints counted, orphans deleted
+        in_place = r is not None and not r.foreign and restored is not None
+        recover_shared_state(
+            self.coordinator.store, key, (r.checkpoint_id, r.shared_refs()) if in_place and r else None
+        )
+        self.sources.start(r)
         self.coordinator.start()
-        self._poll_thread = threading.Thread(target=self._poll_enumerators, name="enumerators", daemon=True)
-        self._poll_thread.start()
+        self.sources.start_polling()
 
     def _global_commit(
         self, uid: str, gc: GlobalCommitter[Any], checkpoint_id: int, committables: list[Any]
@@ -253,25 +206,8 @@ class JobAttempt:
         with self.lock:
             self.commit_latencies.setdefault(uid, []).append(seconds)
 
-    def _poll_enumerators(self) -> None:
-        last: dict[str, float] = {}
-        while not self.done.is_set():
-            for v in self.job.vertices.values():
-                if not v.is_source:
-                    continue
-                node = v.chain[0]
-                interval = node.spec.discovery_interval
-                if interval is None:
-                    continue
-                now = time.monotonic()
-                if now - last.get(node.name, now - interval - 1) >= interval:
-                    last[node.name] = now
-                    try:
-                        with self.lock:
-                            self.enumerators[node.uid].poll()
-                    except Exception as exc:
-                        self.failed(None, exc)
-            self.done.wait(0.05)
+    def _enumerator_failed(self, error: BaseException) -> None:
+        self.failed(None, error)
 
     # -- TaskGateway -----------------------------------------------------------------------------------
     def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None:
@@ -333,9 +269,7 @@ class JobAttempt:
         return text + ("; also failed: " + "; ".join(others) if others else "")
 
     def request_split(self, task: SubtaskId) -> None:
-        with self.lock:
-            v = self.job.vertices[task.vertex]
-            self.enumerators[v.chain[0].uid].handle_split_request(task.index)
+        self.sources.request_split(task)
 
     # -- outcome and teardown --------------------------------------------------------------------------
     def cancel(self) -> None:

@@ -7,9 +7,10 @@ the watermark valve; barriers, announcements and cancel markers go to the barrie
 task's input.
 
 While the task's outputs are full it polls *events only* (an item is taken only where the channel's head
-is an event), so barriers and cancel markers are seen under backpressure while no data moves. For the
-barrier handler it blocks and unblocks channels and pulls a queued barrier forward to the head of its
-channel (timeout-adaptive checkpoints switching to unaligned).
+is an event), so barriers and cancel markers are seen under backpressure while no data moves. The gate is
+its barrier handler's input half (:class:`~sluice.checkpoint.barrier_handler.CheckpointableInput`): it
+blocks and unblocks channels and pulls a queued barrier forward to the head of its channel
+(timeout-adaptive checkpoints switching to unaligned).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sluice.checkpoint.barriers import BarrierHandler
+from sluice.checkpoint.barrier_handler import BarrierHandler
 from sluice.events import (
     CancelCheckpointMarker,
     CheckpointAnnouncement,
@@ -39,7 +40,8 @@ class InputGate:
 
     Args:
         channels: The input channels, numbered as the barrier handler numbers them.
-        handler: The task's barrier handler.
+        handler: Builds the task's barrier handler, whose input half is this gate
+            (:func:`~sluice.checkpoint.barriers.barrier_handler`).
         valve: The task's watermark valve.
         process: Called with (channel, batch) for every data batch.
         end_of_input: Called once, when the last channel delivered ``EndOfPartition``.
@@ -50,14 +52,13 @@ class InputGate:
     def __init__(
         self,
         channels: list[InputChannel],
-        handler: BarrierHandler,
+        handler: Callable[[InputGate], BarrierHandler],
         valve: StatusWatermarkValve,
         process: Callable[[int, pa.RecordBatch], None],
         end_of_input: Callable[[], None],
         fault: Callable[[str], None],
     ) -> None:
         self.channels = channels
-        self.handler = handler
         self.valve = valve
         self._process = process
         self._end_of_input = end_of_input
@@ -67,6 +68,7 @@ class InputGate:
         #: channels that delivered EndOfPartition
         self.ended: set[int] = set()
         self._next = 0
+        self.handler = handler(self)
 
     def poll(self, events_only: bool = False) -> bool:
         """Take and handle one item from the next channel that has one; False if none had.
@@ -119,7 +121,7 @@ class InputGate:
             if len(self.ended) == len(self.channels):
                 self._end_of_input()
 
-    # -- for the barrier handler (through the task, its BarrierTarget) -------------------------------
+    # -- CheckpointableInput: the barrier handler's input half ----------------------------------------
     def block(self, channel: int) -> None:
         """Take no more input from ``channel`` until :meth:`unblock_all` (aligned checkpoints)."""
         self.blocked.add(channel)

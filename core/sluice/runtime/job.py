@@ -21,10 +21,10 @@ from typing import Any
 
 from sluice.checkpoint.history import expected_latest, highest_id, latest_checkpoint, refused
 from sluice.checkpoint.stats import CheckpointStats
-from sluice.checkpoint.storage import CheckpointStorage, storage_for
-from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
+from sluice.checkpoint.storage import CheckpointStorage
+from sluice.checkpoint.storage_loader import storage_for
+from sluice.config.job import JobConfig
 from sluice.errors import ConfigError, GraphError, JobFailedError, RestoreError, SluiceError, is_recoverable
-from sluice.events import AlignmentMode
 from sluice.graph import JobGraph
 from sluice.runtime.attempt import AttemptFailedError, JobAttempt
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
@@ -32,49 +32,9 @@ from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.status import JobLifecycle, JobStatus
 from sluice.runtime.task_metrics import merge_attempt, vertex_totals
 
-__all__ = ["JobConfig", "JobResult", "run_job"]
+__all__ = ["JobConfig", "JobResult", "check_at_start", "run_job"]
 
 log = logging.getLogger("sluice.job")
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    """How to run a job (built and validated by ``Pipeline``)."""
-
-    job_id: str
-    checkpoint: CheckpointConfig
-    restart: RestartStrategy = field(default_factory=lambda: FixedDelayRestart(attempts=3, delay=1.0))
-    buffers_per_channel: int = 4
-    max_batch_rows: int = 0
-    #: "latest" (resume from the latest completed checkpoint if any), "none", or a checkpoint path
-    restore: str = "latest"
-    recover_without_channel_state: int | None = None
-    #: restore even if the checkpoint holds state of operator uids the job no longer has (that state is dropped)
-    allow_non_restored_state: bool = False
-    #: run even if a sink's output holds checkpoints newer than the restored one (their data comes again)
-    allow_reprocessing: bool = False
-    #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
-    metrics: bool = True
-
-    def check_at_start(self) -> None:
-        """What is checked before the job starts: its checkpoint storage can be written (a file is written
-        and deleted), and the checkpoint to restore has readable metadata (for ``latest``: the newest one
-        the job completed).
-
-        Raises:
-            StorageError: the storage cannot be written (not recoverable; names the location).
-            RestoreError: the checkpoint to restore is missing or its metadata unreadable (names it).
-        """
-        storage = storage_for(self.checkpoint, self.job_id)
-        storage.check_writable()
-        if self.restore == "latest":
-            _latest(storage, expected_latest(storage))
-        elif self.restore != "none":
-            storage.read_metadata_at(self.restore)
-
-    def alignment(self) -> AlignmentMode:
-        """How the job's tasks align their (non-savepoint) checkpoints."""
-        return self.checkpoint.options().alignment
 
 
 @dataclass
@@ -116,6 +76,23 @@ class RunRestore:
     first: str | None = None
     #: the newest checkpoint this run completed (or restored), by id
     latest: int | None = None
+
+
+def check_at_start(cfg: JobConfig) -> None:
+    """What is checked before the job starts: its checkpoint storage can be written (a file is written
+    and deleted), and the checkpoint to restore has readable metadata (for ``latest``: the newest one
+    the job completed).
+
+    Raises:
+        StorageError: the storage cannot be written (not recoverable; names the location).
+        RestoreError: the checkpoint to restore is missing or its metadata unreadable (names it).
+    """
+    storage = storage_for(cfg.checkpoint, cfg.job_id)
+    storage.check_writable()
+    if cfg.restore == "latest":
+        _latest(storage, expected_latest(storage))
+    elif cfg.restore != "none":
+        storage.read_metadata_at(cfg.restore)
 
 
 def resolve_restore(

@@ -11,16 +11,14 @@ what every sink holds, so no commit is mistaken for one the output already has.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.config.job import JobConfig
 from sluice.errors import RestoreError
 from sluice.graph import JobGraph, NodeKind
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.sink import Sink
-
-if TYPE_CHECKING:
-    from sluice.runtime.job import JobConfig
 
 __all__ = ["check_sink_lineage"]
 

@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.events import Watermark, WatermarkStatus
+from sluice.operators.base import MIN_WATERMARK, Operator
 from sluice.runtime.channels import OutputChannel
-from sluice.runtime.operators import MIN_WATERMARK, Operator
 from sluice.runtime.partitioners import Partitioner
 from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.watermarks import StatusWatermarkValve

@@ -11,15 +11,16 @@ lifecycle, and wires the roles of the protocol:
 * :class:`~sluice.runtime.input_gate.InputGate` - polling the inputs, alignment blocking, event dispatch;
 * :class:`~sluice.runtime.watermarks.StatusWatermarkValve` - the task's event time;
 * :mod:`sluice.runtime.output` - record writers, chain outputs, the source reader's output;
-* :class:`~sluice.checkpoint.barriers.BarrierHandler` - when to snapshot, per checkpoint mode; the task
-  is its :class:`~sluice.checkpoint.barriers.BarrierTarget` and passes each request to the role it
-  concerns;
-* :class:`~sluice.checkpoint.subtask.SubtaskCheckpointing` - snapshots, uploads, acks, channel state.
+* :func:`~sluice.checkpoint.barriers.barrier_handler` - when to snapshot, per checkpoint mode; the handler
+  acts on the input gate (block, unblock, pull a barrier forward) and on the subtask's checkpointing;
+* :class:`~sluice.checkpoint.subtask.SubtaskCheckpointing` - snapshots, uploads, acks, channel state;
+* :class:`~sluice.runtime.finishing.TaskFinishing` - end of input, the final checkpoint, the task's status.
+
+Barriers go one way: input gate -> barrier handler -> input gate / subtask checkpointing.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections import deque
@@ -28,14 +29,15 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from sluice.checkpoint.barriers import BarrierHandler
+from sluice.checkpoint.barriers import barrier_handler
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.subtask import CheckpointResponder, SubtaskCheckpointing
-from sluice.events import AlignmentMode, CheckpointBarrier, EndOfPartition
+from sluice.events import AlignmentMode, CheckpointBarrier
 from sluice.graph import SubtaskId
+from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
+from sluice.runtime.finishing import TaskFinishing, TaskStatus
 from sluice.runtime.input_gate import InputGate
-from sluice.runtime.operators import MAX_WATERMARK
 from sluice.runtime.output import ChainOutput, SourceOutput, split_rows
 from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.task_spec import TaskSpec
@@ -43,13 +45,6 @@ from sluice.runtime.watermarks import StatusWatermarkValve
 from sluice.source import InputStatus, SourceSplit
 
 __all__ = ["Task", "TaskGateway", "TaskStatus"]
-
-
-class TaskStatus(enum.Enum):
-    RUNNING = "running"
-    #: all input ended; waiting for a checkpoint taken after that to complete (the final checkpoint)
-    WAITING_FOR_FINAL = "waiting_for_final_checkpoint"
-    FINISHED = "finished"
 
 
 class TaskGateway(CheckpointResponder, Protocol):
@@ -89,14 +84,12 @@ class Task:
         self.signal = spec.signal
         self.gateway = gateway
         self.faults = faults
-        self.status = TaskStatus.RUNNING
         self._mailbox: deque[Callable[[], None]] = deque()
         self._mailbox_lock = threading.Lock()
         self._cancelled = False
-        self._final_after: int | None = None  # first checkpoint snapshotted after end of input
-        self._terminate_at: int | None = None  # the stop-with-savepoint checkpoint this task took
-        #: end of partition not sent yet although input ended: outputs stay open for the final checkpoint
-        self._outputs_open_after_end = any(op.emits_at_checkpoint for op in spec.operators)
+        self.finishing = TaskFinishing(
+            self.all_writers, any(op.emits_at_checkpoint for op in spec.operators), self._fault
+        )
         self._thread: threading.Thread | None = None
         self._timer_check = 0.0
         #: built-in metrics (None if the job runs without: ``JobConfig.metrics``)
@@ -104,18 +97,27 @@ class Task:
         self._head = spec.operators[0]
         self._input_index_of = spec.input_index_of
         self._max_rows = spec.max_batch_rows
-        self.handler = BarrierHandler(len(spec.inputs), self, spec.alignment)
+        self.checkpointing = SubtaskCheckpointing(spec, gateway, storage, self.finishing, self._fault)
+        self._channel_state = self.checkpointing.channel_state
         self.valve = StatusWatermarkValve(len(spec.inputs), self._head.process_watermark)
         self.gate = InputGate(
-            spec.inputs, self.handler, self.valve, self._process_input, self._end_input, self._fault
+            spec.inputs,
+            lambda gate: barrier_handler(spec.alignment, len(spec.inputs), gate, self.checkpointing),
+            self.valve,
+            self._process_input,
+            self._end_input,
+            self._fault,
         )
-        self.checkpointing = SubtaskCheckpointing(spec, gateway, storage, self._fault)
-        self._channel_state = self.checkpointing.channel_state
+        self.handler = self.gate.handler
         self._source_output = SourceOutput(
             self._head, self.all_writers, self.valve, spec.max_batch_rows, self._fault, self.io
         )
         for ctx in spec.contexts:
             ctx.fault_hook = self._fault
+
+    @property
+    def status(self) -> TaskStatus:
+        return self.finishing.status
 
     # -- called from other threads (coordinator, transport) ------------------------------------------
     def post(self, action: Callable[[], None]) -> None:
@@ -180,7 +182,7 @@ class Task:
             f"{self.name}: {self.status.value} handler={h.state_name} "
             f"current={h.current.checkpoint_id if h.current else None} last_done={h.last_done} "
             f"blocked={sorted(self.gate.blocked)} ended={sorted(self.gate.ended)} "
-            f"in={self.gate.queued()} out={outq} final_after={self._final_after} "
+            f"in={self.gate.queued()} out={outq} final_after={self.finishing.final_after} "
             f"pending={self.checkpointing.pending}"
         )
 
@@ -209,7 +211,7 @@ class Task:
         if r is not None:
             self._fault("restore")
         for op in self.operators:
-            keyed = r.keyed.get(op.name, {}) if r else {}
+            keyed = r.keyed.get(op.name, []) if r else []
             states = r.operator.get(op.name, []) if r else []
             op.initialize_state(keyed, states)
         for op in self.operators:
@@ -238,7 +240,7 @@ class Task:
             if self.status is TaskStatus.RUNNING and not backpressured:
                 if self.reader is None:
                     progressed = self.gate.poll()
-                elif self._terminate_at is None:  # a stopping source reads nothing after its last barrier
+                elif self.finishing.terminate_at is None:  # a stopping source reads nothing after its last barrier
                     progressed = self._poll_source()
             elif self.status is TaskStatus.RUNNING and self.reader is None and self.handler.in_progress:
                 # backpressured, but barriers and events must still be seen
@@ -319,15 +321,8 @@ class Task:
             return
         for op in self.operators:
             op.end_input()
-        if not self._outputs_open_after_end:
-            self._send_end_of_partition()
-        self.status = TaskStatus.WAITING_FOR_FINAL
+        self.finishing.input_ended()
         self.gateway.end_of_input(self.id)
-
-    def _send_end_of_partition(self) -> None:
-        self._outputs_open_after_end = False
-        for w in self.all_writers:
-            w.broadcast(EndOfPartition())
 
     # -- mailbox actions -----------------------------------------------------------------------------
     def _on_trigger(self, barrier: CheckpointBarrier) -> None:
@@ -343,28 +338,17 @@ class Task:
             self._end_input()
         # a source (or a task whose inputs all ended) has no input to record: unaligned only means its
         # barrier overtakes its own output queue
-        self.perform_checkpoint(barrier, barrier.options.is_unaligned, upload_now=True)
-        self.alignment_done(cid, 0.0, False)
+        self.checkpointing.perform_checkpoint(barrier, barrier.options.is_unaligned, upload_now=True)
+        self.checkpointing.alignment_done(cid, 0.0, False)
 
     def _on_complete(self, checkpoint_id: int) -> None:
         self.checkpointing.notify_complete(checkpoint_id)
-        if self.status is TaskStatus.FINISHED:
-            return
-        if self._terminate_at is not None and checkpoint_id >= self._terminate_at:
-            self.status = TaskStatus.FINISHED  # the job stopped with this checkpoint, sinks committed it
+        if self.finishing.checkpoint_complete(checkpoint_id):
             self.gateway.finished(self.id)
-        elif self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is not None:
-            if checkpoint_id >= self._final_after:
-                self._fault("final_checkpoint")
-                self.status = TaskStatus.FINISHED
-                self.gateway.finished(self.id)
 
     def _on_aborted(self, checkpoint_id: int) -> None:
         self.handler.on_aborted(checkpoint_id)
-        if self._final_after == checkpoint_id:
-            self._final_after = None
-        if self._terminate_at == checkpoint_id:
-            self._terminate_at = None  # the stop failed: the job goes on
+        self.finishing.checkpoint_aborted(checkpoint_id)
         self.checkpointing.notify_aborted(checkpoint_id)
 
     def _close(self, quiet: bool = False) -> None:
@@ -380,48 +364,6 @@ class Task:
             except Exception:
                 if not quiet:
                     raise
-
-    # -- BarrierTarget: each request goes to the role it concerns ------------------------------------
-    def block(self, channel: int) -> None:
-        self.gate.block(channel)
-
-    def unblock_all(self) -> None:
-        self.gate.unblock_all()
-
-    def pull_barrier_forward(self, channel: int, checkpoint_id: int) -> list[pa.RecordBatch] | None:
-        return self.gate.pull_barrier_forward(channel, checkpoint_id)
-
-    def perform_checkpoint(
-        self, barrier: CheckpointBarrier, unaligned: bool, upload_now: bool = False
-    ) -> None:
-        outputs_open = self.status is TaskStatus.RUNNING or self._outputs_open_after_end
-        self.checkpointing.perform_checkpoint(barrier, unaligned, outputs_open, upload_now)
-        if self._outputs_open_after_end and self.status is TaskStatus.WAITING_FOR_FINAL:
-            self._send_end_of_partition()  # behind the barrier of the first checkpoint after end of input
-        if barrier.options.terminate:
-            self._terminate_at = barrier.checkpoint_id
-        if self.status is TaskStatus.WAITING_FOR_FINAL and self._final_after is None:
-            self._final_after = barrier.checkpoint_id
-
-    def alignment_done(self, checkpoint_id: int, alignment_s: float, switched: bool) -> None:
-        self.checkpointing.alignment_done(checkpoint_id, alignment_s, switched)
-
-    def abort_checkpoint(self, checkpoint_id: int, reason: str) -> None:
-        self.checkpointing.abort_checkpoint(checkpoint_id, reason)
-
-    def start_recording(
-        self, checkpoint_id: int, channels: set[int], overtaken: dict[int, list[Any]]
-    ) -> None:
-        self.checkpointing.start_recording(checkpoint_id, channels, overtaken)
-
-    def add_overtaken(self, checkpoint_id: int, channel: int, batches: list[Any]) -> None:
-        self.checkpointing.add_overtaken(checkpoint_id, channel, batches)
-
-    def stop_recording(self, channel: int) -> None:
-        self._channel_state.stop(channel)
-
-    def finish_recording(self, checkpoint_id: int) -> None:
-        self.checkpointing.finish_recording(checkpoint_id)
 
 
 class _Cancelled(Exception):

@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sluice.operators.sinks import SINK_RECORDS
+
 if TYPE_CHECKING:
     from sluice.graph import JobGraph, SubtaskId
 
@@ -56,9 +58,6 @@ SUMMED = (
     "backpressured_s",
     "busy_s",
 )
-
-#: the counter of rows handed to sink writers (the records a job writes)
-SINK_RECORDS = "sink_records"
 
 _MIN_WATERMARK = -(2**63)
 

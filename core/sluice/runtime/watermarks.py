@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluice.runtime.operators import MIN_WATERMARK
+from sluice.operators.base import MIN_WATERMARK
 
 __all__ = ["StatusWatermarkValve"]
 

@@ -22,10 +22,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StateDescriptor:
-    """Names a piece of keyed state. The name is its identity in checkpoints: keep it stable."""
+    """Names a piece of keyed state. The name is its identity in checkpoints: keep it stable.
+
+    Attributes:
+        name: the state's name (1 to 255 bytes in UTF-8).
+        default: what a value state returns for a key without a value.
+        serializer: how values (list elements, map values) become bytes: a name such as ``"int64"`` or
+            ``"string"``, a pyarrow type, a :class:`~sluice.state.serializers.StateSerializer`, or None to
+            pickle them (:func:`~sluice.state.serializers.serializer_for`). Batch-wise access needs one
+            with an Arrow type.
+        ttl: the values' time to live (:class:`~sluice.state.config.StateTtlConfig`), or None.
+        key_serializer: how a map state's entry keys become bytes (as ``serializer``).
+    """
 
     name: str
     default: Any = None
+    serializer: Any = None
+    ttl: Any = None
+    key_serializer: Any = None
 
 
 class ValueStateDescriptor(StateDescriptor):

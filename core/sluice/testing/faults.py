@@ -25,24 +25,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sluice.runtime.fault_hook import POINTS, FaultHook
+from sluice.testing.injected import InjectedDecline, InjectedFault
 
 __all__ = ["KINDS", "POINTS", "FaultInjector", "HitCounter", "InjectedDecline", "InjectedFault", "PlannedFault"]
 
 Kind = Literal["crash", "decline", "stall"]
 #: what an armed point does (see the module docstring)
 KINDS: tuple[Kind, ...] = ("crash", "decline", "stall")
-
-
-class InjectedFault(BaseException):
-    """Raised at an armed point: the test's stand-in for a crash.
-
-    It derives from ``BaseException``, like ``SystemExit``: a crashing process runs no ``except Exception``
-    handler, so neither may a simulated crash (commit retries, checkpoint declines).
-    """
-
-
-class InjectedDecline(Exception):
-    """Raised at an armed ``"decline"`` point: an ordinary error, so the task declines the checkpoint."""
 
 
 @dataclass(frozen=True)

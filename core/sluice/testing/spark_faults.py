@@ -3,7 +3,7 @@
 The driver's :class:`SparkFaultInjector` holds a list of :class:`SlotCrash`; every attempt ships the crashes
 of that attempt to the slots (:class:`SlotCrashes`), where :class:`SlotFaults` counts hits per point in its
 slot and, at the armed hit, kills the slot's Python worker with SIGKILL (``how="kill"``: no cleanup, no
-goodbye, as a lost executor) or raises :class:`~sluice.testing.faults.InjectedFault` (``how="raise"``).
+goodbye, as a lost executor) or raises :class:`~sluice.testing.injected.InjectedFault` (``how="raise"``).
 
 A slot records a crash before it crashes, twice: in a file of the injector's folder (written and synced
 before the kill, so a test on one machine always knows what fired) and in a message to the driver (which a
@@ -27,7 +27,7 @@ from typing import Literal
 
 from sluice.errors import ConfigError
 from sluice.runtime.fault_hook import POINTS, FaultHook
-from sluice.testing.faults import InjectedFault
+from sluice.testing.injected import InjectedFault
 
 __all__ = ["SlotCrash", "SlotCrashes", "SlotFaults", "SparkFaultInjector"]
 

@@ -25,8 +25,8 @@ from sluice.connectors.kafka.errors import (
     SchemaRegistryError,
     UnsupportedSchemaError,
 )
+from sluice.connectors.kafka.formats.schema_registry import SchemaRegistry
 from sluice.connectors.kafka.offsets import OffsetsInitializer
-from sluice.connectors.kafka.registry import SchemaRegistry
 from sluice.connectors.kafka.source import KafkaSource
 
 __all__ = [

@@ -19,8 +19,10 @@ __all__ = [
     "MAX_RECORD_BYTES_CAP",
     "RESERVED",
     "TUNING",
+    "admin_conf",
     "check_consumer_config",
     "check_files",
+    "consumer_conf",
     "is_secret",
     "receive_max_bytes",
     "redact",
@@ -173,3 +175,50 @@ def check_consumer_config(conf: Mapping[str, Any], group_id: str | None, full: M
         Consumer(dict(full)).close()
     except (KafkaException, ValueError, TypeError) as exc:
         raise ConfigError("KafkaSource: consumer_config: " + redact_text(str(exc), conf)) from None
+
+
+def consumer_conf(
+    bootstrap_servers: str,
+    group: str,
+    settings: Mapping[str, Any],
+    *,
+    bounded: bool,
+    max_record_bytes: int,
+    prefetch_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The full librdkafka configuration of a consumer of the source: ``settings`` (the source's
+    ``consumer_config``) over :data:`TUNING` over what the source owns; ``prefetch_bytes`` (a reader's
+    ``max_prefetch_bytes``) sizes librdkafka's queue to half of it."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+        "enable.partition.eof": bounded,
+        **TUNING,
+        **settings,
+    }
+    if prefetch_bytes is not None:  # librdkafka's queue is the other half of the prefetch budget
+        half = prefetch_bytes // 2
+        if "queued.max.messages.kbytes" not in settings:
+            conf["queued.max.messages.kbytes"] = max(1, half // 1024)
+        if "fetch.max.bytes" not in settings:
+            conf["fetch.max.bytes"] = min(int(conf["fetch.max.bytes"]), half)
+        if "max.partition.fetch.bytes" not in settings:
+            conf["max.partition.fetch.bytes"] = min(
+                int(conf["max.partition.fetch.bytes"]), int(conf["fetch.max.bytes"])
+            )
+    if "receive.message.max.bytes" not in settings:
+        conf["receive.message.max.bytes"] = receive_max_bytes(max_record_bytes, conf)
+    conf.setdefault("logger", LIBRDKAFKA_LOG)
+    return conf
+
+
+def admin_conf(bootstrap_servers: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """librdkafka configuration of the enumerator's AdminClient (connection and security settings)."""
+    skip = set(TUNING) | {"group.id", "isolation.level"}
+    conf = {k: v for k, v in settings.items() if k not in skip}
+    conf["bootstrap.servers"] = bootstrap_servers
+    conf.setdefault("logger", LIBRDKAFKA_LOG)
+    return conf

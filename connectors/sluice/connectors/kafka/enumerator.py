@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -13,17 +13,16 @@ from sluice.connectors.kafka.errors import KafkaSourceError
 from sluice.connectors.kafka.offsets import (
     KafkaSplit,
     OffsetsInitializer,
+    RunState,
     TopicPartitionKey,
     owner_of,
     parse_split_id,
     resolve_offsets,
     split_id,
 )
+from sluice.connectors.kafka.options import KafkaSourceOptions
 from sluice.connectors.kafka.sampling import sample_schema
-from sluice.source import Boundedness, EnumeratorContext, SourceSplit, SplitEnumerator
-
-if TYPE_CHECKING:
-    from sluice.connectors.kafka.source import KafkaSource
+from sluice.source import EnumeratorContext, SourceSplit, SplitEnumerator
 
 __all__ = ["BrokerOffsetLookup", "KafkaSplitEnumerator"]
 
@@ -85,12 +84,25 @@ class KafkaSplitEnumerator(SplitEnumerator):
     starts (attempt 0) and kept by its failover attempts, so a restart never moves a ``"latest"`` stop. An
     unbounded run drops the stop offsets of an earlier bounded run. A bounded run that restores another
     run's checkpoint also discovers the partitions created since (from their earliest offset).
+
+    Args:
+        options: the source's options.
+        run: what the enumerators of this run share across its attempts (the source keeps it).
+        ctx: the coordinator's side of the source.
+        restored: the enumerator's state from the restored checkpoint, if any.
     """
 
-    def __init__(self, source: KafkaSource, ctx: EnumeratorContext, restored: dict[str, Any] | None) -> None:
-        self.source = source
+    def __init__(
+        self,
+        options: KafkaSourceOptions,
+        run: RunState,
+        ctx: EnumeratorContext,
+        restored: dict[str, Any] | None,
+    ) -> None:
+        self.options = options
+        self.run = run
         self.ctx = ctx
-        self.bounded = source.boundedness is Boundedness.BOUNDED
+        self.bounded = options.bounded
         self._pending: dict[str, SourceSplit] = {}
         self._discovered: set[str] = set()
         self._signalled: set[int] = set()
@@ -98,7 +110,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
         #: the first attempt of a run (a ctx without attempts, e.g. a test harness: every enumerator is)
         self._run_starts = getattr(ctx, "attempt", 0) == 0
         if self._run_starts:
-            source.run_stops.clear()
+            run.stops.clear()
         self._schema: Any = None
         if restored is not None:
             self._pending = {s.split_id: _copy(s) for s in restored["pending"]}
@@ -111,7 +123,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
-        src = self.source
+        src = self.options
         self._admin = AdminClient(src.admin_conf())
         self._lookup = BrokerOffsetLookup(
             self._admin,
@@ -139,7 +151,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
             try:
                 self._adopt(done.result(), initial=False)
             except KafkaSourceError as exc:
-                log.warning("%s: partition discovery failed, retrying later: %s", self.source.name, exc)
+                log.warning("%s: partition discovery failed, retrying later: %s", self.options.name, exc)
             self._assign()
         known = frozenset(self._discovered)
         fut: Future[list[KafkaSplit]] = Future()
@@ -164,13 +176,13 @@ class KafkaSplitEnumerator(SplitEnumerator):
     def _list_topics(self) -> dict[str, list[int]]:
         """Partitions of every topic the source reads; raises KafkaSourceError if the brokers don't answer."""
         assert self._admin is not None
-        src = self.source
+        src = self.options
         try:
             md = self._admin.list_topics(timeout=src.request_timeout_s)
         except KafkaException as exc:
             # brokers never reached since this job started: a wrong address or security setting, which a
             # restart cannot cure; brokers that answered before and stopped: an outage, restarts apply
-            reached = src.brokers_reached
+            reached = self.run.brokers_reached
             raise KafkaSourceError(
                 f"KafkaSource {src.name!r}: cannot reach the Kafka brokers at {src.bootstrap_servers!r} "
                 f"within {src.request_timeout_s}s ({exc.args[0].str() if exc.args else exc}). Check "
@@ -178,7 +190,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
                 + ("" if reached else " (never reached since the job started: failing at once)"),
                 recoverable=reached,
             ) from None
-        src.brokers_reached = True
+        self.run.brokers_reached = True
         self._cluster_id = md.cluster_id or ""
         pattern = src.pattern
         listed = set(src.topics or ())
@@ -197,7 +209,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
 
     def _find(self, topics: dict[str, list[int]], initial: bool, known: frozenset[str]) -> list[KafkaSplit]:
         """Splits of the partitions in ``topics`` not ``known`` yet, with their start and stop offsets."""
-        src = self.source
+        src = self.options
         if initial and src.topics is not None:
             missing = sorted(set(src.topics) - set(topics))
             if missing:
@@ -236,7 +248,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
             self._discovered.add(s.split_id)
             self._pending[s.split_id] = s
         if new and not initial:
-            log.info("%s: discovered %d new partition(s): %s", self.source.name, len(new), [s.split_id for s in new])
+            log.info("%s: discovered %d new partition(s): %s", self.options.name, len(new), [s.split_id for s in new])
 
     # -- assignment ------------------------------------------------------------------------------------
     def add_reader(self, subtask: int) -> None:
@@ -252,10 +264,10 @@ class KafkaSplitEnumerator(SplitEnumerator):
     # -- bounds ----------------------------------------------------------------------------------------
     def _run_stops(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
         """This run's stop offset of each partition (empty when unbounded), resolved once per run."""
-        stop = self.source.stopping_offsets
+        stop = self.options.stopping_offsets
         if stop is None:
             return {}
-        known = self.source.run_stops
+        known = self.run.stops
         missing = [tp for tp in tps if tp not in known]
         if missing:
             assert self._lookup is not None
@@ -264,7 +276,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
                     "%s: stopping_offsets='latest' on a tansu broker (cluster %r): tansu under-reports the end "
                     "of a partition whose last produce batch held several records, so this run may finish "
                     "before the last records; give explicit stop offsets there (docs/kafka.md, broker quirks)",
-                    self.source.name,
+                    self.options.name,
                     self._cluster_id,
                 )
             known.update(resolve_offsets(stop, missing, self._lookup))
@@ -277,8 +289,8 @@ class KafkaSplitEnumerator(SplitEnumerator):
             stops = self._run_stops(tps)
         except (KafkaException, TimeoutError) as exc:
             raise KafkaSourceError(
-                f"KafkaSource {self.source.name!r}: cannot look up the stopping offsets of {len(tps)} "
-                f"restored partition(s) on {self.source.bootstrap_servers!r}: {exc}"
+                f"KafkaSource {self.options.name!r}: cannot look up the stopping offsets of {len(tps)} "
+                f"restored partition(s) on {self.options.bootstrap_servers!r}: {exc}"
             ) from None
         out: list[KafkaSplit] = []
         changed: list[str] = []
@@ -289,7 +301,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
             if end is not None and s.position is not None and int(s.position) > end:
                 log.warning(
                     "%s: partition %s resumes at offset %s, past this run's stop offset %d: nothing to read",
-                    self.source.name,
+                    self.options.name,
                     s.split_id,
                     s.position,
                     end,
@@ -298,7 +310,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
         if changed:
             log.info(
                 "%s: this run's stop offsets replace those of the restored checkpoint: %s",
-                self.source.name,
+                self.options.name,
                 ", ".join(changed[:10]) + (f" and {len(changed) - 10} more" if len(changed) > 10 else ""),
             )
         return out

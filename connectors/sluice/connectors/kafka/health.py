@@ -16,14 +16,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import KafkaError
 from sluice.connectors.kafka.errors import KafkaSourceError
+from sluice.connectors.kafka.options import KafkaSourceOptions
 from sluice.source import ReaderContext
-
-if TYPE_CHECKING:
-    from sluice.connectors.kafka.source import KafkaSource
 
 __all__ = ["GRACE_S", "BrokerHealth", "OutageGuard"]
 
@@ -122,12 +120,12 @@ class OutageGuard:
     ``broker_unavailable_timeout_s``.
 
     Args:
-        source: the reader's source (its servers, name and timeout).
+        options: the source's options (its servers, name and timeout).
         ctx: the reader's context.
     """
 
-    def __init__(self, source: KafkaSource, ctx: ReaderContext) -> None:
-        self.source = source
+    def __init__(self, options: KafkaSourceOptions, ctx: ReaderContext) -> None:
+        self.options = options
         self.ctx = ctx
         #: what the consumer's callbacks feed
         self.health = BrokerHealth()
@@ -140,7 +138,7 @@ class OutageGuard:
             self.report(None)
             return
         lasted, since, why = outage
-        src = self.source
+        src = self.options
         self.report(f"no Kafka broker reachable at {src.bootstrap_servers}: {why}")
         timeout = src.broker_unavailable_timeout_s
         if timeout is not None and lasted >= timeout:
@@ -156,7 +154,7 @@ class OutageGuard:
         """Say the reader is stalled for ``reason``, or (None) that it is not, when that changes."""
         if reason == self._stall:
             return
-        name, subtask = self.source.name, self.ctx.subtask
+        name, subtask = self.options.name, self.ctx.subtask
         if reason is not None and self._stall is None:
             log.warning("%s[%d]: stalled: %s", name, subtask, reason)
         elif reason is None:

@@ -20,6 +20,7 @@ __all__ = [
     "KafkaSplit",
     "OffsetLookup",
     "OffsetsInitializer",
+    "RunState",
     "TopicPartitionKey",
     "owner_of",
     "parse_split_id",
@@ -29,6 +30,21 @@ __all__ = [
 
 #: (topic, partition)
 TopicPartitionKey = tuple[str, int]
+
+
+@dataclass
+class RunState:
+    """What the enumerators of one run share across its failover attempts (the source keeps it).
+
+    Attributes:
+        stops: this run's stop offsets, resolved when the run starts (its failover attempts keep them).
+        brokers_reached: an enumerator of this source reached the brokers (unreachable after that: an
+            outage, which restarts may cure).
+    """
+
+    stops: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    brokers_reached: bool = False
+
 
 @dataclass
 class KafkaSplit(SourceSplit):

@@ -1,5 +1,5 @@
 """What the fetch thread does to a ``consume()`` result before the task sees it: split off the events,
-drop what lies at or past a split's stop offset, and decode the values into Arrow.
+drop what lies at or past a split's stop offset, and decode the messages into Arrow.
 
 Decoding here, off the task thread, lets ``pyarrow.json``'s parse (or the Avro decoder) of the next batch run
 while the task writes the previous one (both release the GIL). Nothing here touches split positions: the
@@ -9,18 +9,14 @@ task advances them from the :class:`Prepared` batches it emits.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from sluice.connectors.kafka.columns import message_timestamps, raw_batch, topic_column
-from sluice.connectors.kafka.decoding import Decoded, ValueDecoder
 from sluice.connectors.kafka.fetcher import split_messages
+from sluice.connectors.kafka.formats import Decoded, Decoder, Messages, ValueDecoder
 from sluice.connectors.kafka.offsets import TopicPartitionKey
-
-if TYPE_CHECKING:
-    from sluice.connectors.kafka.source import KafkaSource
 
 __all__ = ["Prepared", "Preparer"]
 
@@ -30,67 +26,45 @@ class Prepared:
     """One fetched batch, ready to emit.
 
     Attributes:
-        msgs: the data messages below their split's stop offset, in order.
-        values: their values.
-        parts: their partitions.
-        offsets: their offsets.
+        messages: the data messages below their split's stop offset, in order.
         keys: a small int per message naming its (topic, partition) in ``key_tps``.
         key_tps: ``key -> (topic, partition)``.
-        topics: each message's topic when the reader reads several topics, else None.
-        ts: message timestamps (ms) when needed (raw format, metadata, Kafka event time).
-        decoded: the decoded values (None for the raw format).
-        raw: the raw-format batch (None for decoded formats).
         passed_end: keys of partitions that delivered a message at or past their stop offset.
         nbytes: bytes of the values as fetched (the prefetch budget counts them).
         events: error and end-of-partition events, after the data.
+        decoded: the decoded messages (once :meth:`Preparer.finish` ran).
     """
 
-    msgs: list[Any]
-    values: list[bytes | None]
-    parts: np.ndarray
-    offsets: np.ndarray
+    messages: Messages
     keys: np.ndarray
     key_tps: dict[int, TopicPartitionKey]
-    topics: list[str] | None
-    ts: np.ndarray | None
-    decoded: Decoded | None
-    raw: pa.RecordBatch | None
     passed_end: set[int]
     nbytes: int
-    events: list[Any]
+    events: list[Any] = field(default_factory=list)
+    decoded: Decoded | None = None
+
+    @property
+    def msgs(self) -> list[Any]:
+        """The data messages (the fetch thread counts them)."""
+        return self.messages.messages
 
     def without(self, drop: np.ndarray) -> Prepared:
         """This batch without the messages in ``drop`` (a mask); rare: stale partitions."""
         keep = np.flatnonzero(~drop)
-        sel = keep.tolist()
         decoded = self.decoded
-        if decoded is not None and decoded.batch is not None:
-            rows = np.arange(len(self.msgs)) if decoded.rows is None else decoded.rows
-            new_index = np.full(len(self.msgs), -1, dtype=np.int64)
+        if decoded is not None:
+            new_index = np.full(len(self.messages), -1, dtype=np.int64)
             new_index[keep] = np.arange(keep.size)
-            row_keep = new_index[rows] >= 0
-            decoded = Decoded(
-                decoded.batch.filter(pa.array(row_keep)),
-                new_index[rows][row_keep],
-                [(int(new_index[i]), e) for i, e in decoded.bad if new_index[i] >= 0],
-                decoded.tombstones,
-            )
-        elif decoded is not None:
-            new_index = np.full(len(self.msgs), -1, dtype=np.int64)
-            new_index[keep] = np.arange(keep.size)
-            decoded = replace(decoded, bad=[(int(new_index[i]), e) for i, e in decoded.bad if new_index[i] >= 0])
-        return replace(
-            self,
-            msgs=[self.msgs[i] for i in sel],
-            values=[self.values[i] for i in sel],
-            parts=self.parts[keep],
-            offsets=self.offsets[keep],
-            keys=self.keys[keep],
-            topics=[self.topics[i] for i in sel] if self.topics is not None else None,
-            ts=self.ts[keep] if self.ts is not None else None,
-            decoded=decoded,
-            raw=self.raw.filter(pa.array(~drop)) if self.raw is not None else None,
-        )
+            bad = [(int(new_index[i]), e) for i, e in decoded.bad if new_index[i] >= 0]
+            if decoded.batch is not None:
+                rows = np.arange(len(self.messages)) if decoded.rows is None else decoded.rows
+                row_keep = new_index[rows] >= 0
+                decoded = Decoded(
+                    decoded.batch.filter(pa.array(row_keep)), new_index[rows][row_keep], bad, decoded.tombstones
+                )
+            else:
+                decoded = replace(decoded, bad=bad)
+        return replace(self, messages=self.messages.take(keep), keys=self.keys[keep], decoded=decoded)
 
 
 class Preparer:
@@ -98,17 +72,16 @@ class Preparer:
     :meth:`finish` decodes them (both in the fetch thread, or in ``poll_next`` without one).
 
     Args:
-        source: the source (format and options).
-        decoder: the value decoder, used only from this preparer's thread (None for raw).
+        decoder: the reader's decoder, used only from this preparer's thread.
         ends: the reader's ``(topic, partition) -> stop offset or None``; written by the task thread before
             the partition is assigned, so every message of a partition finds its entry.
+        need_ts: read the message timestamps here (raw format, metadata columns, Kafka event time).
     """
 
-    def __init__(self, source: KafkaSource, decoder: ValueDecoder | None, ends: dict[TopicPartitionKey, int | None]) -> None:
-        self.source = source
+    def __init__(self, decoder: Decoder, ends: dict[TopicPartitionKey, int | None], need_ts: bool) -> None:
         self.decoder = decoder
         self.ends = ends
-        self.need_ts = source.format == "raw" or source.include_metadata or source.event_time == "kafka"
+        self.need_ts = need_ts
         self._lock = threading.Lock()
 
     def __call__(self, fetched_msgs: list[Any]) -> Prepared:
@@ -138,39 +111,23 @@ class Preparer:
             if past.any():
                 passed_end.add(k)
                 drop = past if drop is None else drop | past
+        batch = Messages(msgs, values, parts, offsets, nbytes=f.nbytes, topics=topics)
         if drop is not None:
             keep = np.flatnonzero(~drop)
-            sel = keep.tolist()
-            msgs, values = [msgs[i] for i in sel], [values[i] for i in sel]
-            parts, offsets, keys = parts[keep], offsets[keep], keys[keep]
-            topics = [topics[i] for i in sel] if topics is not None else None
-        ts = message_timestamps(msgs) if self.need_ts and msgs else None
-        return Prepared(
-            msgs, values, parts, offsets, keys, key_tps, topics, ts, None, None, passed_end, f.nbytes, f.events
-        )
+            batch, keys = batch.take(keep), keys[keep]
+        if self.need_ts and len(batch):
+            batch.timestamps()
+        return Prepared(batch, keys, key_tps, passed_end, f.nbytes, f.events)
 
     def finish(self, item: Prepared) -> Prepared:
-        """``item`` with its values decoded (or its raw-format batch built)."""
-        if not item.msgs:
-            return item
-        if self.decoder is not None:
-            with self._lock:  # the decoder's schema state: one batch at a time
-                item.decoded = self.decoder.decode(item.values, item.nbytes)
-        else:
-            assert item.ts is not None
-            only_topic = item.key_tps[int(item.keys[0])][0]
-            item.raw = raw_batch(
-                item.msgs,
-                item.values,
-                item.parts,
-                item.offsets,
-                item.ts,
-                topic_column(len(item.msgs), item.topics, only_topic),
-            )
+        """``item`` with its messages decoded."""
+        if item.msgs:
+            with self._lock:  # the decoder's state (a schema): one batch at a time
+                item.decoded = self.decoder.decode_messages(item.messages)
         return item
 
     def adopt(self, schema: pa.Schema | None) -> None:
         """The decoder starts from ``schema`` (from the enumerator's sample or a checkpoint)."""
-        if self.decoder is not None:
+        if isinstance(self.decoder, ValueDecoder):
             with self._lock:
                 self.decoder.adopt(schema)

@@ -14,26 +14,25 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sluice.connectors.kafka.columns import route_bad_records, topic_column, with_metadata
-from sluice.connectors.kafka.decoding import make_decoder
+from sluice.connectors.kafka.dead_letters import route_bad_records
 from sluice.connectors.kafka.errors import KafkaDataLossError, KafkaSourceError
 from sluice.connectors.kafka.fetcher import Fetcher
+from sluice.connectors.kafka.formats import ValueDecoder, make_decoder
+from sluice.connectors.kafka.formats.messages import with_metadata
 from sluice.connectors.kafka.health import OutageGuard
 from sluice.connectors.kafka.metrics import ReaderMetrics
 from sluice.connectors.kafka.offsets import KafkaSplit, TopicPartitionKey, parse_split_id
+from sluice.connectors.kafka.options import KafkaSourceOptions
 from sluice.connectors.kafka.prepared import Prepared, Preparer
 from sluice.connectors.kafka.watermarks import PartitionWatermarks
 from sluice.errors import ConfigError
-from sluice.source import Boundedness, InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
-
-if TYPE_CHECKING:
-    from sluice.connectors.kafka.source import KafkaSource
+from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
 __all__ = ["KafkaSourceReader"]
 
@@ -58,49 +57,49 @@ class KafkaSourceReader(SourceReader):
     #: how consumers are made (tests replace it with a fake)
     consumer_factory: Callable[[dict[str, Any]], Any] = Consumer
 
-    def __init__(self, source: KafkaSource, ctx: ReaderContext) -> None:
-        self.source = source
+    def __init__(self, options: KafkaSourceOptions, ctx: ReaderContext) -> None:
+        self.options = options
         self.ctx = ctx
-        self.bounded = source.boundedness is Boundedness.BOUNDED
+        self.bounded = options.bounded
         self._splits: dict[TopicPartitionKey, _Split] = {}
         self._no_more = False
         self._consumer: Any = None
-        self._decoder = make_decoder(source)
+        self._decoder = make_decoder(options)
         self._ends: dict[TopicPartitionKey, int | None] = {}
-        self._prepare = Preparer(source, self._decoder, self._ends)
+        self._prepare = Preparer(self._decoder, self._ends, options.needs_timestamps)
         self._fetcher: Fetcher | None = None
         self._consumer_conf: dict[str, Any] = {}
         self._commit_failures: list[str] = []
         self._wm = (
-            PartitionWatermarks(source.max_out_of_orderness_ms, source.idle_timeout_s)
-            if source.event_time is not None
+            PartitionWatermarks(options.max_out_of_orderness_ms, options.idle_timeout_s)
+            if options.event_time is not None
             else None
         )
         self._last_wm: int | None = None
         self._pending_commits: dict[int, dict[TopicPartitionKey, int]] = {}
         self._committed: dict[TopicPartitionKey, int] = {}
-        self._timeout_s = source.poll_timeout_ms / 1000
+        self._timeout_s = options.poll_timeout_ms / 1000
         self._warned: dict[tuple[int, str], float] = {}
-        self._outages = OutageGuard(source, ctx)
+        self._outages = OutageGuard(options, ctx)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
         if self._consumer is None:
-            group = f"sluice-{self.ctx.job_id}-{self.source.name}"
-            conf = self.source.consumer_conf(group, bounded=self.bounded, reader=True)
+            group = f"sluice-{self.ctx.job_id}-{self.options.name}"
+            conf = self.options.consumer_conf(group, bounded=self.bounded, reader=True)
             conf.setdefault("on_commit", self._on_commit)
             conf.setdefault("error_cb", self._outages.health.on_error)
             # lag, fetch rates and the brokers' connection states
             ReaderMetrics(self.ctx, self._live_positions, self._outages.health.on_stats).configure(conf)
             self._consumer_conf = conf
             self._consumer = type(self).consumer_factory(conf)
-            if self.source.fetch_thread:
+            if self.options.fetch_thread:
                 self._fetcher = Fetcher(
                     self._consumer.consume,
                     lambda msgs: self._prepare.finish(self._prepare(msgs)),
-                    self.source.batch_size,
-                    self.source.max_prefetch_bytes // 2,
-                    f"{self.source.name}-{self.ctx.subtask}",
+                    self.options.batch_size,
+                    self.options.max_prefetch_bytes // 2,
+                    f"{self.options.name}-{self.ctx.subtask}",
                 )
                 self._fetcher.start()
 
@@ -171,7 +170,7 @@ class KafkaSourceReader(SourceReader):
         if self._fetcher is not None:
             item: Prepared | None = self._fetcher.take(self._timeout_s)
             return item
-        msgs = self._consumer.consume(self.source.batch_size, self._timeout_s)
+        msgs = self._consumer.consume(self.options.batch_size, self._timeout_s)
         return self._prepare.finish(self._prepare(msgs)) if msgs else None
 
     def _control(self, fn: Callable[[], Any], wait_s: float | None = None) -> Any:
@@ -197,7 +196,7 @@ class KafkaSourceReader(SourceReader):
                 stale = item.keys == k if many else np.ones(len(item.msgs), dtype=bool)
                 drop = stale if drop is None else drop | stale
                 continue
-            offs = item.offsets[item.keys == k] if many else item.offsets
+            offs = item.messages.offsets[item.keys == k] if many else item.messages.offsets
             if offs.size:
                 sp.position = max(sp.position, int(offs.max()) + 1)
             if k in item.passed_end and sp.end is not None:
@@ -213,39 +212,35 @@ class KafkaSourceReader(SourceReader):
 
     def _emit(self, item: Prepared, by_key: dict[int, _Split | None], output: ReaderOutput) -> None:
         rows: np.ndarray | None = None
-        batch = item.raw
+        batch: pa.RecordBatch | None = None
         if item.decoded is not None:
-            route_bad_records(self.source, self.ctx, item.decoded, item.msgs, item.values, output)
+            route_bad_records(self.options, self.ctx, item.decoded, item.messages, output)
             batch, rows = item.decoded.batch, item.decoded.rows
-            if batch is not None and self.source.include_metadata:
-                assert item.ts is not None
-                topics = topic_column(len(item.msgs), item.topics, item.key_tps[int(item.keys[0])][0])
-                batch = with_metadata(batch, item.msgs, rows, item.parts, item.offsets, item.ts, topics)
+            if batch is not None and self.options.include_metadata:
+                batch = with_metadata(batch, item.messages, rows)
         if batch is not None and batch.num_rows:
             output.emit(batch)
         if self._wm is not None:
-            self._track_event_time(batch, rows, item.keys, item.ts, by_key)
+            self._track_event_time(batch, rows, item, by_key)
 
     # -- event time ------------------------------------------------------------------------------------
     def _track_event_time(
         self,
         batch: pa.RecordBatch | None,
         rows: np.ndarray | None,
-        keys: np.ndarray,
-        ts: np.ndarray | None,
+        item: Prepared,
         by_key: dict[int, _Split | None],
     ) -> None:
         assert self._wm is not None
-        name = self.source.event_time
-        if name == "kafka" or (self.source.format == "raw" and name == "timestamp"):
-            assert ts is not None
-            times, k = ts, keys
+        name, keys = self.options.event_time, item.keys
+        if self.options.event_time_from_messages:
+            times, k = item.messages.timestamps(), keys
         else:
             if batch is None or batch.num_rows == 0:
                 return
             if name not in batch.schema.names:
                 raise ConfigError(
-                    f"KafkaSource {self.source.name!r}: event_time column {name!r} is not in the "
+                    f"KafkaSource {self.options.name!r}: event_time column {name!r} is not in the "
                     f"decoded records (columns: {batch.schema.names})"
                 )
             col = batch.column(name)
@@ -294,22 +289,22 @@ class KafkaSourceReader(SourceReader):
             self._on_out_of_range(sp)
             return
         if err.fatal():
-            raise KafkaSourceError(f"KafkaSource {self.source.name!r}: fatal consumer error: {err.str()}")
+            raise KafkaSourceError(f"KafkaSource {self.options.name!r}: fatal consumer error: {err.str()}")
         self.ctx.metric("kafka_errors")
         self._warn(code, f"{m.topic()}[{m.partition()}]" if m.topic() else "", err.str())
 
     def _on_out_of_range(self, sp: _Split) -> None:
-        if self.source.fail_on_data_loss:
-            raise KafkaDataLossError(self.source.name, sp.topic, sp.partition, sp.position)
+        if self.options.fail_on_data_loss:
+            raise KafkaDataLossError(self.options.name, sp.topic, sp.partition, sp.position)
         tp = TopicPartition(sp.topic, sp.partition)
-        timeout = self.source.request_timeout_s
+        timeout = self.options.request_timeout_s
         low, _high = self._control(
             lambda: self._consumer.get_watermark_offsets(tp, timeout=timeout), wait_s=timeout + 5
         )
         log.warning(
             "%s: offset %d of %s[%d] is out of range; fail_on_data_loss=False: continuing at the earliest "
             "offset %d (records in between are lost)",
-            self.source.name,
+            self.options.name,
             sp.position,
             sp.topic,
             sp.partition,
@@ -330,13 +325,13 @@ class KafkaSourceReader(SourceReader):
         now = time.monotonic()
         if now - self._warned.get((code, where), -_WARN_EVERY_S) >= _WARN_EVERY_S:
             self._warned[(code, where)] = now
-            log.warning("%s: consumer error %s: %s", self.source.name, where, text)
+            log.warning("%s: consumer error %s: %s", self.options.name, where, text)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
-        if self.source.commit_offsets_on_checkpoint:
+        if self.options.commit_offsets_on_checkpoint:
             self._pending_commits[checkpoint_id] = {tp: sp.position for tp, sp in self._splits.items()}
-        schema = self._decoder.steady_schema if self._decoder is not None else None
+        schema = self._decoder.steady_schema if isinstance(self._decoder, ValueDecoder) else None
         return [KafkaSplit(sp.sid, sp.position, sp.end, value_schema=schema) for sp in self._splits.values()]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

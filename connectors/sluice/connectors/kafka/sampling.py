@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from sluice.connectors.kafka.decoding import make_decoder
+from sluice.connectors.kafka.formats import ValueDecoder, make_decoder
 from sluice.connectors.kafka.offsets import TopicPartitionKey
-
-if TYPE_CHECKING:
-    from sluice.connectors.kafka.source import KafkaSource
+from sluice.connectors.kafka.options import KafkaSourceOptions
 
 __all__ = ["sample_schema"]
 
@@ -27,21 +24,21 @@ log = logging.getLogger("sluice.kafka")
 
 
 def sample_schema(
-    source: KafkaSource, starts: dict[TopicPartitionKey, int], stops: dict[TopicPartitionKey, int]
+    options: KafkaSourceOptions, starts: dict[TopicPartitionKey, int], stops: dict[TopicPartitionKey, int]
 ) -> pa.Schema | None:
     """The schema inferred from a sample of every partition in ``starts`` (None: nothing to sample)."""
-    per = source.schema_sample_size
-    if not source.infers_schema or per == 0 or not starts:
+    per = options.schema_sample_size
+    if not options.infers_schema or per == 0 or not starts:
         return None
     limits = {tp: min(start + per, stops.get(tp, start + per)) for tp, start in starts.items()}
     pending = {tp for tp in starts if starts[tp] < limits[tp]}
     if not pending:
         return None
     values: dict[TopicPartitionKey, list[bytes]] = {tp: [] for tp in pending}
-    consumer = Consumer(source.consumer_conf("sluice-schema-sample", bounded=True))
+    consumer = Consumer(options.consumer_conf("sluice-schema-sample", bounded=True))
     try:
         consumer.assign([TopicPartition(t, p, starts[(t, p)]) for t, p in sorted(pending)])
-        deadline = time.monotonic() + source.request_timeout_s
+        deadline = time.monotonic() + options.request_timeout_s
         while pending and time.monotonic() < deadline:
             for m in consumer.consume(10_000, 0.1):
                 tp = (m.topic(), m.partition())
@@ -58,19 +55,19 @@ def sample_schema(
                 if offset + 1 >= limits[tp]:
                     pending.discard(tp)
     except KafkaException as exc:
-        log.warning("%s: schema sample failed, readers infer from their first batch: %s", source.name, exc)
+        log.warning("%s: schema sample failed, readers infer from their first batch: %s", options.name, exc)
         return None
     finally:
         consumer.close()
-    decoder = make_decoder(source)
-    assert decoder is not None
+    decoder = make_decoder(options)
+    assert isinstance(decoder, ValueDecoder)  # a format that infers its schema decodes values
     for tp in sorted(values):
         if values[tp]:
             decoder.decode(list(values[tp]))
     if decoder.schema is not None:
         log.info(
             "%s: inferred the value schema from %d sampled record(s): %s",
-            source.name,
+            options.name,
             sum(map(len, values.values())),
             decoder.schema,
         )

@@ -22,13 +22,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import sluice.runtime.spark.messages as m
+import sluice.runtime.spark.rpc as rpc
 from sluice.errors import SluiceError
 from sluice.events import CheckpointBarrier
 from sluice.graph import SubtaskId
 from sluice.runtime.attempt import FailureKind, JobAttempt
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
-from sluice.runtime.spark import messages as m
-from sluice.runtime.spark import rpc
 from sluice.runtime.spark.listener import Listener, max_pending
 from sluice.source import SourceSplit
 

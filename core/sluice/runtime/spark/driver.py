@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import sluice.runtime.spark.messages as messages
+from sluice.config.job import JobConfig
 from sluice.errors import ConfigError, SluiceError
 from sluice.graph import ExecutionGraph
 from sluice.runtime.attempt import AttemptCancelled, FailureKind, JobAttempt
 from sluice.runtime.fault_hook import FaultHook
-from sluice.runtime.job import JobConfig
-from sluice.runtime.spark import messages
 from sluice.runtime.spark.cluster import (
     DEFAULT_SLOT_WAIT_TIMEOUT,
     check_cluster,
@@ -44,7 +44,8 @@ from sluice.runtime.spark.cluster import (
 from sluice.runtime.spark.control import ControlServer
 from sluice.runtime.spark.jvm import LOG4J2, launch_gateway, local_python
 from sluice.runtime.spark.rpc import TlsConfig
-from sluice.runtime.spark.slot import SlotSpec, slot_function
+from sluice.runtime.spark.slot import slot_function
+from sluice.runtime.spark.slot_spec import SlotSpec
 
 __all__ = ["SparkOptions", "SparkRuntime", "SparkStageError", "spark_context"]
 

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.runtime.spark import messages
+import sluice.runtime.spark.messages as messages
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",

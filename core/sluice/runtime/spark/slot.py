@@ -17,139 +17,27 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import threading
-import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from sluice.checkpoint.storage import storage_for
-from sluice.errors import SluiceError
-from sluice.graph import ExecutionGraph, JobGraph, SubtaskId
+import sluice.runtime.spark.messages as m
+import sluice.runtime.spark.rpc as rpc
+from sluice.checkpoint.storage_loader import storage_for
+from sluice.graph import SubtaskId
 from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
-from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
-from sluice.runtime.job import JobConfig
+from sluice.runtime.fault_hook import NO_FAULTS
 from sluice.runtime.restore import RestoredCheckpoint
-from sluice.runtime.spark import messages as m
-from sluice.runtime.spark import rpc
 from sluice.runtime.spark.cluster import bind_address
+from sluice.runtime.spark.slot_reports import SlotError, SlotGateway, SlotLogHandler, portable
+from sluice.runtime.spark.slot_spec import SlotSpec, channel_plan
 from sluice.runtime.spark.transport import DataPlane
 from sluice.runtime.task import Task
 
 __all__ = ["SlotError", "SlotSpec", "run_slot", "slot_function"]
 
 log = logging.getLogger("sluice.spark.slot")
-
-
-class SlotError(SluiceError):
-    """A slot stopped abnormally (lost the driver or a peer, or one of its subtasks failed)."""
-
-
-@dataclass(frozen=True)
-class SlotSpec:
-    """Everything a slot needs, shipped in the Spark task closure (the job secret included: Spark's own
-    RPC carries it, so turn on ``spark.authenticate``/``spark.network.crypto.enabled`` on shared clusters)."""
-
-    job: JobGraph
-    cfg: JobConfig
-    attempt: int
-    slots: int
-    driver: tuple[str, int]
-    secret: bytes = field(repr=False)
-    tls: rpc.TlsConfig | None
-    #: the address a slot advertises to its peers (local mode: loopback); None: the host Spark ran it on
-    host: str | None
-    restore_path: str | None
-    drop_channel_state: bool
-    #: the fault hook of this attempt (tests), bound in each slot with ``in_slot``
-    faults: FaultHook | None = None
-    connect_timeout: float = 120.0
-    #: seconds between the slot's metrics reports to the driver (Metrics messages); 0 = only at the end
-    metrics_interval: float = 1.0
-
-
-def channel_plan(job: JobGraph) -> list[tuple[int, SubtaskId, SubtaskId, int, int]]:
-    """Every channel of the job as (channel id, sender, receiver, output index, input edge index), in
-    the order the in-process runtime creates them (the receiver's input-gate order). Every slot computes
-    the same list, so channel ids agree without talking."""
-    eg = ExecutionGraph(job)
-    out: list[tuple[int, SubtaskId, SubtaskId, int, int]] = []
-    for v in job.vertices.values():
-        for e in v.inputs:
-            up = job.vertices[e.upstream]
-            out_idx = up.outputs.index(e)
-            for s, r in eg.channels_of(e):
-                out.append((len(out), SubtaskId(up.id, s), SubtaskId(v.id, r), out_idx, e.input_index))
-    return out
-
-
-class _Gateway:
-    """TaskGateway of the slot's subtasks: every report becomes a control message to the driver."""
-
-    def __init__(self, slot: Slot) -> None:
-        self._slot = slot
-        self._attempt = slot.spec.attempt
-
-    def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None:
-        self._slot.send(m.Acknowledge(self._attempt, task, checkpoint_id, handle))
-
-    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
-        self._slot.send(m.Decline(self._attempt, task, checkpoint_id, reason))
-
-    def end_of_input(self, task: SubtaskId) -> None:
-        self._slot.send(m.EndOfInput(self._attempt, task))
-
-    def finished(self, task: SubtaskId) -> None:
-        self._slot.send(self._slot.metrics_message(task))  # the final figures, before Finished
-        self._slot.send(m.Finished(self._attempt, task, self._slot.metrics_of(task)))
-        self._slot.task_finished(task)
-
-    def failed(self, task: SubtaskId, error: BaseException) -> None:
-        # the report goes out before the slot stops (and so before its Goodbye): the driver sees the
-        # subtask's error as the root cause, not the losses the slot's stop causes
-        self._slot.send(m.TaskFailed(self._attempt, task, _portable(error, self._slot.index)))
-        self._slot.fail(SlotError(f"subtask {task} failed: {type(error).__name__}: {error}"))
-
-    def request_split(self, task: SubtaskId) -> None:
-        self._slot.send(m.RequestSplit(self._attempt, task))
-
-
-def _portable(error: BaseException, slot: int) -> BaseException:
-    """A copy of ``error`` that survives pickling (else a SlotError with its type and text), with its
-    traceback in the slot attached as a note (a pickled exception loses its traceback)."""
-    note = f"traceback in slot {slot}:\n" + "".join(traceback.format_exception(error)).rstrip()
-    try:
-        copy: BaseException = pickle.loads(pickle.dumps(error))
-    except Exception:
-        copy = SlotError(f"{type(error).__name__}: {error}")
-    copy.add_note(note)
-    return copy
-
-
-class SlotLogHandler(logging.Handler):
-    """Ships log records to the driver, naming the subtask whose thread logged them."""
-
-    def __init__(self, slot: Slot) -> None:
-        super().__init__()
-        self._slot = slot
-        self._busy = threading.local()
-        self.setFormatter(logging.Formatter("%(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if getattr(self._busy, "on", False) or record.name.startswith("py4j"):
-            return
-        self._busy.on = True
-        try:
-            slot = self._slot
-            subtask = slot.subtask_of_thread(record.threadName or "")
-            text = self.format(record)
-            slot.send(m.Log(slot.spec.attempt, slot.index, record.name, record.levelno, subtask, text))
-        except Exception:
-            self.handleError(record)
-        finally:
-            self._busy.on = False
 
 
 class Slot:
@@ -189,7 +77,7 @@ class Slot:
             if first:
                 self._failure = error
         if first and report:
-            self.send(m.SlotFailed(self.spec.attempt, self.index, _portable(error, self.index), consequence))
+            self.send(m.SlotFailed(self.spec.attempt, self.index, portable(error, self.index), consequence))
         self._end.set()
         self._started.set()
         self._peers_known.set()
@@ -394,7 +282,7 @@ class Slot:
             restored = RestoredCheckpoint.load(storage, spec.restore_path, spec.drop_channel_state, key=key)
         bound = spec.faults.in_slot(self.index, self._report_crash) if spec.faults is not None else None
         faults = bound or NO_FAULTS
-        gateway = _Gateway(self)
+        gateway = SlotGateway(self)
         for v in job.vertices.values():
             sid = SubtaskId(v.id, self.index)
             if sid not in mine:

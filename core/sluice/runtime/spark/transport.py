@@ -33,8 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 
+import sluice.runtime.spark.rpc as rpc
 from sluice.runtime.channels import InputQueue, Signal
-from sluice.runtime.spark import rpc
 from sluice.runtime.spark.listener import Listener, max_pending
 
 __all__ = ["DataPlane", "FrameKind", "Link", "RemoteInputChannel", "RemoteOutputChannel"]

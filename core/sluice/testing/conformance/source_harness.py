@@ -2,7 +2,7 @@
 
 A :class:`SourceRun` is one attempt: an enumerator (fresh or restored from a snapshot) and one reader per
 subtask. It mirrors the engine's ordering: split assignments and "no more splits" reach a reader through
-its mailbox (:attr:`_Reader.inbox`) and are handled before its next poll and before a checkpoint
+its mailbox (:attr:`ReaderRecord.inbox`) and are handled before its next poll and before a checkpoint
 snapshot (so an assignment made before a checkpoint is in the reader's snapshot, not the enumerator's);
 split requests reach the enumerator after the poll that made them. Snapshots go through the source's
 serializers as they do into a checkpoint (assignments through ``pickle``, as they travel to a Spark slot).
@@ -20,14 +20,14 @@ import copy
 import pickle
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from sluice.serializers import SimpleVersionedSerializer
-from sluice.source import InputStatus, Source, SourceReader, SourceSplit, SplitEnumerator
+from sluice.source import InputStatus, Source, SourceSplit, SplitEnumerator
 from sluice.testing.conformance.contracts import SOURCE_CONTRACTS, ConformanceError, through_serializer
+from sluice.testing.conformance.source_records import ReaderOutput, ReaderRecord, SourceCheckpoint
 
 __all__ = ["SourceCheckpoint", "SourceRun"]
 
@@ -46,52 +46,6 @@ def _roundtrip(value: Any, what: str) -> Any:
 
 def _checkpointed(serializer: SimpleVersionedSerializer[Any], value: Any, what: str) -> Any:
     return through_serializer(serializer, value, what, lambda m: violation("serializers", m))
-
-
-@dataclass
-class SourceCheckpoint:
-    """What a checkpoint holds of a source: the enumerator's snapshot and every reader's splits.
-
-    Attributes:
-        checkpoint_id: the checkpoint's id.
-        enumerator: the enumerator's snapshot (after a round trip through its serializer).
-        splits: per subtask, the splits its reader snapshotted (with positions).
-        emitted: per subtask, how many batches its reader had emitted at the checkpoint.
-        since: per subtask, splits assigned to it after this checkpoint (filled in as the run goes on).
-        no_more: subtasks whose reader had been told "no more splits" at the checkpoint.
-    """
-
-    checkpoint_id: int
-    enumerator: Any
-    splits: dict[int, list[SourceSplit]]
-    emitted: dict[int, int]
-    since: dict[int, list[SourceSplit]] = field(default_factory=dict)
-    no_more: set[int] = field(default_factory=set)
-
-    def all_splits(self) -> list[SourceSplit]:
-        """Every reader's splits, in subtask order (what the engine hands back to the enumerator)."""
-        return [copy.deepcopy(s) for i in sorted(self.splits) for s in self.splits[i]]
-
-
-class _Output:
-    """The ReaderOutput of one reader: keeps what it emitted."""
-
-    def __init__(self) -> None:
-        self.batches: list[pa.RecordBatch] = []
-        self.side: dict[str, list[pa.RecordBatch]] = collections.defaultdict(list)
-        self.watermarks: list[int] = []
-
-    def emit(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
-
-    def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
-        self.side[tag].append(batch)
-
-    def emit_watermark(self, timestamp_ms: int) -> None:
-        self.watermarks.append(timestamp_ms)
-
-    def mark_idle(self) -> None:
-        pass
 
 
 class _ReaderCtx:
@@ -142,21 +96,6 @@ class _EnumeratorCtx:
         return sorted(self._run.readers)
 
 
-@dataclass
-class _Reader:
-    subtask: int
-    reader: SourceReader
-    output: _Output
-    inbox: collections.deque[tuple[str, list[SourceSplit]]] = field(default_factory=collections.deque)
-    owned: set[str] = field(default_factory=set)
-    #: the enumerator signalled 'no more splits' (it may still wait in the inbox)
-    signalled: bool = False
-    no_more: bool = False
-    ended: bool = False
-    #: returned NOTHING_AVAILABLE since its last assignment (see SourceRun._deliver)
-    idle: bool = False
-
-
 class SourceRun:
     """One attempt of a source: its enumerator and readers, driven round by round.
 
@@ -181,8 +120,8 @@ class SourceRun:
         self.parallelism = parallelism
         self.job_id = job_id
         self.stall_timeout_s = stall_timeout_s
-        self.readers: dict[int, _Reader] = {}
-        self.retired: list[_Reader] = []
+        self.readers: dict[int, ReaderRecord] = {}
+        self.retired: list[ReaderRecord] = []
         self.requests: list[int] = []
         self.metrics: collections.Counter[str] = collections.Counter()
         self.gauges: dict[str, float] = {}
@@ -205,16 +144,16 @@ class SourceRun:
             self.add_reader(i)
         return self
 
-    def add_reader(self, subtask: int) -> _Reader:
+    def add_reader(self, subtask: int) -> ReaderRecord:
         """Create, start and register the reader of ``subtask`` (as a restarted subtask does)."""
         r = self.add_restored_reader(subtask)
         self.enumerator.add_reader(subtask)
         return r
 
-    def add_restored_reader(self, subtask: int) -> _Reader:
+    def add_restored_reader(self, subtask: int) -> ReaderRecord:
         """Create and start the reader of ``subtask`` without telling the enumerator (the caller hands it
         its splits)."""
-        r = _Reader(subtask, self.source.create_reader(_ReaderCtx(self, subtask)), _Output())
+        r = ReaderRecord(subtask, self.source.create_reader(_ReaderCtx(self, subtask)), ReaderOutput())
         r.reader.start()
         self.readers[subtask] = r
         return r
@@ -229,7 +168,7 @@ class SourceRun:
         except Exception:
             pass
 
-    def _close_reader(self, r: _Reader) -> None:
+    def _close_reader(self, r: ReaderRecord) -> None:
         try:
             r.reader.close()
         except Exception:
@@ -280,7 +219,7 @@ class SourceRun:
         self.readers[subtask].inbox.append(("no_more", []))
 
     # -- rounds ----------------------------------------------------------------------------------------
-    def _deliver(self, r: _Reader, everything: bool = False) -> None:
+    def _deliver(self, r: ReaderRecord, everything: bool = False) -> None:
         """Hand the reader its mailbox, in order. 'No more splits' waits (unless ``everything``, as before
         a snapshot) until the reader has said NOTHING_AVAILABLE once since its last splits: the signal may
         come late, and a reader that ends without it is caught."""
@@ -394,7 +333,7 @@ class SourceRun:
         self.checkpoints.append(cp)
         return cp
 
-    def fail_reader(self, subtask: int) -> tuple[_Reader, list[SourceSplit]]:
+    def fail_reader(self, subtask: int) -> tuple[ReaderRecord, list[SourceSplit]]:
         """Reader ``subtask`` fails: it is closed and its splits as of the last checkpoint (plus those
         assigned to it since) are returned, as Flink's split assignment tracker hands them back."""
         r = self.readers.pop(subtask)
@@ -404,5 +343,5 @@ class SourceRun:
         back = [copy.deepcopy(s) for s in cp.splits.get(subtask, [])] + list(cp.since.get(subtask, []))
         return r, back
 
-    def output_of(self, r: _Reader, upto: int | None = None) -> list[pa.RecordBatch]:
+    def output_of(self, r: ReaderRecord, upto: int | None = None) -> list[pa.RecordBatch]:
         return list(r.output.batches[:upto])

@@ -12,18 +12,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
 from sluice.errors import CommitError, ConfigError
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
+from sluice.sinks.delta.options import DeltaSinkOptions
+from sluice.sinks.delta.rewrite import rewrite_small_files
+from sluice.sinks.delta.table import check_schema, open_table, remove_orphans
 from sluice.sinks.tables.errors import TableLineageError
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import BackgroundRewriter
-
-if TYPE_CHECKING:
-    from sluice.sinks.delta.sink import DeltaSink
 
 __all__ = ["DeltaCommitter", "app_id"]
 
@@ -39,24 +39,20 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
     """Commits each checkpoint's data files in one Delta transaction (on the coordinator).
 
     Created once per attempt, before the tasks start: it first deletes the data files of checkpoints that
-    never completed (:func:`~sluice.sinks.delta.sink.remove_orphans`).
+    never completed (:func:`~sluice.sinks.delta.table.remove_orphans`).
     """
 
-    def __init__(self, sink: DeltaSink, ctx: GlobalCommitterContext) -> None:
-        self.sink = sink
+    def __init__(self, options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> None:
+        self.options = options
         self.ctx = ctx
         self.app_id = app_id(ctx.job_id, ctx.sink_uid)
         self._tried: set[int] = set()
-        from sluice.sinks.delta.sink import remove_orphans
-
-        remove_orphans(sink, ctx.job_id, self.app_id, ctx.restored_checkpoint_id)  # once per attempt
+        remove_orphans(options, ctx.job_id, self.app_id, ctx.restored_checkpoint_id)  # once per attempt
         self.rewriter: BackgroundRewriter | None = None
-        if sink.rewrite is not None:
-            from sluice.sinks.delta.rewrite import rewrite_small_files
-
-            policy = sink.rewrite
+        if options.rewrite is not None:
+            policy = options.rewrite
             self.rewriter = BackgroundRewriter(
-                f"DeltaSink {sink.path}", policy, lambda: rewrite_small_files(sink, policy), ctx.metric
+                f"DeltaSink {options.path}", policy, lambda: rewrite_small_files(options, policy), ctx.metric
             )
 
     def commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
@@ -65,7 +61,7 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
         except (CommitError, ConfigError):
             raise
         except Exception as exc:
-            raise CommitError(f"DeltaSink {self.sink.path}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
+            raise CommitError(f"DeltaSink {self.options.path}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
 
     def _commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
         from deltalake.transaction import (
@@ -74,11 +70,9 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             Transaction,
             create_table_with_add_actions,
         )
-        from sluice.sinks.delta.table import check_schema, open_table
-
         if not committables:
             return CommitOutcome.COMMITTED
-        table = open_table(self.sink)
+        table = open_table(self.options)
         now = int(time.time() * 1000)
         adds: list[Any] = [
             AddAction(quote(c.path, safe="/="), c.size, dict(c.partition), now, True, c.stats)
@@ -91,7 +85,7 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
         }
         props = CommitProperties(
             custom_metadata=meta,
-            max_commit_retries=self.sink.commit_retries,
+            max_commit_retries=self.options.commit_retries,
             app_transactions=[Transaction(self.app_id, checkpoint_id)],
         )
         if table is None:  # the first commit creates the table: one version, with the checkpoint's files
@@ -102,14 +96,14 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             first = committables[0]
             full = pa.schema([*first.schema, *first.partition_schema])
             create_table_with_add_actions(
-                self.sink.path,
-                Schema.from_arrow(self.sink.schema or full),
+                self.options.path,
+                Schema.from_arrow(self.options.table_schema or full),
                 adds,
                 mode="error",
-                partition_by=list(self.sink.partition_by) or None,
-                name=self.sink.table_name,
-                configuration=self.sink.configuration or None,
-                storage_options=self.sink.delta_storage_options(),
+                partition_by=list(self.options.partition_by) or None,
+                name=self.options.table_name,
+                configuration=self.options.configuration or None,
+                storage_options=self.options.delta_storage_options(),
                 commit_properties=props,
             )
             return self._committed()
@@ -118,14 +112,14 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             if checkpoint_id in self._tried or checkpoint_id <= (self.ctx.restored_checkpoint_id or 0):
                 return CommitOutcome.ALREADY_COMMITTED
             raise TableLineageError(
-                f"DeltaSink {self.sink.path}: the table already holds checkpoint {done} of app id "
+                f"DeltaSink {self.options.path}: the table already holds checkpoint {done} of app id "
                 f"{self.app_id!r}, and this run is about to commit its checkpoint {checkpoint_id}: checkpoint "
                 "ids restarted (checkpoint storage wiped?). Restore the job's latest checkpoint, or give the "
                 "sink a new uid"
             )
         self._tried.add(checkpoint_id)
         for schema in {c.schema_fp: c.schema for c in committables}.values():
-            new = check_schema(self.sink, table, _with_partitions(schema, table))
+            new = check_schema(self.options, table, _with_partitions(schema, table))
             if new:
                 table.alter.add_columns([_delta_field(f) for f in new])
                 table.update_incremental()

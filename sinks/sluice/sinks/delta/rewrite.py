@@ -8,12 +8,10 @@ because those never touch the files it removes.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sluice.sinks.delta.options import DeltaSinkOptions
 from sluice.sinks.tables.rewrite import RewritePolicy
-
-if TYPE_CHECKING:
-    from sluice.sinks.delta.sink import DeltaSink
 
 __all__ = ["rewrite_small_files", "small_files_by_partition"]
 
@@ -38,12 +36,12 @@ def small_files_by_partition(table: Any, target_size: int) -> Counter[tuple[tupl
     return out
 
 
-def rewrite_small_files(sink: DeltaSink, policy: RewritePolicy) -> int:
+def rewrite_small_files(options: DeltaSinkOptions, policy: RewritePolicy) -> int:
     """Optimize every partition holding at least ``policy.min_files`` small files; returns files replaced."""
     from deltalake import DeltaTable
     from deltalake.transaction import CommitProperties
 
-    table = DeltaTable(sink.path, storage_options=sink.delta_storage_options())
+    table = DeltaTable(options.path, storage_options=options.delta_storage_options())
     replaced = 0
     for partition, n in small_files_by_partition(table, policy.target_size).items():
         if n < policy.min_files:

@@ -1,5 +1,5 @@
-"""A Delta table as the sink sees it: opened or created, its schema checked, rows laid out in partitions, and
-the statistics an add action records.
+"""A Delta table as the sink sees it: opened or created, its schema checked, rows laid out in partitions, the
+statistics an add action records, and the data files of checkpoints that never completed removed.
 
 Everything here imports ``deltalake`` lazily (the ``sluice-etl[delta]`` extra)."""
 
@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from sluice.errors import ConfigError
+from sluice.sinks.delta.options import DeltaSinkOptions, import_deltalake
 from sluice.sinks.tables.errors import TableSchemaError
-from sluice.sinks.tables.files import split_by
+from sluice.sinks.tables.files import parse_data_file_name, split_by
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-    from sluice.sinks.delta.sink import DeltaSink
 
 __all__ = [
     "DeltaLayout",
@@ -28,23 +30,14 @@ __all__ = [
     "create_table",
     "delta_stats",
     "describe_schema",
-    "import_deltalake",
     "open_table",
+    "remove_orphans",
 ]
+
+log = logging.getLogger("sluice.sinks.delta")
 
 _PARTITION_TYPES = ("string", "long", "integer", "short", "byte", "date", "boolean")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-
-
-def import_deltalake() -> Any:
-    """The ``deltalake`` module, or a ConfigError naming the extra that installs it."""
-    try:
-        import deltalake
-    except ImportError as exc:
-        raise ConfigError(
-            f"DeltaSink needs the deltalake package: pip install 'sluice-etl[delta]' ({exc})"
-        ) from None
-    return deltalake
 
 
 def describe_schema(schema: Any) -> dict[str, str]:
@@ -66,50 +59,50 @@ def _show(types: dict[str, str]) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in types.items()) + "}"
 
 
-def open_table(sink: DeltaSink) -> DeltaTable | None:
+def open_table(options: DeltaSinkOptions) -> DeltaTable | None:
     """The table, or None if there is none at the sink's path yet.
 
     Not ``DeltaTable.is_deltatable``: it keeps the GIL during its I/O, which stalls every other thread of the
     process meanwhile (and deadlocks with an S3 endpoint served by a thread of the same process)."""
     dl = import_deltalake()
     try:
-        table: DeltaTable = dl.DeltaTable(sink.path, storage_options=sink.delta_storage_options())
+        table: DeltaTable = dl.DeltaTable(options.path, storage_options=options.delta_storage_options())
     except dl.exceptions.TableNotFoundError:
         return None
     return table
 
 
-def check_partitioning(sink: DeltaSink, schema: pa.Schema) -> None:
+def check_partitioning(options: DeltaSinkOptions, schema: pa.Schema) -> None:
     """Raise ConfigError unless every partition column is in ``schema`` with a type Delta can partition by."""
-    missing = [c for c in sink.partition_by if c not in schema.names]
+    missing = [c for c in options.partition_by if c not in schema.names]
     if missing:
         raise ConfigError(
             f"DeltaSink: partition_by names column(s) {missing} the stream does not have ({schema.names})"
         )
-    for c in sink.partition_by:
+    for c in options.partition_by:
         if describe_schema(pa.schema([schema.field(c)]))[c] not in _PARTITION_TYPES:
             raise ConfigError(
                 f"DeltaSink: partition column {c!r} has type {schema.field(c).type}; allowed: string, integers, date, boolean"
             )
 
 
-def create_table(sink: DeltaSink, schema: pa.Schema) -> DeltaTable:
+def create_table(options: DeltaSinkOptions, schema: pa.Schema) -> DeltaTable:
     """Create the table (one place only: the driver; delta-rs does not guard concurrent creation)."""
     dl = import_deltalake()
-    check_partitioning(sink, schema)
+    check_partitioning(options, schema)
     table: DeltaTable = dl.DeltaTable.create(
-        sink.path,
+        options.path,
         schema,
         mode="ignore",
-        partition_by=list(sink.partition_by) or None,
-        name=sink.table_name,
-        configuration=sink.configuration or None,
-        storage_options=sink.delta_storage_options(),
+        partition_by=list(options.partition_by) or None,
+        name=options.table_name,
+        configuration=options.configuration or None,
+        storage_options=options.delta_storage_options(),
     )
     return table
 
 
-def check_schema(sink: DeltaSink, table: DeltaTable, stream: pa.Schema) -> list[pa.Field]:
+def check_schema(options: DeltaSinkOptions, table: DeltaTable, stream: pa.Schema) -> list[pa.Field]:
     """Raise TableSchemaError unless ``stream`` fits the table; return the stream's columns the table lacks
     (allowed only with ``schema_mode="merge"``)."""
     have = describe_schema(table.schema())
@@ -117,14 +110,14 @@ def check_schema(sink: DeltaSink, table: DeltaTable, stream: pa.Schema) -> list[
     changed = {c: (have[c], t) for c, t in want.items() if c in have and have[c] != t}
     new = [stream.field(c) for c in want if c not in have]
     partitions = table.metadata().partition_columns
-    if partitions != list(sink.partition_by) and sink.partition_by:
+    if partitions != list(options.partition_by) and options.partition_by:
         raise TableSchemaError(
-            f"DeltaSink {sink.path}: the table is partitioned by {partitions}, the sink by {list(sink.partition_by)}"
+            f"DeltaSink {options.path}: the table is partitioned by {partitions}, the sink by {list(options.partition_by)}"
         )
     missing_partitions = [c for c in partitions if c not in want]
-    if changed or missing_partitions or (new and sink.schema_mode != "merge"):
+    if changed or missing_partitions or (new and options.schema_mode != "merge"):
         raise TableSchemaError(
-            f"DeltaSink {sink.path}: the stream's schema {_show(want)} does not fit the table's schema "
+            f"DeltaSink {options.path}: the stream's schema {_show(want)} does not fit the table's schema "
             f"{_show(have)}"
             + (f"; types differ: {changed}" if changed else "")
             + (f"; new columns {[f.name for f in new]} (set schema_mode='merge' to add them)" if new else "")
@@ -208,3 +201,40 @@ def _json_value(v: Any) -> Any:
     if isinstance(v, datetime.date):
         return v.isoformat()
     return v
+
+
+def remove_orphans(options: DeltaSinkOptions, job_id: str, app_id: str, restored_checkpoint_id: int | None) -> int:
+    """Delete data files of ``job_id`` written for checkpoints that never completed; returns how many.
+
+    Those are the job's files of checkpoints after both the restored one and the last one the table has
+    (``transaction_version(app_id)``) that the table's current version does not reference. Files of the
+    restored checkpoint and earlier are committed, or about to be by the restored checkpoint's re-commit.
+    """
+    table = open_table(options)
+    if table is None:
+        return 0
+    active = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+    upto = max(table.transaction_version(app_id) or 0, restored_checkpoint_id or 0)
+    fs, root = options.filesystem()
+    removed = 0
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        rel = info.path[len(root) :].lstrip("/")
+        parsed = parse_data_file_name(rel)
+        if info.type != pafs.FileType.File or parsed is None or rel.startswith("_delta_log"):
+            continue
+        if (
+            parsed[0] == job_id
+            and parsed[1] > upto
+            and rel not in active
+            and quote(rel, safe="/=") not in active
+        ):
+            fs.delete_file(info.path)
+            removed += 1
+    if removed:
+        log.info(
+            "%s: deleted %d data file(s) of checkpoints of job %s that never completed",
+            options.name,
+            removed,
+            job_id,
+        )
+    return removed

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sluice.sink import CommitOutcome, Committer
 from sluice.sinks.files.committable import FileCommittable
-
-if TYPE_CHECKING:
-    from sluice.sinks.files.sink import FileSink
+from sluice.sinks.files.options import FileSinkOptions
 
 __all__ = ["FileCommitter"]
 
@@ -22,8 +20,8 @@ class FileCommitter(Committer[FileCommittable]):
     are skipped: a later checkpoint publishes them.
     """
 
-    def __init__(self, sink: FileSink, ctx: Any) -> None:
-        self.fs = sink.filesystem()
+    def __init__(self, options: FileSinkOptions, ctx: Any) -> None:
+        self.fs = options.filesystem()
         self.ctx = ctx
         self._hook: Callable[[str], None] | None = getattr(ctx, "fault_hook", None)
 

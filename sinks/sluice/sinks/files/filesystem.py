@@ -3,7 +3,8 @@
 A :class:`FileSystem` works with paths relative to the sink's root. Writers write in-progress files to a
 local path (:meth:`FileSystem.inprogress_path`); :meth:`~FileSystem.stage` makes one durable under its
 hidden pending name (local: fsync + rename; S3: upload) and :meth:`~FileSystem.publish` makes it visible
-under its final name, idempotently. :func:`filesystem_for` picks the implementation from the root's scheme.
+under its final name, idempotently. ``FileSinkOptions.filesystem`` picks the implementation from the root's
+scheme: :class:`LocalFileSystem` here, ``S3FileSystem`` in :mod:`sluice.sinks.files.s3filesystem`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import os
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from sluice.errors import CommitError
 from sluice.sinks.files.committable import FileCommittable, committed_checkpoint_of, is_staging_of
 
-__all__ = ["FileSystem", "LocalFileSystem", "Staged", "filesystem_for"]
+__all__ = ["FileSystem", "LocalFileSystem", "Staged", "local_tmp_dir"]
 
 
 @dataclass(frozen=True)
@@ -164,13 +164,3 @@ def local_tmp_dir(base: str | None) -> str:
     """A private temporary folder for in-progress files of a remote file system."""
     return tempfile.mkdtemp(prefix="sluice-filesink-", dir=base)
 
-
-def filesystem_for(
-    root: str, storage_options: dict[str, Any], multipart_threshold: int, part_size: int, local_tmp: str | None
-) -> FileSystem:
-    """The FileSystem of ``root``: ``s3://bucket/prefix`` or a local path / ``file://`` URI."""
-    if root.startswith("s3://"):
-        from sluice.sinks.files.s3filesystem import S3FileSystem
-
-        return S3FileSystem(root, storage_options, multipart_threshold, part_size, local_tmp)
-    return LocalFileSystem(root)

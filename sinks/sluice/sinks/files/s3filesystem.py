@@ -19,8 +19,8 @@ import shutil
 from typing import Any
 
 import pyarrow as pa
-from sluice.checkpoint.s3 import make_client, parse_s3_uri, s3_call
 from sluice.errors import CommitError
+from sluice.io.s3 import MISSING, list_pages, make_client, parse_s3_uri, s3_call
 from sluice.sinks.files.committable import (
     FileCommittable,
     committed_checkpoint_of,
@@ -31,8 +31,6 @@ from sluice.sinks.files.errors import StorageError
 from sluice.sinks.files.filesystem import FileSystem, Staged, local_tmp_dir
 
 __all__ = ["S3FileSystem"]
-
-_MISSING = ("404", "NoSuchKey", "NotFound")
 
 
 def _multipart_etag(parts: tuple[tuple[int, str], ...]) -> str:
@@ -45,7 +43,7 @@ class S3FileSystem(FileSystem):
 
     Args:
         root: ``s3://bucket/prefix``.
-        options: client options (``sluice.checkpoint.s3.S3_OPTIONS``).
+        options: client options (``sluice.io.s3.S3_OPTIONS``).
         multipart_threshold: files of at least this many bytes become multipart uploads.
         part_size: bytes per uploaded part (S3: >= 5 MiB except the last).
         local_tmp: where in-progress files are written (default: the system temp folder).
@@ -118,7 +116,7 @@ class S3FileSystem(FileSystem):
         try:
             return self._call("HeadObject", self.client.head_object, Key=key)  # type: ignore[no-any-return]
         except StorageError as exc:
-            if exc.code in _MISSING:
+            if exc.code in MISSING:
                 return None
             raise
 
@@ -188,25 +186,22 @@ class S3FileSystem(FileSystem):
     def delete_staged(self, rel: str) -> None:
         self._call("DeleteObject", self.client.delete_object, Key=self._key(rel))
 
-    def cleanup(self, job_id: str, keep: set[str]) -> int:
+    def _pages(self, operation: str, fn: Any) -> Any:
         prefix = f"{self.prefix}/" if self.prefix else ""
+        return list_pages(lambda **kw: self._call(operation, fn, **kw), Prefix=prefix)
+
+    def cleanup(self, job_id: str, keep: set[str]) -> int:
+        skip = len(f"{self.prefix}/") if self.prefix else 0
         n = 0
-        kw: dict[str, Any] = {"Prefix": prefix}
-        while True:
-            page = self._call("ListObjectsV2", self.client.list_objects_v2, **kw)
+        for page in self._pages("ListObjectsV2", self.client.list_objects_v2):
             for o in page.get("Contents", []):
-                rel = o["Key"][len(prefix) :]
+                rel = o["Key"][skip:]
                 if is_staging_of(rel.rpartition("/")[2], job_id) and rel not in keep:
                     self.delete_staged(rel)
                     n += 1
-            if not page.get("IsTruncated"):
-                break
-            kw["ContinuationToken"] = page["NextContinuationToken"]
-        kw = {"Prefix": prefix}
-        while True:
-            page = self._call("ListMultipartUploads", self.client.list_multipart_uploads, **kw)
+        for page in self._pages("ListMultipartUploads", self.client.list_multipart_uploads):
             for u in page.get("Uploads", []):
-                rel = u["Key"][len(prefix) :]
+                rel = u["Key"][skip:]
                 if is_upload_of(rel.rpartition("/")[2], job_id) and u["UploadId"] not in keep:
                     try:
                         self._call(
@@ -219,22 +214,14 @@ class S3FileSystem(FileSystem):
                         if exc.code != "NoSuchUpload":
                             raise
                     n += 1
-            if not page.get("IsTruncated"):
-                break
-            kw["KeyMarker"], kw["UploadIdMarker"] = page["NextKeyMarker"], page["NextUploadIdMarker"]
         return n
 
     def committed_checkpoint(self, job_id: str) -> int:
-        prefix = f"{self.prefix}/" if self.prefix else ""
         newest = 0
-        kw: dict[str, Any] = {"Prefix": prefix}
-        while True:
-            page = self._call("ListObjectsV2", self.client.list_objects_v2, **kw)
+        for page in self._pages("ListObjectsV2", self.client.list_objects_v2):
             for o in page.get("Contents", []):
                 newest = max(newest, committed_checkpoint_of(o["Key"].rpartition("/")[2], job_id) or 0)
-            if not page.get("IsTruncated"):
-                return newest
-            kw["ContinuationToken"] = page["NextContinuationToken"]
+        return newest
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)

@@ -11,35 +11,18 @@ import pyarrow as pa
 from sluice.errors import ConfigError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Committer, Compactor, Sink, SinkContext, SinkWriter
-from sluice.sinks.files.buckets import BucketAssigner
 from sluice.sinks.files.committable import FileCommittable
 from sluice.sinks.files.committer import FileCommitter
 from sluice.sinks.files.compaction import CompactionPolicy, FileCompactor
-from sluice.sinks.files.filesystem import FileSystem, filesystem_for
-from sluice.sinks.files.formats import COMPRESSIONS, FORMATS, FormatOptions, unwritable_columns
+from sluice.sinks.files.options import FileSinkOptions
 from sluice.sinks.files.rolling import RollingPolicy
 from sluice.sinks.files.serializers import FileCommittableSerializer, FileWriterStateSerializer
 from sluice.sinks.files.writer import FileSinkWriter
+from sluice.sinks.options import Option
 
 __all__ = ["FileSink"]
 
 log = logging.getLogger("sluice.sinks.files")
-
-_DEFAULT_COMPRESSION = {"parquet": "snappy", "json": "none", "csv": "none"}
-_MIN_PART = 5 * 1024 * 1024
-
-
-def _policy(value: Any, cls: type, option: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, dict):
-        try:
-            return cls(**value)
-        except TypeError as exc:
-            raise ConfigError(f"FileSink: {option}: {exc}") from None
-    raise ConfigError(
-        f"FileSink: {option} must be a {cls.__name__} or a dict of its options (got {type(value).__name__})"
-    )
 
 
 class FileSink(Sink[FileCommittable]):
@@ -48,6 +31,10 @@ class FileSink(Sink[FileCommittable]):
     Lifecycle: in-progress (hidden) -> pending at pre-commit (hidden, durable, named in the checkpoint) ->
     visible under ``part-<job>-<checkpoint>-<subtask>-<seq>-<run><ext>`` when the checkpoint completes. See
     ``docs/file-sink.md``.
+
+    The arguments are checked when the sink is built and kept as ``options``, a frozen
+    :class:`~sluice.sinks.files.options.FileSinkOptions` that the writers, committers and compactor are
+    handed; each option is also an attribute of the sink.
 
     Args:
         path: a local folder, ``file://`` URI or ``s3://bucket/prefix``.
@@ -74,6 +61,23 @@ class FileSink(Sink[FileCommittable]):
         name: the sink operator's name.
     """
 
+
+    path = Option[str]()
+    format = Option[str]()
+    compression = Option[str]()
+    row_group_size = Option[int]()
+    bucket_by = Option[list[str]]()
+    time_bucket = Option[str | None]()
+    time_column = Option[str | None]()
+    rolling = Option[RollingPolicy]()
+    compaction = Option[CompactionPolicy | None]()
+    schema_evolution = Option[bool]()
+    storage_options = Option[dict[str, Any]]()
+    multipart_threshold = Option[int]()
+    part_size = Option[int]()
+    local_tmp_dir = Option[str | None]()
+    name = Option[str]()
+
     def __init__(
         self,
         path: str,
@@ -94,117 +98,48 @@ class FileSink(Sink[FileCommittable]):
         local_tmp_dir: str | None = None,
         name: str = "file-sink",
     ) -> None:
-        if not isinstance(path, str) or not path:
-            raise ConfigError(
-                f"FileSink: path must be a local folder, file:// or s3://bucket/prefix (got {path!r})"
-            )
-        self.path = path
-        self.format = format
-        self.compression = (
-            compression if compression is not None else _DEFAULT_COMPRESSION.get(format, "none")
-        )
-        self.row_group_size = row_group_size
-        self.bucket_by = [bucket_by] if isinstance(bucket_by, str) else list(bucket_by)
-        self.time_bucket = time_bucket
-        self.time_column = time_column
-        self.rolling: RollingPolicy = (
-            RollingPolicy() if rolling is None else _policy(rolling, RollingPolicy, "rolling")
-        )
-        if compaction is True:
-            compaction = CompactionPolicy()
-        self.compaction: CompactionPolicy | None = (
-            None
-            if compaction is None or compaction is False
-            else _policy(compaction, CompactionPolicy, "compaction")
-        )
-        self.schema_evolution = schema_evolution
         if s3_options is not None:
             if storage_options is not None:
                 raise ConfigError("FileSink: give storage_options, not also its deprecated alias s3_options")
             warnings.warn(
                 "FileSink(s3_options=...) is deprecated: use storage_options", DeprecationWarning, stacklevel=2
             )
-        self.storage_options = dict(storage_options if storage_options is not None else s3_options or {})
-        self.multipart_threshold = multipart_threshold
-        self.part_size = part_size
-        self.local_tmp_dir = local_tmp_dir
-        self.name = name
-        self.validate()
+        self.options = FileSinkOptions.of(
+            path=path,
+            format=format,
+            compression=compression,
+            row_group_size=row_group_size,
+            bucket_by=bucket_by,
+            time_bucket=time_bucket,
+            time_column=time_column,
+            rolling=rolling,
+            compaction=compaction,
+            schema_evolution=schema_evolution,
+            storage_options=dict(storage_options if storage_options is not None else s3_options or {}),
+            multipart_threshold=multipart_threshold,
+            part_size=part_size,
+            local_tmp_dir=local_tmp_dir,
+            name=name,
+        )
 
     def __repr__(self) -> str:  # never shows credentials
         return f"FileSink({self.path!r}, format={self.format!r}, compression={self.compression!r})"
 
-    # -- validation ------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError naming the wrong option and the allowed values (the options are checked when the
+        sink is built; this checks them again after an option was assigned)."""
+        self.options = self.options.checked()
+
     def validate_schema(self, schema: pa.Schema) -> None:
         """Refuse a column this sink's format cannot write, naming the sink and the column."""
-        bad = unwritable_columns(schema, self.format)
-        if bad:
-            f = bad[0]
-            raise ConfigError(
-                f"FileSink {self.path!r}: column {f.name!r} has type {f.type}, which format {self.format!r} "
-                "cannot write: drop or convert it upstream (map_batches), or use format 'parquet' or 'json'"
-            )
-
-    def validate(self) -> None:
-        """Raise ConfigError naming the wrong option and the allowed values."""
-        if self.format not in FORMATS:
-            raise ConfigError(f"FileSink: format must be one of {', '.join(FORMATS)} (got {self.format!r})")
-        allowed = COMPRESSIONS[self.format]
-        if self.compression not in allowed:
-            raise ConfigError(
-                f"FileSink: compression for format {self.format!r} must be one of "
-                f"{', '.join(allowed)} (got {self.compression!r})"
-            )
-        for opt in ("row_group_size", "multipart_threshold", "part_size"):
-            v = getattr(self, opt)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"FileSink: {opt} must be an integer >= 1 (got {v!r})")
-        if self.part_size < _MIN_PART:
-            raise ConfigError(
-                f"FileSink: part_size must be >= {_MIN_PART} bytes (S3's minimum part size; "
-                f"got {self.part_size})"
-            )
-        if not isinstance(self.schema_evolution, bool):
-            raise ConfigError(
-                f"FileSink: schema_evolution must be True or False (got {self.schema_evolution!r})"
-            )
-        if "://" in self.path and not self.path.startswith(("s3://", "file://")):
-            raise ConfigError(
-                f"FileSink: path must be a local folder, file:// or s3://bucket/prefix (got {self.path!r})"
-            )
-        if self.path.startswith("s3://"):
-            from sluice.checkpoint.s3 import S3_OPTIONS, parse_s3_uri
-
-            parse_s3_uri(self.path)
-            unknown = sorted(set(self.storage_options) - set(S3_OPTIONS))
-            if unknown:
-                raise ConfigError(
-                    f"FileSink: storage_options has unknown option(s) {unknown} (allowed: {', '.join(S3_OPTIONS)})"
-                )
-        self.rolling.validate()
-        if self.compaction is not None:
-            self.compaction.validate()
-        self.bucket_assigner().validate()
-
-    # -- parts -----------------------------------------------------------------------------------------
-    def filesystem(self) -> FileSystem:
-        """A new FileSystem for this sink's root (one per writer / committer: clients are not shared)."""
-        return filesystem_for(
-            self.path, self.storage_options, self.multipart_threshold, self.part_size, self.local_tmp_dir
-        )
-
-    def format_options(self) -> FormatOptions:
-        return FormatOptions(self.format, self.compression, self.row_group_size)
-
-    def bucket_assigner(self) -> BucketAssigner:
-        return BucketAssigner(self.bucket_by, self.time_bucket, self.time_column)
+        self.options.check_schema(schema)
 
     # -- Sink SPI --------------------------------------------------------------------------------------
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[FileCommittable]:
-        return FileSinkWriter(self, ctx, restored)
+        return FileSinkWriter(self.options, ctx, restored)
 
     def create_committer(self, ctx: SinkContext) -> Committer[FileCommittable] | None:
-        return FileCommitter(self, ctx)
+        return FileCommitter(self.options, ctx)
 
     def committable_serializer(self) -> SimpleVersionedSerializer[FileCommittable]:
         """Committables go into checkpoints as JSON (:mod:`sluice.sinks.files.serializers`)."""
@@ -220,14 +155,15 @@ class FileSink(Sink[FileCommittable]):
         return self.compaction is not None
 
     def create_compactor(self, ctx: SinkContext) -> Compactor[FileCommittable] | None:
-        if self.compaction is None:
+        policy = self.compaction
+        if policy is None:
             return None
-        return FileCompactor(self.compaction, self.filesystem(), self.format_options(), ctx)
+        return FileCompactor(policy, self.options.filesystem(), self.options.format_options(), ctx)
 
     def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
         """The newest checkpoint of ``job_id`` whose files are visible under the sink's root: their names
         are the lineage record (``docs/file-sink.md``). One listing of the root, as :meth:`recover` does."""
-        fs = self.filesystem()
+        fs = self.options.filesystem()
         try:
             return fs.committed_checkpoint(job_id)
         finally:
@@ -242,7 +178,7 @@ class FileSink(Sink[FileCommittable]):
             keep.update(c.replaces)
             if c.upload_id is not None:
                 keep.add(c.upload_id)
-        fs = self.filesystem()
+        fs = self.options.filesystem()
         try:
             n = fs.cleanup(job_id, keep)
         finally:

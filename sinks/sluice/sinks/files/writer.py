@@ -6,7 +6,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from sluice.sink import SinkContext, SinkWriter
@@ -19,9 +19,7 @@ from sluice.sinks.files.committable import (
 )
 from sluice.sinks.files.errors import SchemaMismatchError
 from sluice.sinks.files.formats import FormatWriter, extension, open_writer, schema_fingerprint
-
-if TYPE_CHECKING:
-    from sluice.sinks.files.sink import FileSink
+from sluice.sinks.files.options import FileSinkOptions
 
 __all__ = ["FileSinkWriter"]
 
@@ -44,14 +42,14 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
     ``FileSink.recover`` deletes the in-progress files of the failed attempt.
     """
 
-    def __init__(self, sink: FileSink, ctx: SinkContext, restored: list[Any]) -> None:
-        self.sink = sink
+    def __init__(self, options: FileSinkOptions, ctx: SinkContext, restored: list[Any]) -> None:
+        self.options = options
         self.ctx = ctx
-        self.fs = sink.filesystem()
-        self.opts = sink.format_options()
+        self.fs = options.filesystem()
+        self.opts = options.format_options()
         self.ext = extension(self.opts)
-        self.assigner = sink.bucket_assigner()
-        self.rolling = sink.rolling
+        self.assigner = options.bucket_assigner()
+        self.rolling = options.rolling
         self.open: dict[str, _InProgress] = {}
         self.rolled: list[_InProgress] = []
         self.schemas: dict[str, pa.Schema] = {}
@@ -78,10 +76,10 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
             f = self.open.get(bucket)
             known = f.schema if f is not None else self.schemas.get(bucket)
             if known is not None and not rows.schema.equals(known, check_metadata=False):
-                if not self.sink.schema_evolution:
+                if not self.options.schema_evolution:
                     raise SchemaMismatchError(
-                        f"FileSink {self.sink.name!r}: a batch for bucket {bucket or '(root)'!r} of "
-                        f"{self.sink.path} has schema\n{rows.schema}\n"
+                        f"FileSink {self.options.name!r}: a batch for bucket {bucket or '(root)'!r} of "
+                        f"{self.options.path} has schema\n{rows.schema}\n"
                         f"but the bucket's file has schema\n{known}\n"
                         "fix the upstream schema, or set schema_evolution=True to roll to a new file"
                     )
@@ -97,7 +95,7 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
         self._roll_idle(now)
 
     def _open(self, bucket: str, schema: pa.Schema, now: float) -> _InProgress:
-        self.sink.validate_schema(schema)  # a stream whose schema the job did not know when it was built
+        self.options.check_schema(schema)  # a stream whose schema the job did not know when it was built
         rel = inprogress_name(
             bucket, self.ctx.job_id, self.ctx.subtask, uuid.uuid4().hex[:12], self.ext, self.ctx.attempt
         )
@@ -154,7 +152,7 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
 
     def _hold_back(self, staged: list[FileCommittable]) -> list[FileCommittable]:
         """Keep a bucket's small files for a later checkpoint while they are below the target in total."""
-        policy = self.sink.compaction
+        policy = self.options.compaction
         if policy is None or (policy.max_checkpoints <= 1 and not self.held):
             return staged
         out: list[FileCommittable] = []

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sluice.errors import CommitError, ConfigError
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
+from sluice.sinks.iceberg.catalog import load_catalog
 from sluice.sinks.iceberg.layout import JOB_ID, MAX_COMMITTED, SINK_UID, data_file, max_committed_checkpoint
+from sluice.sinks.iceberg.options import IcebergSinkOptions
+from sluice.sinks.iceberg.rewrite import rewrite_small_files
 from sluice.sinks.tables.errors import TableLineageError
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import BackgroundRewriter
-
-if TYPE_CHECKING:
-    from sluice.sinks.iceberg.sink import IcebergSink
 
 __all__ = ["IcebergCommitter"]
 
@@ -30,21 +29,19 @@ __all__ = ["IcebergCommitter"]
 class IcebergCommitter(GlobalCommitter[TableFile]):
     """Commits each checkpoint's data files as one Iceberg snapshot (on the coordinator)."""
 
-    def __init__(self, sink: IcebergSink, ctx: GlobalCommitterContext) -> None:
-        self.sink = sink
+    def __init__(self, options: IcebergSinkOptions, ctx: GlobalCommitterContext) -> None:
+        self.options = options
         self.ctx = ctx
         self._tried: set[int] = set()
         #: held by checkpoint commits and by the background rewrite's commit step (not its merging)
         self.lock = threading.Lock()
         self.rewriter: BackgroundRewriter | None = None
-        if sink.rewrite is not None:
-            from sluice.sinks.iceberg.rewrite import rewrite_small_files
-
-            policy = sink.rewrite
+        if options.rewrite is not None:
+            policy = options.rewrite
             self.rewriter = BackgroundRewriter(
-                f"IcebergSink {sink.table}",
+                f"IcebergSink {options.table}",
                 policy,
-                lambda: rewrite_small_files(sink, policy, self.lock),
+                lambda: rewrite_small_files(options, policy, self.lock),
                 ctx.metric,
             )
 
@@ -54,22 +51,20 @@ class IcebergCommitter(GlobalCommitter[TableFile]):
         except (CommitError, ConfigError):
             raise
         except Exception as exc:
-            raise CommitError(f"IcebergSink {self.sink.table}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
+            raise CommitError(f"IcebergSink {self.options.table}: commit of checkpoint {checkpoint_id} failed: {exc}") from exc
 
     def _commit(self, checkpoint_id: int, committables: Sequence[TableFile]) -> CommitOutcome:
-        from sluice.sinks.iceberg.catalog import load_catalog
-
         if not committables:
             return CommitOutcome.COMMITTED
         with self.lock:
-            table = load_catalog(self.sink).load_table(self.sink.table)
+            table = load_catalog(self.options).load_table(self.options.table)
             self.ctx.fault_hook("table_commit")  # a seam for tests: another writer may commit here
             done = max_committed_checkpoint(table, self.ctx.job_id, self.ctx.sink_uid)
             if done >= checkpoint_id:
                 if checkpoint_id in self._tried or checkpoint_id <= (self.ctx.restored_checkpoint_id or 0):
                     return CommitOutcome.ALREADY_COMMITTED
                 raise TableLineageError(
-                    f"IcebergSink {self.sink.table}: the table already holds checkpoint {done} of job "
+                    f"IcebergSink {self.options.table}: the table already holds checkpoint {done} of job "
                     f"{self.ctx.job_id!r}, sink {self.ctx.sink_uid!r}, and this run is about to commit its "
                     f"checkpoint {checkpoint_id}: checkpoint ids restarted (checkpoint storage wiped?). Restore "
                     "the job's latest checkpoint, or give the sink a new uid"

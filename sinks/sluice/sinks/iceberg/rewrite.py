@@ -12,16 +12,16 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from sluice.sinks.iceberg.catalog import load_catalog
+from sluice.sinks.iceberg.layout import data_file, file_stats
+from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.tables.files import TableFile, write_parquet
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.storage import arrow_filesystem
-
-if TYPE_CHECKING:
-    from sluice.sinks.iceberg.sink import IcebergSink
 
 __all__ = ["rewrite_small_files"]
 
@@ -31,19 +31,17 @@ REWRITE = "sluice.rewrite"
 
 
 def rewrite_small_files(
-    sink: IcebergSink, policy: RewritePolicy, lock: threading.Lock, attempts: int = 5
+    options: IcebergSinkOptions, policy: RewritePolicy, lock: threading.Lock, attempts: int = 5
 ) -> int:
     """Merge every partition holding at least ``policy.min_files`` small files; returns files replaced."""
-    from sluice.sinks.iceberg.catalog import load_catalog
-
-    table = load_catalog(sink).load_table(sink.table)
+    table = load_catalog(options).load_table(options.table)
     groups: dict[tuple[int, Any], list[Any]] = {}
     for task in table.scan().plan_files():
         f = task.file
         if f.file_size_in_bytes < policy.target_size:
             groups.setdefault((f.spec_id, f.partition), []).append(f)
     location = table.location().rstrip("/")
-    fs, root = arrow_filesystem(location, sink.storage_options)
+    fs, root = arrow_filesystem(location, options.storage_options)
     replaced = 0
     for files in groups.values():
         if len(files) < policy.min_files:
@@ -52,9 +50,7 @@ def rewrite_small_files(
         rel = [f.file_path[len(location) + 1 :] for f in files]
         rows = pa.concat_tables([pq.read_table(f"{root}/{r}", filesystem=fs) for r in rel])
         merged_rel = f"{rel[0].rsplit('/', 1)[0]}/rewrite-{uuid.uuid4().hex}.parquet"
-        meta = write_parquet(fs, f"{root}/{merged_rel}", rows, sink.compression)
-        from sluice.sinks.iceberg.layout import data_file, file_stats
-
+        meta = write_parquet(fs, f"{root}/{merged_rel}", rows, options.compression)
         merged = TableFile(
             merged_rel,
             fs.get_file_info(f"{root}/{merged_rel}").size,
@@ -65,7 +61,7 @@ def rewrite_small_files(
             rows.schema,
             {**file_stats(table, meta), "spec_id": files[0].spec_id},
         )
-        if _swap(sink, table, files, data_file(table, merged, files[0].partition), lock, attempts):
+        if _swap(options, table, files, data_file(table, merged, files[0].partition), lock, attempts):
             replaced += len(files)
         else:
             fs.delete_file(f"{root}/{merged_rel}")
@@ -82,7 +78,7 @@ def _fitting(files: list[Any], target: int) -> int:
 
 
 def _swap(
-    sink: IcebergSink, table: Any, small: list[Any], merged: Any, lock: threading.Lock, attempts: int
+    options: IcebergSinkOptions, table: Any, small: list[Any], merged: Any, lock: threading.Lock, attempts: int
 ) -> bool:
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
@@ -102,5 +98,5 @@ def _swap(
                     ow.append_data_file(merged)
                 return True
             except (CommitFailedException, ValidationException) as exc:
-                log.info("IcebergSink %s: rewrite lost a race, trying again: %s", sink.table, exc)
+                log.info("IcebergSink %s: rewrite lost a race, trying again: %s", options.table, exc)
     return False

@@ -1,66 +1,64 @@
 """The part of the Delta Lake and Iceberg sinks' ``Sink`` SPI that does not depend on the table format:
-the writer and compactor stages (:mod:`sluice.sinks.tables.writer`) and the options both sinks check the
-same way."""
+the writer and compactor stages (:mod:`sluice.sinks.tables.writer`), fed the sink's
+:class:`~sluice.sinks.tables.writer.TableFormat`, and the options both sinks have."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 import pyarrow as pa
-from sluice.errors import ConfigError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Compactor, Sink, SinkContext, SinkWriter
+from sluice.sinks.options import Option
 from sluice.sinks.tables.files import TableFile
+from sluice.sinks.tables.options import TableSinkOptions
+from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.serializers import TableFileSerializer
-from sluice.sinks.tables.writer import TableCompactor, TableWriter
+from sluice.sinks.tables.writer import TableCompactor, TableFormat, TableWriter
 
-__all__ = ["SCHEMA_MODES", "TableSink"]
-
-SCHEMA_MODES = ("strict", "merge")
+__all__ = ["TableSink"]
 
 
 class TableSink(Sink[TableFile]):
     """Base of the table sinks: writers stage Parquet data files at pre-commit, a compactor stage keyed by
     partition merges them when ``compaction`` is on, one global commit per checkpoint publishes them.
 
-    A subclass sets ``schema``, ``schema_mode``, ``compression`` and ``compaction`` and provides what
-    :class:`~sluice.sinks.tables.writer.TableWriter` asks of it (``filesystem``, ``data_path``, ``layout``,
-    ``file_stats``) and the global committer.
+    A subclass builds its options (a frozen :class:`~sluice.sinks.tables.options.TableSinkOptions`, checked
+    there; each option is also an attribute of the sink) in ``__init__`` and provides :meth:`table_format`
+    (what the shared writer and compactor need of the table, made from the options) and the global committer.
     """
 
     global_commit = True
-    #: Parquet codecs the sink accepts, the default first
-    COMPRESSIONS: tuple[str, ...] = ()
-    schema: pa.Schema | None
-    schema_mode: str
-    compression: str
-    compaction: bool
+    options: TableSinkOptions
 
-    def validate_table_options(self) -> None:
-        """Check the options every table sink has; ConfigError naming the option and the allowed values."""
-        kind = type(self).__name__
-        if self.schema_mode not in SCHEMA_MODES:
-            raise ConfigError(
-                f"{kind}: schema_mode must be one of {', '.join(SCHEMA_MODES)} (got {self.schema_mode!r})"
-            )
-        if self.compression not in self.COMPRESSIONS:
-            raise ConfigError(
-                f"{kind}: compression must be one of {', '.join(self.COMPRESSIONS)} (got {self.compression!r})"
-            )
-        if self.schema is not None and not isinstance(self.schema, pa.Schema):
-            raise ConfigError(f"{kind}: schema must be a pyarrow.Schema (got {type(self.schema).__name__})")
-        if not isinstance(self.compaction, bool):
-            raise ConfigError(f"{kind}: compaction must be True or False (got {self.compaction!r})")
+    partition_by = Option[list[str]]()
+    schema = Option[pa.Schema | None]("table_schema")
+    schema_mode = Option[str]()
+    storage_options = Option[dict[str, Any]]()
+    compaction = Option[bool]()
+    rewrite = Option[RewritePolicy | None]()
+    compression = Option[str]()
+    name = Option[str]()
+
+    @abstractmethod
+    def table_format(self) -> TableFormat:
+        """The table as the writers and compactors of one subtask see it (made from the options)."""
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the wrong option and the allowed values (the options are checked when the
+        sink is built; this checks them again after an option was assigned)."""
+        self.options = self.options.checked()
 
     @property
     def compacts(self) -> bool:  # type: ignore[override]
-        return self.compaction
+        return self.options.compaction
 
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
-        return TableWriter(self, ctx)  # type: ignore[arg-type]
+        return TableWriter(self.table_format(), ctx)
 
     def create_compactor(self, ctx: SinkContext) -> Compactor[TableFile] | None:
-        return TableCompactor(self, ctx) if self.compaction else None  # type: ignore[arg-type]
+        return TableCompactor(self.table_format(), ctx) if self.options.compaction else None
 
     def committable_serializer(self) -> SimpleVersionedSerializer[TableFile]:
         """Staged data files go into checkpoints as JSON (:mod:`sluice.sinks.tables.serializers`); the

@@ -35,7 +35,8 @@ class TableLayout(Protocol):
 
 
 class TableFormat(Protocol):
-    """What the shared writer and compactor need of a table sink (DeltaSink, IcebergSink)."""
+    """What the shared writer and compactor need of a table (``DeltaFormat``, ``IcebergFormat``, made from a
+    table sink's options)."""
 
     compression: str
 

@@ -1,0 +1,184 @@
+"""RocksDB incremental checkpoints: what is uploaded, what is reused and when, files checked by SHA-256 on
+restore, and shared files deleted through the shared-state registry exactly when no retained checkpoint
+uses them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from sluice.errors import ConfigError, RestoreError
+from sluice.state.api import ValueStateDescriptor
+from sluice.state.config import StateBackendConfig
+from sluice.state.shared_registry import SharedStateRegistry, shared_refs
+from sluice.state.spi import Handle, KeyedStateBackend
+from sluice.state.transfer import LocalFileTransfer
+
+from tests.state.conftest import MakeBackend
+
+COUNT = ValueStateDescriptor("count", serializer="int64")
+
+
+def write(be: KeyedStateBackend, keys: range, value: int) -> None:
+    be.batch_state(COUNT).put(be.key_batch([pa.array(keys, pa.int64())]), pa.array([value] * len(keys), pa.int64()))
+
+
+def read(be: KeyedStateBackend, keys: range) -> list[Any]:
+    return be.batch_state(COUNT).get(be.key_batch([pa.array(keys, pa.int64())])).to_pylist()
+
+
+def uploaded(handle: Handle) -> int:
+    """Bytes a checkpoint's asynchronous part uploaded (new shared files and private files)."""
+    new = sum(r["size"] for r in handle["shared"].values() if not r["placeholder"])
+    return new + sum(r["size"] for r in handle["private"].values())
+
+
+def total(handle: Handle) -> int:
+    return sum(r["size"] for r in handle["shared"].values()) + sum(r["size"] for r in handle["private"].values())
+
+
+def test_incremental_checkpoint_uploads_only_files_the_last_completed_one_has_not(make_backend: MakeBackend) -> None:
+    be = make_backend("rocksdb", incremental=True)
+    write(be, range(100_000), 1)
+    first = be.snapshot(1).run()
+    assert first["shared"] and not any(r["placeholder"] for r in first["shared"].values())
+    assert {"CURRENT", "OPTIONS"} <= {n.split("-")[0] for n in first["private"]}
+    be.notify_checkpoint_complete(1)
+    write(be, range(0, 100_000, 100), 2)  # 1% of the keys change
+    second = be.snapshot(2).run()
+    reused = {n for n, r in second["shared"].items() if r["placeholder"]}
+    assert reused and all(second["shared"][n]["path"] == first["shared"][n]["path"] for n in reused)
+    assert uploaded(second) < 0.2 * total(second)
+    assert set(second["private"]) >= {"CURRENT"}  # the small files go every time
+
+
+def test_only_uploads_confirmed_by_a_completed_checkpoint_are_reused(make_backend: MakeBackend) -> None:
+    be = make_backend("rocksdb", incremental=True)
+    write(be, range(10_000), 1)
+    first = be.snapshot(1).run()
+    write(be, range(100), 2)
+    second = be.snapshot(2).run()  # checkpoint 1 is not confirmed yet (FLINK-25395): nothing is reused
+    assert not any(r["placeholder"] for r in second["shared"].values())
+    assert {r["path"] for r in second["shared"].values()}.isdisjoint(r["path"] for r in first["shared"].values())
+    be.notify_checkpoint_complete(1)
+    be.notify_checkpoint_aborted(2)
+    write(be, range(100), 3)
+    third = be.snapshot(3).run()
+    reused = {r["path"] for r in third["shared"].values() if r["placeholder"]}
+    assert reused and reused <= {r["path"] for r in first["shared"].values()}  # never checkpoint 2's uploads
+    be.notify_checkpoint_complete(3)
+    fourth = be.snapshot(4).run()
+    assert {r["path"] for r in fourth["shared"].values() if r["placeholder"]} == {r["path"] for r in third["shared"].values()}
+
+
+def test_full_checkpoints_when_incremental_is_off(make_backend: MakeBackend) -> None:
+    be = make_backend("rocksdb", incremental=False)
+    write(be, range(5000), 1)
+    be.snapshot(1).run()
+    be.notify_checkpoint_complete(1)
+    second = be.snapshot(2).run()
+    assert second["shared"] == {} and any(n.endswith(".sst") for n in second["private"])
+    restored = make_backend("rocksdb")
+    restored.restore([second])
+    assert read(restored, range(0, 5000, 999)) == [1] * 6
+
+
+def test_restore_checks_every_file_against_its_sha256(make_backend: MakeBackend, storage: LocalFileTransfer) -> None:
+    be = make_backend("rocksdb", incremental=True)
+    write(be, range(5000), 7)
+    handle = be.snapshot(1).run()
+    sst = next(iter(handle["shared"].values()))["path"]
+    path = storage.root / sst
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(RestoreError, match=r"does not match its checkpoint's SHA-256") as info:
+        make_backend("rocksdb").restore([handle])
+    assert sst in str(info.value) and "\n" not in str(info.value)
+    path.unlink()
+    with pytest.raises(RestoreError, match="is missing from checkpoint storage"):
+        make_backend("rocksdb").restore([handle])
+
+
+def test_a_restored_backend_reuses_the_restored_files(make_backend: MakeBackend) -> None:
+    be = make_backend("rocksdb", incremental=True)
+    write(be, range(20_000), 1)
+    handle = be.snapshot(1).run()
+    restored = make_backend("rocksdb", incremental=True)
+    restored.restore([handle])
+    write(restored, range(10), 2)
+    after = restored.snapshot(2).run()
+    reused = {r["path"] for r in after["shared"].values() if r["placeholder"]}
+    assert reused == {r["path"] for r in handle["shared"].values()}
+    assert read(restored, range(8, 12)) == [2, 2, 1, 1]
+
+
+def test_shared_files_are_deleted_exactly_when_no_retained_checkpoint_uses_them(
+    make_backend: MakeBackend, storage: LocalFileTransfer
+) -> None:
+    """A job's life with num_retained=2: L0 files pile up and are compacted away; the registry deletes a
+    shared file when the last retained checkpoint that references it is subsumed, and the oldest retained
+    checkpoint always still restores."""
+    be = make_backend("rocksdb", incremental=True)
+    registry, retained, deleted = SharedStateRegistry(), [], set()
+    handles: dict[int, Handle] = {}
+    for cid in range(1, 13):
+        write(be, range(cid * 1000, cid * 1000 + 3000), cid)
+        handles[cid] = be.snapshot(cid).run()
+        registry.register_checkpoint(cid, shared_refs([handles[cid]]))
+        retained.append(cid)
+        if len(retained) > 2:
+            retained.pop(0)
+        for path in registry.unregister_unused(min(retained)):
+            in_use = {r.path for c in retained for r in shared_refs([handles[c]])}
+            assert path not in in_use
+            storage.delete(path)
+            deleted.add(path)
+        be.notify_checkpoint_complete(cid)
+        referenced = {r.path for c in retained for r in shared_refs([handles[c]])}
+        assert set(storage.list("shared")) == referenced  # nothing leaks, nothing referenced is gone
+    assert deleted  # compaction replaced files, so some were deleted on the way
+    oldest = make_backend("rocksdb")
+    oldest.restore([handles[retained[0]]])
+    assert read(oldest, range(11_000, 11_002)) == [11, 11]
+
+
+def test_the_memory_budget_bounds_the_block_cache_and_the_write_cache(make_backend: MakeBackend) -> None:
+    be: Any = make_backend("rocksdb", memory="32 mb", write_cache_ratio=0.25)
+    res = be.resources
+    assert res.memory == 32 << 20 and res.write_cache == 8 << 20 and res.block_cache == 24 << 20
+    assert res.write_buffers == 12 << 20  # write_buffer_ratio of RocksDB's part
+    for i in range(5):
+        write(be, range(i * 40_000, (i + 1) * 40_000), i)
+        assert be.cache.measure() <= res.write_cache_share() == 8 << 20
+    assert read(be, range(0, 200_000, 7)) == [k // 40_000 for k in range(0, 200_000, 7)]
+    assert be.cache.measure() <= 8 << 20
+    assert 0 < res.usage() <= 24 << 20
+
+
+def test_the_rocksdb_extra_is_named_when_rocksdict_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rocksdict" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'sluice-etl\[rocksdb\]'") as info:
+        StateBackendConfig(type="rocksdb")
+    assert "\n" not in str(info.value)
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.setitem(sys.modules, "rocksdict", None)
+    from sluice.state.rocksdb.resources import rocksdict_module
+
+    with pytest.raises(ConfigError, match=r"sluice-etl\[rocksdb\]"):
+        rocksdict_module()
+
+
+def test_dispose_removes_the_local_files(make_backend: MakeBackend, tmp_path: Path) -> None:
+    be: Any = make_backend("rocksdb")
+    write(be, range(100), 1)
+    root = be.root
+    assert os.path.isdir(root)
+    be.dispose()
+    assert not os.path.exists(root)
