@@ -156,10 +156,9 @@ def connect(options: PostgresSinkOptions, autocommit: bool = False) -> Any:
 
     params: dict[str, Any] = _params(options)
     params.setdefault("application_name", "sluice")
+    params.setdefault("connect_timeout", str(max(1, round(options.connect_timeout_s))))  # unless conninfo has one
     try:
-        conn = psycopg.connect(
-            autocommit=autocommit, connect_timeout=max(1, round(options.connect_timeout_s)), **params
-        )
+        conn = psycopg.connect(autocommit=autocommit, **params)
     except psycopg.Error as exc:
         raise SluiceError(
             f"PostgresSink: cannot connect to {safe_target(options)}: {redact(str(exc), options).strip()}"
