@@ -1,6 +1,6 @@
 """Kafka sink: rows as records of a topic, exactly once (write-ahead transactions with a marker), at least once,
 or best effort; JSON, Avro and JSON Schema (schema registry wire format) or raw keys and values, headers,
-partitioning by key or by a column. See ``docs/kafka-sink.md``.
+partitioning by key or by a column. See ``docs/kafka_postgres.md``.
 """
 
 from __future__ import annotations

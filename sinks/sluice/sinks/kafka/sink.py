@@ -30,7 +30,7 @@ class KafkaSink(Sink[KafkaCommittable]):
     so a publish repeated after a crash is recognised and skipped. Readers with
     ``isolation.level=read_committed`` see a checkpoint's records once it completed and was published.
     ``"at_least_once"``: records are produced at once and acknowledged before each checkpoint completes
-    (a restore may repeat some). ``"none"``: produced at once, no wait. See ``docs/kafka-sink.md``.
+    (a restore may repeat some). ``"none"``: produced at once, no wait. See ``docs/kafka_postgres.md``.
 
     Args:
         bootstrap_servers: the brokers.

@@ -2,7 +2,7 @@
 checkpoint), append by ``COPY`` or upsert by ``INSERT ... ON CONFLICT``.
 
 Needs the ``sluice-etl[postgres]`` extra (psycopg 3) and a server with ``max_prepared_transactions`` above 0.
-See ``docs/postgres.md``.
+See ``docs/kafka_postgres.md``.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class PostgresSink(Sink[PostgresCommittable]):
     TRANSACTION``, durable and invisible); when the checkpoint completes its committer commits it
     (``COMMIT PREPARED``; upsert: then ``INSERT ... ON CONFLICT`` from the stage table). A restore commits
     the prepared transactions of the restored checkpoint and rolls back the others of the job and sink. The
-    server needs ``max_prepared_transactions`` above 0 (checked at start). See ``docs/postgres.md``.
+    server needs ``max_prepared_transactions`` above 0 (checked at start). See ``docs/kafka_postgres.md``.
 
     Args:
         conninfo: libpq connection string or ``postgresql://`` URL (its password is never shown).
