@@ -17,6 +17,7 @@ import datetime
 import decimal
 import functools
 import io
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -288,6 +289,8 @@ def producer_rows(
     static = [(k, v.encode() if isinstance(v, str) else v) for k, v in options.headers.items()]
     static += extra or []
     hcols = [(h, staged.column(header_column(h)).to_pylist()) for h in options.header_columns]
+    if not hcols:  # the common case, on the commit's path: no per-row work in Python
+        yield from zip(values, keys, parts, stamps, itertools.repeat(static or None))
+        return
     for i in range(len(values)):
-        headers = static + [(h, vals[i]) for h, vals in hcols] if hcols else static
-        yield values[i], keys[i], parts[i], stamps[i], headers or None
+        yield values[i], keys[i], parts[i], stamps[i], static + [(h, vals[i]) for h, vals in hcols]

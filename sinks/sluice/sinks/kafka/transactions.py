@@ -162,14 +162,18 @@ class Publisher:
             tag = f"{self.transactional_id}:{c.checkpoint_id}:{uuid.uuid4().hex[:12]}"
             extra = [(self.options.lineage_header, tag.encode())]
         p.begin_transaction()
-        topic = self.options.topic
+        topic, produce = self.options.topic, p.produce
         for value, key, part, ts, headers in producer_rows(c.records, self.options, extra):
-            while True:
-                try:
-                    p.produce(topic, value, key, part, timestamp=ts, headers=headers)
-                    break
-                except BufferError:
+            try:
+                produce(topic, value, key, part, timestamp=ts, headers=headers)
+            except BufferError:  # the producer's queue is full: wait for room, then send it
+                while True:
                     p.poll(0.05)
+                    try:
+                        produce(topic, value, key, part, timestamp=ts, headers=headers)
+                        break
+                    except BufferError:
+                        continue
         p.flush(self.timeout)
         hook("commit")  # in the middle of a commit: records sent, transaction open
         p.send_offsets_to_transaction(
