@@ -33,6 +33,8 @@ from sluice.sink import Sink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
+from tests.faults.backends import backend_config
+
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
 SCENARIO_LOG: list[dict[str, Any]] = []
 
@@ -259,31 +261,6 @@ def two_keyed(p: Pipeline, b: Build) -> None:
     s.key_by("k").process(RunningCount(), name="second", parallelism=b.par()).sink(b.sink())
 
 
-_ROCKSDB: dict[str, Any] = {"type": "rocksdb", "incremental": True, "memory": "32 mb"}
-#: changelog checkpoints with a materialization every 50 ms: the shapes' runs (about a second) restore
-#: materializations plus segments, not only segments
-_CHANGELOG: dict[str, Any] = {"changelog": True, "changelog_materialize_interval": 0.05}
-#: the state backends the keyed shapes run on (``Pipeline(state_backend=...)``): hashmap (the default, full
-#: checkpoints) and RocksDB (incremental checkpoints), each with and without changelog checkpoints, and with
-#: local recovery (its copies in the scenario's folder: :func:`backend_config`)
-BACKENDS: dict[str, dict[str, Any] | None] = {
-    "hashmap": None,
-    "rocksdb": _ROCKSDB,
-    "hashmap+changelog": {"type": "hashmap", **_CHANGELOG},
-    "rocksdb+changelog": {**_ROCKSDB, **_CHANGELOG},
-    "rocksdb+local": {**_ROCKSDB, "local_recovery": True},
-    "rocksdb+changelog+local": {**_ROCKSDB, **_CHANGELOG, "local_recovery": True},
-    "hashmap+changelog+local": {"type": "hashmap", **_CHANGELOG, "local_recovery": True},
-}
-
-
-def backend_config(backend: str, d: str) -> dict[str, Any] | None:
-    """The state backend options of ``backend`` for a run in folder ``d`` (local copies kept in ``d/local``,
-    so restarts within the run find them and they go with the folder)."""
-    config = BACKENDS[backend]
-    if config is not None and config.get("local_recovery"):
-        return {**config, "local_recovery_dir": f"{d}/local"}
-    return config
 #: the shapes with keyed state (the others run the same on every backend)
 KEYED_SHAPES = ("keyed", "union", "two_keyed")
 
@@ -329,7 +306,7 @@ def run_shape(
     ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
     overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the test sink's commit path,
     ``sink`` the sink: the test sink, or a Delta or Iceberg table (one global commit per checkpoint);
-    ``backend`` the state backend (:data:`BACKENDS`).
+    ``backend`` the state backend (by name: ``tests/faults/backends.py``).
     """
     args = (shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale)
     if directory is None:

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from tests.faults import test_exactly_once as suite
+from tests.faults.backends import BACKENDS
 from tests.faults.plans import MODE_POINTS
-from tests.faults.shapes import BACKENDS, KEYED_SHAPES
+from tests.faults.shapes import KEYED_SHAPES
 from tests.faults.test_exactly_once import crash_scenario, scenario
 
 #: the backends the older tests do not run the fault shapes on: changelog checkpoints on both backends, and

@@ -23,7 +23,7 @@ from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.state.config import StateTtlConfig
 from sluice.testing.faults import FaultInjector
 
-from tests.faults.shapes import BACKENDS, backend_config
+from tests.faults.backends import BACKENDS, backend_config
 
 TTL_MS = 1000
 RESTART_DELAY_S = 1.5  # longer than the TTL

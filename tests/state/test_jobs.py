@@ -26,7 +26,8 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import FaultInjector
 
-from tests.faults.shapes import BACKENDS, backend_config, rows_of
+from tests.faults.backends import BACKENDS, backend_config
+from tests.faults.shapes import rows_of
 
 ROCKSDB = {"type": "rocksdb", "incremental": True, "memory": "32 mb"}
 
