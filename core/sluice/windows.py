@@ -1,8 +1,8 @@
 """Windowed aggregation on keyed streams: window assigners and aggregations (docs/windows.md).
 
-    from sluice.windows import Tumbling, count, sum, max
+from sluice.windows import Tumbling, count, sum, max
 
-    stream.key_by("user").window(Tumbling("1m"), time="ts").aggregate(count(), sum("amount"), max("amount"))
+stream.key_by("user").window(Tumbling("1m"), time="ts").aggregate(count(), sum("amount"), max("amount"))
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, Partitioning
 from sluice.keys import KeySelector, KeySpec
 from sluice.operators.keyed import KeyedProcessOperator, ReduceFunction
 from sluice.operators.sinks import add_sink
-from sluice.operators.windows.spec import Duration, Session, Sliding, Tumbling, WindowAssigner
 from sluice.operators.stateless import (
     FilterOperator,
     FlatMapOperator,
@@ -22,6 +21,7 @@ from sluice.operators.stateless import (
     MapOperator,
     PassThroughOperator,
 )
+from sluice.operators.windows.spec import Duration, Session, Sliding, Tumbling, WindowAssigner
 from sluice.sink import Sink
 
 if TYPE_CHECKING:

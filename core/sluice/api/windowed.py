@@ -21,7 +21,9 @@ __all__ = ["WindowedStream", "window_of"]
 class WindowedStream:
     """A keyed stream cut into windows: follow with :meth:`aggregate`."""
 
-    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner, time: str | None, allowed_lateness: int) -> None:
+    def __init__(
+        self, keyed: KeyedStream, assigner: WindowAssigner, time: str | None, allowed_lateness: int
+    ) -> None:
         self.keyed = keyed
         self.assigner = assigner
         self.time = time
@@ -48,12 +50,16 @@ class WindowedStream:
         names = self.keyed.key._columns or ["key"]
         check_aggs(aggs, [*names, "window_start", "window_end", "revision"])
         if not isinstance(max_pending_rows, int) or max_pending_rows < 1:
-            raise ConfigError(f"aggregate(max_pending_rows): expected an integer >= 1, got {max_pending_rows!r}")
+            raise ConfigError(
+                f"aggregate(max_pending_rows): expected an integer >= 1, got {max_pending_rows!r}"
+            )
         schema = self.keyed.stream.schema
         if schema is not None:
             for col in [self.time, *(a.column for a in aggs)]:
                 if col is not None and schema.get_field_index(col) < 0:
-                    raise ConfigError(f"window: column {col!r} is not in the stream (columns: {schema.names})")
+                    raise ConfigError(
+                        f"window: column {col!r} is not in the stream (columns: {schema.names})"
+                    )
         key, assigner, time, lateness = self.keyed.key, self.assigner, self.time, self.allowed_lateness
         stream = self.keyed.stream
         return stream._then(
@@ -76,7 +82,9 @@ def window_of(
 ) -> WindowedStream:
     """Check a window's options (one-line errors naming the option) and make its :class:`WindowedStream`."""
     if not isinstance(assigner, WindowAssigner):
-        raise ConfigError(f"window: expected Tumbling(...), Sliding(...) or Session(...) from sluice.windows, got {assigner!r}")
+        raise ConfigError(
+            f"window: expected Tumbling(...), Sliding(...) or Session(...) from sluice.windows, got {assigner!r}"
+        )
     if processing_time and time is not None:
         raise ConfigError("window: give either time='<event-time column>' or processing_time=True, not both")
     if not processing_time and (not isinstance(time, str) or not time):
@@ -88,6 +96,3 @@ def window_of(
     if processing_time and lateness:
         raise ConfigError("window: allowed_lateness applies to event time only (processing_time=True)")
     return WindowedStream(keyed, assigner, time, lateness)
-
-
-

@@ -98,7 +98,9 @@ def merge(table: pa.Table, nkeys: int, aggs: tuple[Agg, ...]) -> pa.Table:
     keys = group_columns(nkeys)
     ops, names = _merge_ops(aggs, table)
     if not any(a.fn in _ORDERED or a.fn in _LISTS for a in aggs):
-        return _rename(table.group_by(keys, use_threads=False).aggregate(ops), names).select(table.column_names)
+        return _rename(table.group_by(keys, use_threads=False).aggregate(ops), names).select(
+            table.column_names
+        )
     # a group id per row (groups in order of first appearance), so that differently ordered passes align
     idx = table.append_column("__i", pa.array(np.arange(table.num_rows, dtype=np.int64)))
     groups = idx.group_by(keys, use_threads=False).aggregate([("__i", "list")])
@@ -128,28 +130,38 @@ def merge(table: pa.Table, nkeys: int, aggs: tuple[Agg, ...]) -> pa.Table:
         if a.fn not in _LISTS:
             continue
         col = t.column(f"__p{i}a").combine_chunks()
-        flat = pa.table({"__gid": pc.take(t.column("__gid"), pc.list_parent_indices(col)), "v": pc.list_flatten(col)})
-        got = flat.group_by("__gid", use_threads=False).aggregate([("v", "distinct" if a.fn == "count_distinct" else "list")])
+        flat = pa.table(
+            {"__gid": pc.take(t.column("__gid"), pc.list_parent_indices(col)), "v": pc.list_flatten(col)}
+        )
+        got = flat.group_by("__gid", use_threads=False).aggregate(
+            [("v", "distinct" if a.fn == "count_distinct" else "list")]
+        )
         where = np.full(ng, -1, np.int64)
         where[got.column("__gid").to_numpy()] = np.arange(got.num_rows)
         cols[f"__p{i}a"] = pc.take(got.column(1), pa.array(where, mask=where < 0))
     return pa.table({c: cols[c] for c in table.column_names})
 
 
-def finalize(merged: pa.Table, key_names: list[str], aggs: tuple[Agg, ...], time_type: pa.DataType, revision: bool) -> pa.Table:
+def finalize(
+    merged: pa.Table, key_names: list[str], aggs: tuple[Agg, ...], time_type: pa.DataType, revision: bool
+) -> pa.Table:
     """The result rows of fired windows: key columns, ``window_start``, ``window_end``, one column per
     aggregation (and ``revision`` when updates may follow)."""
     cols: dict[str, Any] = {name: merged.column(f"__k{i}") for i, name in enumerate(key_names)}
     for src, dst in (("__ws", "window_start"), ("__we", "window_end")):
         col = merged.column(src)
-        cols[dst] = col if pa.types.is_integer(time_type) else pc.cast(col, pa.timestamp("ms")).cast(time_type)
+        cols[dst] = (
+            col if pa.types.is_integer(time_type) else pc.cast(col, pa.timestamp("ms")).cast(time_type)
+        )
     for i, a in enumerate(aggs):
         p = merged.column(f"__p{i}a")
         if a.fn == "count":
             cols[a.name] = pc.fill_null(p, 0)
         elif a.fn == "mean":
             b = merged.column(f"__p{i}b")
-            cols[a.name] = pc.divide(pc.cast(p, pa.float64()), pc.if_else(pc.equal(b, 0), None, pc.cast(b, pa.float64())))
+            cols[a.name] = pc.divide(
+                pc.cast(p, pa.float64()), pc.if_else(pc.equal(b, 0), None, pc.cast(b, pa.float64()))
+            )
         elif a.fn == "count_distinct":
             cols[a.name] = pc.fill_null(pc.list_value_length(p), 0).cast(pa.int64())
         elif a.fn == "agg":

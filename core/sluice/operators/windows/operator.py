@@ -12,6 +12,7 @@ record arriving for it emits the window's updated result at once (a new row, ``r
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -21,7 +22,14 @@ import pyarrow.compute as pc
 
 from sluice.errors import ConfigError
 from sluice.keys import KeySelector
-from sluice.operators.base import MAX_WATERMARK, MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
+from sluice.operators.base import (
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    Collector,
+    Operator,
+    OperatorContext,
+    OperatorSnapshot,
+)
 from sluice.operators.windows.aggregates import finalize, merge, partial
 from sluice.operators.windows.assign import assign, merge_sessions
 from sluice.operators.windows.spec import Agg, Session, WindowAssigner
@@ -151,7 +159,10 @@ class WindowOperator(Operator):
 
     def _kgs(self, table: pa.Table) -> np.ndarray:
         n = len(self._key_names)
-        kgs = key_groups(hash_columns([table.column(f"__k{i}").combine_chunks() for i in range(n)]), self.ctx.max_parallelism)
+        kgs = key_groups(
+            hash_columns([table.column(f"__k{i}").combine_chunks() for i in range(n)]),
+            self.ctx.max_parallelism,
+        )
         r = self.ctx.key_groups
         if len(kgs) and (kgs.min() < r.start or kgs.max() >= r.end):
             raise RuntimeError(f"{self.name}: keys of key groups outside {r} reached this subtask")
@@ -176,10 +187,12 @@ class WindowOperator(Operator):
         table, kgs = table.take(pa.array(order)), kgs[order]
         cuts = [0, *(np.flatnonzero(np.diff(kgs)) + 1).tolist(), len(kgs)]
         we = table.column("__we").to_numpy()
-        for a, b in zip(cuts, cuts[1:], strict=False):
+        for a, b in itertools.pairwise(cuts):
             kg = int(kgs[a])
             if self.store.add(kg, table.slice(a, b - a)) > MAX_SEGMENTS:
-                self.store.replace(kg, self._merge(pa.concat_tables(self.store.read(kg), promote_options="permissive")))
+                self.store.replace(
+                    kg, self._merge(pa.concat_tables(self.store.read(kg), promote_options="permissive"))
+                )
             self.store.timer(kg, int(we[a:b].min()) - 1)
 
     def _fire(self, kgs: list[int], wm: int) -> None:
@@ -196,13 +209,24 @@ class WindowOperator(Operator):
             keep = pc.greater(pc.add(fire_at, self.lateness), wm)
             if pc.any(emit).as_py():
                 results.append(m.filter(emit))
-            m = m.set_column(m.schema.get_field_index("__dirty"), "__dirty", pc.cast(pc.and_(dirty, pc.invert(emit)), pa.int8()))
-            m = m.set_column(m.schema.get_field_index("__fires"), "__fires", pc.add(m.column("__fires"), pc.cast(emit, pa.int64())))
+            m = m.set_column(
+                m.schema.get_field_index("__dirty"),
+                "__dirty",
+                pc.cast(pc.and_(dirty, pc.invert(emit)), pa.int8()),
+            )
+            m = m.set_column(
+                m.schema.get_field_index("__fires"),
+                "__fires",
+                pc.add(m.column("__fires"), pc.cast(emit, pa.int64())),
+            )
             rest = m.filter(keep)
             self.store.replace(kg, rest)
             if rest.num_rows:
-                at = pc.if_else(pc.equal(rest.column("__dirty"), 1), pc.subtract(rest.column("__we"), 1),
-                                pc.add(pc.subtract(rest.column("__we"), 1), self.lateness))
+                at = pc.if_else(
+                    pc.equal(rest.column("__dirty"), 1),
+                    pc.subtract(rest.column("__we"), 1),
+                    pc.add(pc.subtract(rest.column("__we"), 1), self.lateness),
+                )
                 self.store.timer(kg, int(pc.min(at).as_py()))
         if results:
             out = finalize(
@@ -218,10 +242,9 @@ class WindowOperator(Operator):
 
     def _advance(self, now: int) -> None:
         """Fire what is due at ``now`` (the watermark, or the processing time)."""
-        if self._pending_due is not None and self._pending_due <= now:
-            self._flush()
         nxt = self.store.earliest()
-        if nxt is not None and nxt <= now:
+        if (self._pending_due is not None and self._pending_due <= now) or (nxt is not None and nxt <= now):
+            self._flush()  # pending partials may belong to what fires (and extend a session that would)
             self._fire(self.store.pop_due(now), now)
 
     def process_watermark(self, timestamp: int) -> None:

@@ -170,17 +170,17 @@ def count(column: str | None = None, *, name: str | None = None) -> Agg:
     return _agg("count", column, name)
 
 
-def sum(column: str, *, name: str | None = None) -> Agg:  # noqa: A001 - the name users look for
+def sum(column: str, *, name: str | None = None) -> Agg:
     """The sum of ``column`` (null if the window has no non-null value); output ``sum_<column>``."""
     return _agg("sum", column, name)
 
 
-def min(column: str, *, name: str | None = None) -> Agg:  # noqa: A001
+def min(column: str, *, name: str | None = None) -> Agg:
     """The smallest value of ``column``; output ``min_<column>``."""
     return _agg("min", column, name)
 
 
-def max(column: str, *, name: str | None = None) -> Agg:  # noqa: A001
+def max(column: str, *, name: str | None = None) -> Agg:
     """The largest value of ``column``; output ``max_<column>``."""
     return _agg("max", column, name)
 
@@ -207,7 +207,7 @@ def count_distinct(column: str, *, name: str | None = None) -> Agg:
     return _agg("count_distinct", column, name)
 
 
-def agg(fn: Callable[[pa.Array], Any], column: str, *, name: str, type: pa.DataType) -> Agg:  # noqa: A002
+def agg(fn: Callable[[pa.Array], Any], column: str, *, name: str, type: pa.DataType) -> Agg:
     """A user aggregation: ``fn(values) -> scalar`` called once per window and key when it fires, with the
     window's values of ``column`` (an Arrow array, in arrival order); the result has Arrow ``type``.
 
@@ -235,4 +235,6 @@ def check_aggs(aggs: tuple[Agg, ...], reserved: builtins.list[str]) -> None:
         names.append(a.name)
     dup = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(reserved)))
     if dup:
-        raise ConfigError(f"aggregate: output column(s) {dup} clash with others; give name=... to tell them apart")
+        raise ConfigError(
+            f"aggregate: output column(s) {dup} clash with others; give name=... to tell them apart"
+        )
