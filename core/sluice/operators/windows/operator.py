@@ -196,49 +196,64 @@ class WindowOperator(Operator):
             self.store.timer(kg, int(we[a:b].min()) - 1)
 
     def _fire(self, kgs: list[int], wm: int) -> None:
-        """Emit the closed windows of key groups ``kgs`` at time ``wm`` and drop those cleaned up."""
-        results = []
+        """Emit the closed windows of key groups ``kgs`` at time ``wm`` and drop those cleaned up (one merge
+        over every key group's segments; the state written back per key group)."""
+        tables = []
         for kg in kgs:
             segments = self.store.read(kg)
-            if not segments:
-                continue
-            m = self._merge(pa.concat_tables(segments, promote_options="permissive"))
-            fire_at = pc.subtract(m.column("__we"), 1)
-            dirty = pc.equal(m.column("__dirty"), 1)
-            emit = pc.and_(pc.less_equal(fire_at, wm), dirty)
-            keep = pc.greater(pc.add(fire_at, self.lateness), wm)
-            if pc.any(emit).as_py():
-                results.append(m.filter(emit))
-            m = m.set_column(
-                m.schema.get_field_index("__dirty"),
-                "__dirty",
-                pc.cast(pc.and_(dirty, pc.invert(emit)), pa.int8()),
-            )
-            m = m.set_column(
-                m.schema.get_field_index("__fires"),
-                "__fires",
-                pc.add(m.column("__fires"), pc.cast(emit, pa.int64())),
-            )
-            rest = m.filter(keep)
-            self.store.replace(kg, rest)
-            if rest.num_rows:
-                at = pc.if_else(
-                    pc.equal(rest.column("__dirty"), 1),
-                    pc.subtract(rest.column("__we"), 1),
-                    pc.add(pc.subtract(rest.column("__we"), 1), self.lateness),
-                )
-                self.store.timer(kg, int(pc.min(at).as_py()))
-        if results:
-            out = finalize(
-                pa.concat_tables(results, promote_options="permissive"),
-                self._key_names,
-                self.aggs,
-                self._time_type,
-                self.lateness > 0,
-            )
+            tables += [t.append_column("__kg", pa.array(np.full(t.num_rows, kg, np.int64))) for t in segments]
+        if not tables:
+            return
+        m = self._merge_with_kg(pa.concat_tables(tables, promote_options="permissive"))
+        fire_at = pc.subtract(m.column("__we"), 1)
+        dirty = pc.equal(m.column("__dirty"), 1)
+        emit = pc.and_(pc.less_equal(fire_at, wm), dirty)
+        keep = pc.greater(pc.add(fire_at, self.lateness), wm)
+        fired = m.filter(emit) if pc.any(emit).as_py() else None
+        m = m.set_column(
+            m.schema.get_field_index("__dirty"),
+            "__dirty",
+            pc.cast(pc.and_(dirty, pc.invert(emit)), pa.int8()),
+        )
+        m = m.set_column(
+            m.schema.get_field_index("__fires"),
+            "__fires",
+            pc.add(m.column("__fires"), pc.cast(emit, pa.int64())),
+        )
+        rest = m.filter(keep)
+        left = set(kgs)
+        if rest.num_rows:
+            rest = rest.take(pc.sort_indices(rest.column("__kg")))
+            at = pc.if_else(
+                pc.equal(rest.column("__dirty"), 1),
+                pc.subtract(rest.column("__we"), 1),
+                pc.add(pc.subtract(rest.column("__we"), 1), self.lateness),
+            ).to_numpy()
+            kg_col = rest.column("__kg").to_numpy()
+            rest = rest.drop_columns(["__kg"])
+            cuts = [0, *(np.flatnonzero(np.diff(kg_col)) + 1).tolist(), len(kg_col)]
+            for a, b in itertools.pairwise(cuts):
+                kg = int(kg_col[a])
+                left.discard(kg)
+                self.store.replace(kg, rest.slice(a, b - a))
+                self.store.timer(kg, int(at[a:b].min()))
+        for kg in left:
+            self.store.replace(kg, None)
+        if fired is not None:
+            out = finalize(fired, self._key_names, self.aggs, self._time_type, self.lateness > 0)
             self.ctx.metric("windows_fired", out.num_rows)
-            for b in out.combine_chunks().to_batches():
-                self.output.emit(b)
+            for batch in out.combine_chunks().to_batches():
+                self.output.emit(batch)
+
+    def _merge_with_kg(self, table: pa.Table) -> pa.Table:
+        """Merge partials that carry their key group (``__kg``, a function of the key: kept per group)."""
+        kg = table.column("__kg")
+        nkeys = len(self._key_names)
+        # the key group rides along as a key column, so that it survives the merge
+        t = table.drop_columns(["__kg"])
+        t = t.add_column(nkeys, f"__k{nkeys}", kg)
+        m = merge(merge_sessions(t, nkeys + 1) if self.session else t, nkeys + 1, self.aggs)
+        return m.append_column("__kg", m.column(f"__k{nkeys}")).drop_columns([f"__k{nkeys}"])
 
     def _advance(self, now: int) -> None:
         """Fire what is due at ``now`` (the watermark, or the processing time)."""
