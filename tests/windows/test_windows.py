@@ -227,3 +227,21 @@ def test_wrong_options_are_refused_in_one_line(build: Any, message: str, tmp_pat
     with pytest.raises(ConfigError) as err:
         build(keyed)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_restored_operator_fires_its_windows_with_the_time_column_type_before_any_batch() -> None:
+    """Window state restored from a checkpoint fires at the end of input with no batch seen since: the
+    windows keep the time column's timestamp type (it travels with the state)."""
+    op, _ = operator(Tumbling("1s"), (count(), sum("v")), time="at")
+    op.process_batch(pa.record_batch({"k": [1, 2], "at": pa.array([1500, 2500], pa.timestamp("ms")), "v": [1, 2]}))
+    snapshot = op.snapshot_state(1)
+    assert snapshot.keyed is not None
+    handle = snapshot.keyed.run()
+    restored, out = operator(Tumbling("1s"), (count(), sum("v")), time="at")
+    restored.initialize_state([handle], [])
+    restored.end_input()
+    rows = sorted(out.rows(), key=lambda r: r["k"])
+    assert [(r["k"], str(r["window_start"]), r["count"], r["sum_v"]) for r in rows] == [
+        (1, "1970-01-01 00:00:01", 1, 1),
+        (2, "1970-01-01 00:00:02", 1, 2),
+    ]

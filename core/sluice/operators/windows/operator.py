@@ -41,6 +41,7 @@ __all__ = ["LATE", "WindowOperator"]
 
 #: the side output of records that arrive after their windows were cleaned up
 LATE = "late"
+_TIME_TYPE = b"sluice.window.time_type"
 
 
 class WindowOperator(Operator):
@@ -82,6 +83,7 @@ class WindowOperator(Operator):
         self._pending_due: int | None = None  # the earliest time a pending window fires
         self._key_names: list[str] = list(key._columns or ["key"])
         self._time_type: pa.DataType = pa.int64() if time is not None else pa.timestamp("ms", "UTC")
+        self._time_seen = False  # the type of the time column is known from a batch
 
     @property
     def session(self) -> bool:
@@ -109,6 +111,7 @@ class WindowOperator(Operator):
             raise ConfigError(
                 f"{self.name}: the event-time column {self.time!r} is not in the batch (columns: {batch.schema.names})"
             ) from None
+        self._time_seen = True
         if pa.types.is_timestamp(col.type):
             self._time_type = col.type
             col = pc.cast(pc.cast(col, pa.timestamp("ms", col.type.tz)), pa.int64())
@@ -182,6 +185,10 @@ class WindowOperator(Operator):
             return
         table = self._merge(pa.concat_tables(self._pending, promote_options="permissive"))
         self._pending, self._pending_rows, self._pending_due = [], 0, None
+        # the time column's type rides with the state: a restored job fires windows of the same type before
+        # (or without) seeing a batch
+        meta = {_TIME_TYPE: pa.schema([pa.field("t", self._time_type)]).serialize().to_pybytes().hex()}
+        table = table.replace_schema_metadata(meta)
         kgs = self._kgs(table)
         order = np.argsort(kgs, kind="stable")
         table, kgs = table.take(pa.array(order)), kgs[order]
@@ -201,6 +208,15 @@ class WindowOperator(Operator):
         tables = []
         for kg in kgs:
             segments = self.store.read(kg)
+            if (
+                segments
+                and not self._time_seen
+                and (meta := segments[0].schema.metadata)
+                and _TIME_TYPE in meta
+            ):
+                self._time_type = (
+                    pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(meta[_TIME_TYPE].decode()))).field(0).type
+                )
             tables += [t.append_column("__kg", pa.array(np.full(t.num_rows, kg, np.int64))) for t in segments]
         if not tables:
             return
