@@ -6,6 +6,9 @@ the rows), so memory holds about one row per key. At pre-commit it collapses wha
 staged change file. With the compactor stage (keyed by ``""``: one compactor subtask sees every writer's
 file of a checkpoint), a :class:`ChangeCompactor` merges them into one collapsed file in the asynchronous
 part of the checkpoint, so the global commit reads one file.
+
+Given no key columns, both take them from the data's schema metadata (:func:`sluice.changes.keys_of`: a
+change format names them there).
 """
 
 from __future__ import annotations
@@ -14,13 +17,26 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from sluice.changes import keys_of
 from sluice.sink import Compactor, SinkContext, SinkWriter
-from sluice.sinks.tables.changes import check_changes, collapse, read_staged, stage_changes
+from sluice.sinks.tables.changes import ChangeError, check_changes, collapse, read_staged, stage_changes
 from sluice.sinks.tables.files import TableFile, data_file_name, run_token
 
-__all__ = ["ChangeCompactor", "ChangeWriter"]
+__all__ = ["ChangeCompactor", "ChangeWriter", "Storage", "resolve_keys"]
 
-Storage = Callable[[], tuple[pafs.FileSystem, str]]
+#: the table location's file system and root path; given the changes' schema (the table may not exist yet)
+Storage = Callable[[pa.Schema | None], tuple[pafs.FileSystem, str]]
+
+
+def resolve_keys(keys: Sequence[str], schema: pa.Schema) -> list[str]:
+    """``keys``, or (when empty) the key columns ``schema``'s metadata names; ChangeError if neither has any."""
+    resolved = list(keys) or list(keys_of(schema))
+    if not resolved:
+        raise ChangeError(
+            "an upsert sink was given no keys= and the changes' schema names none: give the sink keys=[...] "
+            "or read with a change format that names them (sluice.changes.with_keys)"
+        )
+    return resolved
 
 
 class ChangeWriter(SinkWriter[TableFile]):
@@ -28,7 +44,7 @@ class ChangeWriter(SinkWriter[TableFile]):
 
     Args:
         storage: the table location's file system and root path (resolved at the first pre-commit).
-        keys: the key columns.
+        keys: the key columns (empty: taken from the first batch's schema metadata).
         ctx: the subtask's context.
         compression: Parquet compression of staged files.
         collapse_rows: collapse the buffer in place once it holds more rows than this.
@@ -54,6 +70,7 @@ class ChangeWriter(SinkWriter[TableFile]):
         if batch.num_rows == 0:
             return
         if batch.schema not in self._checked:
+            self.keys = resolve_keys(self.keys, batch.schema)
             check_changes(batch.schema, self.keys)
             self._checked.add(batch.schema)
         self._buffer.append(pa.Table.from_batches([batch]))
@@ -71,7 +88,7 @@ class ChangeWriter(SinkWriter[TableFile]):
         changes = self._collapsed()
         self._buffer, self._rows = [], 0
         if self._resolved is None:
-            self._resolved = self.storage()
+            self._resolved = self.storage(changes.schema)
         fs, root = self._resolved
         name = data_file_name(
             self.ctx.job_id, checkpoint_id, self.ctx.subtask, self.ctx.attempt, 0, self._run
@@ -109,9 +126,10 @@ class ChangeCompactor(Compactor[TableFile]):
 
     def _merge(self, checkpoint_id: int, files: list[TableFile]) -> list[TableFile]:
         if self._resolved is None:
-            self._resolved = self.storage()
+            self._resolved = self.storage(files[0].schema)
         fs, root = self._resolved
         self.ctx.fault_hook("compaction")
+        self.keys = resolve_keys(self.keys, files[0].schema)
         changes = read_staged(fs, root, files, self.keys)
         self._seq += 1
         name = data_file_name(
