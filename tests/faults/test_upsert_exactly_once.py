@@ -110,7 +110,8 @@ def crash_scenario(sink: str, i: int, tmp: Path, request: pytest.FixtureRequest,
         plan.append(PlannedFault("restore", 0))  # and again while restoring from that crash
     faults = FaultInjector(plan=plan)
     target = target_of(sink, store, tmp, request)
-    result = run(target, tmp, faults, runtime=runtime, parallelism=rng.choice([1, 2, 3]))
+    bucketed = {"partition_by": ["bucket(4, id)"]} if sink == "iceberg" and i % 2 else {}
+    result = run(target, tmp, faults, runtime=runtime, parallelism=rng.choice([1, 2, 3]), **bucketed)
     label = f"upsert into {sink} on {runtime}/{store}, plan={plan}, fired={faults.fired}"
     check(label, target, result, faults.all_fired, faults.crashes, f"upsert-{sink}", i)
 
