@@ -1,8 +1,8 @@
 """The writer and compactor stages of a table sink in upsert mode: changes collapsed and staged per checkpoint.
 
 A :class:`ChangeWriter` buffers change batches (:mod:`sluice.sinks.tables.changes`); when the buffer grows
-past ``collapse_rows`` it collapses it in place (collapsing is associative: the order column travels with
-the rows), so memory holds about one row per key. At pre-commit it collapses what it holds and writes one
+past ``collapse_rows`` (and twice what its last collapse left) it collapses it in place (collapsing is
+associative: the order column travels with the rows), so memory holds at most about two rows per key. At pre-commit it collapses what it holds and writes one
 staged change file. With the compactor stage (keyed by ``""``: one compactor subtask sees every writer's
 file of a checkpoint), a :class:`ChangeCompactor` merges them into one collapsed file in the asynchronous
 part of the checkpoint, so the global commit reads one file.
@@ -47,7 +47,8 @@ class ChangeWriter(SinkWriter[TableFile]):
         keys: the key columns (empty: taken from the first batch's schema metadata).
         ctx: the subtask's context.
         compression: Parquet compression of staged files.
-        collapse_rows: collapse the buffer in place once it holds more rows than this.
+        collapse_rows: collapse the buffer in place once it holds more rows than this (and than twice what
+            the last collapse left: memory holds at most about twice the live keys).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class ChangeWriter(SinkWriter[TableFile]):
         self._checked: set[pa.Schema] = set()
         self._buffer: list[pa.Table] = []
         self._rows = 0
+        self._limit = collapse_rows
         self._run = run_token()
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -75,9 +77,12 @@ class ChangeWriter(SinkWriter[TableFile]):
             self._checked.add(batch.schema)
         self._buffer.append(pa.Table.from_batches([batch]))
         self._rows += batch.num_rows
-        if self._rows > self.collapse_rows:
+        if self._rows > self._limit:
             collapsed = self._collapsed()
             self._buffer, self._rows = [collapsed], collapsed.num_rows
+            # many live keys collapse to about as many rows: wait for as many new rows again before the next
+            # collapse, or every batch would sort the whole buffer again
+            self._limit = max(self.collapse_rows, 2 * collapsed.num_rows)
 
     def _collapsed(self) -> pa.Table:
         return collapse(pa.concat_tables(self._buffer, promote_options="permissive"), self.keys)
@@ -86,7 +91,7 @@ class ChangeWriter(SinkWriter[TableFile]):
         if not self._buffer:
             return []
         changes = self._collapsed()
-        self._buffer, self._rows = [], 0
+        self._buffer, self._rows, self._limit = [], 0, self.collapse_rows
         if self._resolved is None:
             self._resolved = self.storage(changes.schema)
         fs, root = self._resolved
