@@ -12,6 +12,7 @@ them from the staged files' schema metadata (:func:`sluice.changes.keys_of`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -114,8 +115,14 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
         if not self.keys:
             self.keys = resolve_keys((), committables[0].schema)
             self.engine = self.engine.with_keys(self.keys)
+        started = time.perf_counter()
         changes = read_staged(fs, root, committables, self.keys)
+        read = time.perf_counter()
         outcome = self.engine.apply(checkpoint_id, changes, self.ctx.fault_hook)
+        log.info(
+            "%s: checkpoint %d: %d changes read in %.2f s, merged in %.2f s (%s)",
+            self.name, checkpoint_id, changes.num_rows, read - started, time.perf_counter() - read, outcome.value,
+        )
         if outcome is CommitOutcome.RETRY_LATER:
             return outcome
         if outcome is CommitOutcome.COMMITTED:
