@@ -169,3 +169,18 @@ def rewrites(target: Target) -> int:
         return sum(1 for h in target.delta_table().history() if h.get("operation") == "OPTIMIZE")
     snaps = target.iceberg_table().snapshots()
     return sum(1 for s in snaps if s.summary and "sluice.rewrite" in s.summary.additional_properties)
+
+
+def test_an_append_table_bucketed_by_a_column(tmp_path: Path) -> None:
+    from sluice.connectors.generator import GeneratorSource
+
+    target = Target("iceberg", str(tmp_path / "lake"), {}, str(tmp_path))
+    q = Pipeline("bucketed", checkpoint=CheckpointConfig(interval=0.05, storage=str(tmp_path / "chk")))
+    q.source(GeneratorSource(num_splits=2, records_per_split=300, batch_size=50)).sink(
+        target.sink(partition_by=["bucket(4, id)"])
+    )
+    q.run(runtime="local")
+    table = target.iceberg_table()
+    assert [str(f.transform) for f in table.spec().fields] == ["bucket[4]"]
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(600))
+    assert len(target.files_per_partition()) == 4

@@ -44,7 +44,7 @@ class IcebergSink(TableSink):
             the (local) ``warehouse`` folder.
         warehouse: the warehouse location (a local folder or ``s3://bucket/prefix``).
         partition_by: partition fields: a column (identity) or ``year(col)``, ``month(col)``, ``day(col)``,
-            ``hour(col)``.
+            ``hour(col)``, ``bucket(n, col)`` (a hash of the column into ``n`` buckets).
         schema: the table's Arrow schema: creates (or checks) the table before the job starts. Without it the
             first batch's schema creates it.
         schema_mode: ``"strict"`` or ``"merge"`` (new columns are added to the table's schema by the first
