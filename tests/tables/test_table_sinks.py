@@ -87,7 +87,8 @@ def test_the_sinks_are_registered_entry_points() -> None:
         (lambda: DeltaSink("/tmp/x", rewrite={"often": 1}), "rewrite:"),
         (lambda: DeltaSink("s3://b/t", storage_options={"conditional_put": "disabled"}), "conditional_put must be 'etag'"),
         (lambda: DeltaSink("/tmp/x", schema=pa.schema([("a", pa.int64())]), partition_by=["b"]), "partition_by names"),
-        (lambda: IcebergSink("db.t", warehouse="/tmp/w", partition_by=["bucket(4, id)"]), "must be a column or one of"),
+        (lambda: IcebergSink("db.t", warehouse="/tmp/w", partition_by=["truncate(4, id)"]), "must be a column or one of"),
+        (lambda: IcebergSink("db.t", warehouse="/tmp/w", partition_by=["bucket(id)"]), "bucket(n, col) with n >= 1"),
         (lambda: IcebergSink("db.t", warehouse="s3://bucket/w"), "give catalog_properties a 'uri'"),
         (lambda: IcebergSink("db.t", warehouse="/tmp/w", schema_mode="x"), "schema_mode must be one of"),
         (

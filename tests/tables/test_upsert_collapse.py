@@ -142,3 +142,38 @@ def test_staged_files_no_commit_will_read_are_deleted_and_the_rest_kept(tmp_path
     left = {p.name for p in (tmp_path / CHANGES_DIR).iterdir()}
     assert left == {Path(f.path).name for f in [*restored, other_job]}  # type: ignore[attr-defined]
     assert Path(applied.path).name not in left and Path(never.path).name not in left  # type: ignore[attr-defined]
+
+
+def test_a_writer_holding_many_live_keys_does_not_collapse_its_buffer_at_every_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more live keys than ``collapse_rows``, a collapse leaves the buffer above the threshold: the next
+    one waits until the buffer doubled (it used to run at every batch, a whole-buffer sort each time)."""
+    import pyarrow.parquet as pq
+    from sluice.changes import OP, ORDER
+    from sluice.sinks.tables.change_writer import ChangeWriter
+
+    from tests.sinks.conftest import Ctx
+
+    fs = pafs.LocalFileSystem()
+    writer = ChangeWriter(lambda schema: (fs, str(tmp_path)), ["id"], Ctx(), collapse_rows=10)  # type: ignore[arg-type]
+    calls = 0
+    inner = writer._collapsed
+
+    def counted() -> pa.Table:
+        nonlocal calls
+        calls += 1
+        return inner()
+
+    monkeypatch.setattr(writer, "_collapsed", counted)
+    rng = random.Random(3)
+    last: dict[int, int] = {}
+    for order in range(2000):  # 200 live keys, one change per batch
+        key = rng.randrange(200)
+        last[key] = order
+        writer.write(change_table(pa.table({"id": [key], "v": [order]}), [1], [order]).to_batches()[0])
+    assert calls < 40, f"{calls} collapses for 2000 batches"
+    (staged,) = writer.prepare_commit(1)
+    got = pq.read_table(f"{tmp_path}/{staged.path}")
+    assert dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist(), strict=True)) == last
+    assert OP in got.column_names and ORDER in got.column_names

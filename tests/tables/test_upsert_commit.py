@@ -64,7 +64,7 @@ class Job:
     completed: dict[int, list[TableFile]] = field(default_factory=dict)  # checkpoint -> its global committables
     attempt: int = 0
 
-    def storage(self) -> Any:
+    def storage(self, schema: Any = None) -> Any:
         return self.up.fs()
 
     def run(self, crash: tuple[int, str, int] | None) -> None:
