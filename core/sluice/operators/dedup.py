@@ -94,6 +94,7 @@ class DeduplicateOperator(Operator):
         self.watermark = MIN_WATERMARK
         self._now = MIN_WATERMARK  # the clock state TTL follows in event time
         self._since_cleanup = 0
+        self._cleaned_at = MIN_WATERMARK
         self.backend: KeyedStateBackend
         self._columns: list[BatchValueState] | None = None
 
@@ -158,9 +159,11 @@ class DeduplicateOperator(Operator):
             self._now = timestamp
             if self.keep == "last":
                 self._fire(timestamp)
-            elif self._since_cleanup >= 1024:  # expired horizons: a scan as long as what was added
-                self.backend.cleanup_expired(self._since_cleanup)
-                self._since_cleanup = 0
+            elif self._since_cleanup >= 1024 or timestamp - self._cleaned_at >= self.within:
+                # expired horizons: scan twice as many entries as were added (resuming where the last scan
+                # stopped), at least every horizon of event time
+                self.backend.cleanup_expired(max(2 * self._since_cleanup, 10_000))
+                self._since_cleanup, self._cleaned_at = 0, timestamp
         self.output.emit_watermark(timestamp)
 
     def on_processing_time(self, now_ms: int) -> None:
