@@ -127,7 +127,8 @@ class DedupJoinMethods:
         def make(n: str) -> DeduplicateOperator:
             return DeduplicateOperator(n, key, within_ms, event_time, keep_, order_by, schema)  # type: ignore[arg-type]
 
-        return self._then("deduplicate", name, make, parallelism, self._edge(Partitioning.HASH, key), schema, key=key)
+        edge = self._edge(Partitioning.HASH, key)
+        return self._then("deduplicate", name, make, parallelism, edge, schema, key=key, state_distribution="union")
 
     def _two_inputs(self, other: Any, label: str, on: Any, left_on: Any, right_on: Any) -> tuple[list[str], list[str]]:
         if not isinstance(other, DedupJoinMethods) or other.pipeline is not self.pipeline:
@@ -157,7 +158,8 @@ class DedupJoinMethods:
         left.check_state_key(self.schema)
         right.check_state_key(other.schema)
         edges = [self._edge(Partitioning.HASH, left), other._edge(Partitioning.HASH, right)]
-        node = self.pipeline._add(label, name, make, parallelism, edges, key=left)
+        # the buffers in operator state: every subtask reads all on restore and keeps its key groups' rows
+        node = self.pipeline._add(label, name, make, parallelism, edges, key=left, state_distribution="union")
         return type(self)(self.pipeline, node, schema=schema)  # type: ignore[call-arg]
 
     def join_latest(
