@@ -226,7 +226,8 @@ class DeduplicateOperator(Operator):
         order_col = batch.column(self.order_by or "")
         n = batch.num_rows
         rows = pa.table({"c": codes, "h": horizon, "o": order_col, "i": np.arange(n)})
-        rows = rows.sort_by([("c", "ascending"), ("h", "ascending"), ("o", "ascending"), ("i", "ascending")])
+        keys = [("c", "ascending"), ("h", "ascending"), ("o", "ascending", "at_start"), ("i", "ascending")]
+        rows = rows.take(pc.sort_indices(rows, sort_keys=keys))  # a null order_by value orders first
         rc, rh = rows.column("c").to_numpy(), rows.column("h").to_numpy()
         last_of_group = np.r_[(rc[1:] != rc[:-1]) | (rh[1:] != rh[:-1]), True]
         g_code, g_h = rc[last_of_group], rh[last_of_group]
