@@ -37,6 +37,9 @@ __all__ = ["DeduplicateOperator"]
 
 Keep = Literal["first", "last"]
 
+#: records between two scans for expired horizons (keep="first", event time)
+_CLEANUP_ROWS = 16_384
+
 
 def assign_horizons(
     codes: np.ndarray, t: np.ndarray, start: np.ndarray, has: np.ndarray, within: int
@@ -159,10 +162,11 @@ class DeduplicateOperator(Operator):
             self._now = timestamp
             if self.keep == "last":
                 self._fire(timestamp)
-            elif self._since_cleanup >= 1024 or timestamp - self._cleaned_at >= self.within:
-                # expired horizons: scan twice as many entries as were added (resuming where the last scan
-                # stopped), at least every horizon of event time
-                self.backend.cleanup_expired(max(2 * self._since_cleanup, 10_000))
+            elif self._since_cleanup >= _CLEANUP_ROWS or timestamp - self._cleaned_at >= self.within:
+                # expired horizons: scan as many entries as were added since the last scan (resuming where it
+                # stopped), at least once per horizon of event time: every entry is visited about once per
+                # horizon, so the state stays within about twice what one horizon adds
+                self.backend.cleanup_expired(max(self._since_cleanup, _CLEANUP_ROWS))
                 self._since_cleanup, self._cleaned_at = 0, timestamp
         self.output.emit_watermark(timestamp)
 
