@@ -9,6 +9,7 @@ columns.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
@@ -20,11 +21,14 @@ from sluice.keys import KeySelector
 from sluice.operators.dedup import DeduplicateOperator
 from sluice.operators.joins import IntervalJoinOperator, LatestJoinOperator
 from sluice.operators.joins.common import right_names
-from sluice.settings import parse_duration
 
 __all__ = ["DedupJoinMethods"]
 
 Duration = float | int | str | datetime.timedelta
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|min|h|d)\s*", re.IGNORECASE)
+_UNIT_S = {"ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def _ms(option: str, value: Duration, zero: bool = False) -> int:
@@ -33,10 +37,13 @@ def _ms(option: str, value: Duration, zero: bool = False) -> int:
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
-    elif isinstance(value, str):
-        seconds = parse_duration(option, value)
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2).lower()]
     else:
-        raise ConfigError(f"{option}: expected a duration (seconds, '10 min' or a timedelta), got {value!r}")
+        raise ConfigError(
+            f"{option}: {value!r} is not a duration: give seconds, a timedelta, or a number with a unit "
+            "(ms, s, min, h, d), e.g. '10 min'"
+        )
     if seconds < 0 or (seconds == 0 and not zero):
         raise ConfigError(f"{option}: must be a duration {'>= 0' if zero else '> 0'} (got {value!r})")
     return round(seconds * 1000)
