@@ -98,6 +98,8 @@ class DeduplicateOperator(Operator):
         self._now = MIN_WATERMARK  # the clock state TTL follows in event time
         self._since_cleanup = 0
         self._cleaned_at = MIN_WATERMARK
+        #: no entry this instance wrote expires before this (MIN after a restore: restored entries may)
+        self._earliest_expiry = 2**63 - 1
         self.backend: KeyedStateBackend
         self._columns: list[BatchValueState] | None = None
 
@@ -117,6 +119,7 @@ class DeduplicateOperator(Operator):
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         if keyed:
             self.backend.restore(keyed)
+            self._earliest_expiry = MIN_WATERMARK
         if self.schema is None:
             for s in operator_states:
                 if s:
@@ -152,6 +155,7 @@ class DeduplicateOperator(Operator):
         changed = np.flatnonzero(start != before)
         if len(changed):
             self._now = int(start[changed].max())  # expiry = the latest start + within: never early
+            self._earliest_expiry = min(self._earliest_expiry, self._now + self.within)
             self._start.put(take_keys(unique, changed), pa.array(start[changed]))
             self._now = self.watermark
 
@@ -162,7 +166,9 @@ class DeduplicateOperator(Operator):
             self._now = timestamp
             if self.keep == "last":
                 self._fire(timestamp)
-            elif self._since_cleanup >= _CLEANUP_ROWS or timestamp - self._cleaned_at >= self.within:
+            elif timestamp >= self._earliest_expiry and (
+                self._since_cleanup >= _CLEANUP_ROWS or timestamp - self._cleaned_at >= self.within
+            ):
                 # expired horizons: scan as many entries as were added since the last scan (resuming where it
                 # stopped), at least once per horizon of event time: every entry is visited about once per
                 # horizon, so the state stays within about twice what one horizon adds
