@@ -36,7 +36,7 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
     assert r.exit_code == 1 and "exists" in r.output
     r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
-    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-kafka, kafka-to-parquet, kafka-to-postgres, sink, source" in r.output
+    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-kafka, kafka-to-parquet, kafka-to-postgres, kafka-windowed-aggregation, sink, source" in r.output
 
 
 def test_new_lists_job_and_plugin_templates() -> None:

@@ -48,6 +48,10 @@ PUBLIC = {
     "sluice.sinks.delta": ["DeltaSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
     "sluice.sinks.iceberg": ["IcebergSink", "RewritePolicy", "TableLineageError", "TableSchemaError"],
     "sluice.sinks.tables": ["RewritePolicy", "TableFile", "TableLineageError", "TableSchemaError"],
+    "sluice.windows": [
+        "LATE", "Agg", "Session", "Sliding", "Tumbling", "WindowAssigner", "WindowedStream", "agg", "count",
+        "count_distinct", "first", "last", "max", "mean", "min", "sum",
+    ],
     "sluice.testing": ["POINTS", "FaultInjector", "InjectedFault", "SlotCrash", "SparkFaultInjector"],
     "sluice.testing.conformance": [
         "RECOVERY_STEPS", "SINK_CHECKS", "SINK_CONTRACTS", "SOURCE_CHECKS", "SOURCE_CONTRACTS", "ConformanceError",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +22,11 @@ from sluice.operators.stateless import (
     MapOperator,
     PassThroughOperator,
 )
+from sluice.operators.windows.spec import Duration, Session, Sliding, Tumbling, WindowAssigner
 from sluice.sink import Sink
+
+if TYPE_CHECKING:
+    from sluice.api.windowed import WindowedStream
 
 __all__ = ["KeyedStream", "Stream"]
 
@@ -194,7 +198,7 @@ class Stream(DedupJoinMethods):
 
 
 class KeyedStream:
-    """A stream partitioned by key: follow with ``process`` or ``reduce``."""
+    """A stream partitioned by key: follow with ``process``, ``reduce`` or ``window(...).aggregate(...)``."""
 
     def __init__(self, stream: Stream, key: KeySelector) -> None:
         self.stream = stream
@@ -231,3 +235,37 @@ class KeyedStream:
     ) -> Stream:
         """Running reduction per key, ``fn(acc, row) -> acc``; emits the updated value for every input row."""
         return self.process(ReduceFunction(fn), name=name or "reduce", parallelism=parallelism)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        time: str | None = None,
+        processing_time: bool = False,
+        allowed_lateness: Duration = 0,
+    ) -> WindowedStream:
+        """Cut each key's records into windows (``Tumbling``, ``Sliding`` or ``Session`` from
+        :mod:`sluice.windows`) by the event-time column ``time`` (int64 ms or a timestamp; windows close as
+        the watermark passes their end) or by ``processing_time``; follow with ``.aggregate(...)``.
+
+        ``allowed_lateness``: how long after a window's end records still update its result (docs/windows.md).
+        """
+        from sluice.api.windowed import window_of
+
+        return window_of(self, assigner, time, processing_time, allowed_lateness)
+
+    def tumbling_window(self, size: Duration, *, time: str | None = None, processing_time: bool = False,
+                        allowed_lateness: Duration = 0) -> WindowedStream:
+        """``window(Tumbling(size), ...)``."""
+        return self.window(Tumbling(size), time=time, processing_time=processing_time, allowed_lateness=allowed_lateness)
+
+    def sliding_window(self, size: Duration, slide: Duration, *, time: str | None = None,
+                       processing_time: bool = False, allowed_lateness: Duration = 0) -> WindowedStream:
+        """``window(Sliding(size, slide), ...)`` (hopping windows)."""
+        return self.window(Sliding(size, slide), time=time, processing_time=processing_time,
+                           allowed_lateness=allowed_lateness)
+
+    def session_window(self, gap: Duration, *, time: str | None = None, processing_time: bool = False,
+                       allowed_lateness: Duration = 0) -> WindowedStream:
+        """``window(Session(gap), ...)``."""
+        return self.window(Session(gap), time=time, processing_time=processing_time, allowed_lateness=allowed_lateness)
