@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sluice.sinks.iceberg.upsert import pyiceberg_upsert
 from sluice.sinks.tables.changes import Op, change_table
 
-from tests.tables.helpers import Target
-from tests.tables.upserts import Upserts
+from tests.sinks.tables.helpers import Target
+from tests.sinks.tables.upserts import Upserts
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("kind", pa.string()), ("ts", pa.int64())]

@@ -21,7 +21,7 @@ from sluice.connectors.kafka import KafkaSource
 from sluice.errors import BadRecordError, SluiceError, is_recoverable
 from sluice.sinks.files import FileSink
 
-from tests.kafka.helpers import produce_json
+from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
 JOB = """

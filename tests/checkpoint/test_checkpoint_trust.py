@@ -202,7 +202,7 @@ def test_the_cli_prints_one_line_and_runs_nothing(crashed: tuple[Path, Path], tm
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
         "from pathlib import Path\n"
-        "from tests.holes.test_checkpoint_trust import build\n"
+        "from tests.checkpoint.test_checkpoint_trust import build\n"
         f"pipeline = build(Path({str(tmp)!r}))\n"
     )
     r = subprocess.run(

@@ -23,8 +23,8 @@ from sluice.runtime.status import JobStatus
 from sluice.sink import SinkContext, SinkWriter
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
-from tests.checkpointing.proxy import proxy_to
-from tests.checkpointing.storages import FlakyStorage, use_storage
+from tests.checkpoint.proxy import proxy_to
+from tests.checkpoint.storages import FlakyStorage, use_storage
 from tests.sinks.conftest import MotoS3
 
 A = SubtaskId(0, 0)

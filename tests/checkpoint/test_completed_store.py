@@ -11,7 +11,7 @@ from sluice.checkpoint.storage import LocalCheckpointStorage
 from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.state.shared_registry import SharedRef, SharedStateRegistry
 
-from tests.checkpointing.storages import FlakyStorage
+from tests.checkpoint.storages import FlakyStorage
 
 
 def complete(storage: LocalCheckpointStorage, cid: int, savepoint: bool = False) -> str:

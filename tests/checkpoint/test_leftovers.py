@@ -22,8 +22,8 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.control.registry import ENTRY, RegistryEntry, read_entries
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
-from tests.checkpointing.conftest import fill
-from tests.checkpointing.storages import use_storage
+from tests.checkpoint.conftest import fill
+from tests.checkpoint.storages import use_storage
 
 
 def incomplete(job_dir: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""The ``sluice`` command: new, run, checkpoints list/show (the demo: tests/test_demo.py)."""
+"""The ``sluice`` command: new, run, checkpoints list/show (the demo: tests/cli/test_demo.py)."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_yaml_nested_or_flat_and_overrides(tmp_path: Path) -> None:
 
 
 def test_every_key_is_documented() -> None:
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     missing = [k for k in KEYS if f"`{k}`" not in doc]
     assert not missing, f"docs/configuration.md does not document {missing}"
 

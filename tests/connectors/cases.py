@@ -26,7 +26,7 @@ from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import MotoS3
-from tests.tables.helpers import Target
+from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
 SOURCE_CASES = ["generator_source", "kafka_source"]

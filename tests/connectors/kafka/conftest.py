@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry
 from tests.faults.conftest import ProxiedBroker, proxied_broker  # the broker behind a fault proxy
-from tests.kafka.registry_server import RecordedSchemaRegistry
 
 __all__ = ["ProxiedBroker", "proxied_broker", "registry"]
 

@@ -16,9 +16,9 @@ from sluice.api import JobClient
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
+from tests.connectors.kafka.helpers import committed_ids, json_values, produce_json
+from tests.connectors.kafka.test_kafka_e2e import SCHEMA, pipeline, produce_singly, stops, wait_for
 from tests.faults.shapes import record
-from tests.kafka.helpers import committed_ids, json_values, produce_json
-from tests.kafka.test_kafka_e2e import SCHEMA, pipeline, produce_singly, stops, wait_for
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

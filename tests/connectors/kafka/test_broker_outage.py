@@ -23,11 +23,11 @@ from sluice.control.metrics import job_registry
 from sluice.control.progress import summary_line
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
+from tests.connectors.kafka.conftest import ProxiedBroker
+from tests.connectors.kafka.helpers import committed_ids, produce_json
+from tests.connectors.kafka.test_kafka_e2e import SCHEMA, wait_for
 from tests.control.conftest import sluice
 from tests.faults.shapes import record
-from tests.kafka.conftest import ProxiedBroker
-from tests.kafka.helpers import committed_ids, produce_json
-from tests.kafka.test_kafka_e2e import SCHEMA, wait_for
 
 pytestmark = pytest.mark.kafka
 

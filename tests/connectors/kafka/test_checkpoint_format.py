@@ -16,7 +16,7 @@ from sluice.sinks.files import CompactionPolicy, FileSink
 from sluice.testing.faults import FaultInjector
 
 from tests.checkpoint_scan import assert_no_pickle
-from tests.kafka.helpers import produce_json
+from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

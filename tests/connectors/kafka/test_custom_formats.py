@@ -16,8 +16,8 @@ from sluice.errors import ConfigError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.source import SourceSplit
 
-from tests.kafka.fakes import CollectingOutput, FakeConsumer, FakeMessage, FakeReaderContext
-from tests.kafka.test_formats_e2e import pipeline, stops
+from tests.connectors.kafka.fakes import CollectingOutput, FakeConsumer, FakeMessage, FakeReaderContext
+from tests.connectors.kafka.test_formats_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

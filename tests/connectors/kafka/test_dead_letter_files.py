@@ -12,7 +12,7 @@ import pytest
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.files import FileSink
 
-from tests.kafka.test_kafka_e2e import pipeline, stops
+from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

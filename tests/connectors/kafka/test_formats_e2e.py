@@ -23,9 +23,9 @@ from sluice.errors import BadRecordError, JobFailedError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import FaultInjector
 
-from tests.kafka.helpers import committed_ids
-from tests.kafka.registry_server import RecordedSchemaRegistry, avro_wire, json_wire
-from tests.kafka.test_formats_units import EVENT_V1, EVENT_V2, ORDER_V1, ORDER_V2, order
+from tests.connectors.kafka.helpers import committed_ids
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_wire, json_wire
+from tests.connectors.kafka.test_formats_units import EVENT_V1, EVENT_V2, ORDER_V1, ORDER_V2, order
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

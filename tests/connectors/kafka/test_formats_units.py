@@ -37,8 +37,8 @@ from sluice.connectors.kafka.formats.schema_registry import (
 from sluice.connectors.kafka.formats.schemas import align, widen
 from sluice.connectors.kafka.options import KafkaSourceOptions
 
-from tests.kafka.fakes import FakeMessage
-from tests.kafka.registry_server import RECORDINGS, RecordedSchemaRegistry, avro_wire, json_wire
+from tests.connectors.kafka.fakes import FakeMessage
+from tests.connectors.kafka.registry_server import RECORDINGS, RecordedSchemaRegistry, avro_wire, json_wire
 
 pytestmark = pytest.mark.kafka
 

@@ -25,7 +25,7 @@ from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.source import SourceSplit
 from sluice.testing.faults import FaultInjector
 
-from tests.kafka.helpers import committed_ids, json_values, produce_json
+from tests.connectors.kafka.helpers import committed_ids, json_values, produce_json
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

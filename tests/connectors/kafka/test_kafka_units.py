@@ -18,7 +18,7 @@ from sluice.connectors.kafka.watermarks import PartitionWatermarks
 from sluice.errors import BadRecordError, ConfigError
 from sluice.source import InputStatus, SourceSplit
 
-from tests.kafka.fakes import (
+from tests.connectors.kafka.fakes import (
     CollectingOutput,
     FakeConsumer,
     FakeMessage,

@@ -23,7 +23,7 @@ from sluice.connectors.kafka import KafkaSource
 from sluice.errors import BadRecordError, ConfigError, JobFailedError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
-from tests.kafka.test_kafka_e2e import pipeline, stops
+from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

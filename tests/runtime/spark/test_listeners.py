@@ -21,7 +21,7 @@ from sluice.runtime.spark.listener import max_pending
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.shapes import record
-from tests.spark.runner import reference, run_shape_on, shape_named
+from tests.runtime.spark.runner import reference, run_shape_on, shape_named
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 

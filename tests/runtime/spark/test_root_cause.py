@@ -24,7 +24,7 @@ from sluice.runtime.attempt import JobAttempt
 from sluice.sinks.testing import TwoPhaseCommitTestSink
 from sluice.testing.faults import FaultInjector
 
-from tests.spark.runner import reference, run_shape_on, shape_named
+from tests.runtime.spark.runner import reference, run_shape_on, shape_named
 
 pytestmark = pytest.mark.spark
 

@@ -10,7 +10,7 @@ from sluice.testing.faults import FaultInjector
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.shapes import record
-from tests.spark.runner import reference, run_shape_on, shape_named
+from tests.runtime.spark.runner import reference, run_shape_on, shape_named
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 

@@ -15,8 +15,8 @@ from sluice.errors import ConfigError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.faults.shapes import RunningCount, rows_of, with_key
-from tests.spark.certs import self_signed
-from tests.spark.runner import reference, run_shape_on, shape_named
+from tests.runtime.spark.certs import self_signed
+from tests.runtime.spark.runner import reference, run_shape_on, shape_named
 
 pytestmark = pytest.mark.spark
 

@@ -16,7 +16,7 @@ from sluice.runtime.spark import rpc
 from sluice.runtime.spark.listener import Listener, max_pending
 from sluice.runtime.spark.transport import DataPlane
 
-from tests.spark.certs import self_signed
+from tests.runtime.spark.certs import self_signed
 
 pytestmark = pytest.mark.spark
 

@@ -9,7 +9,7 @@ import pytest
 from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
 
 from tests.sinks.conftest import Ctx, compact, local_files, read_visible, same_rows
-from tests.sinks.test_lifecycle import expected, rows
+from tests.sinks.files.test_lifecycle import expected, rows
 
 
 def make(tmp_path, fmt: str = "parquet", **compaction) -> FileSink:

@@ -14,7 +14,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
 
 from tests.sinks.conftest import local_files, read_visible
-from tests.sinks.test_faults import with_bucket
+from tests.sinks.files.test_faults import with_bucket
 
 NAME = re.compile(r"part-.+-(\d{6})-(\d{3})-(c?\d+)-[0-9a-f]{12}\.parquet$")
 

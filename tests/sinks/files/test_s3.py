@@ -15,7 +15,7 @@ from sluice.errors import CommitError
 from sluice.sinks.files import FileSink, StorageError
 
 from tests.sinks.conftest import Ctx, MotoS3, read_visible, s3_keys, same_rows
-from tests.sinks.test_lifecycle import expected, rows
+from tests.sinks.files.test_lifecycle import expected, rows
 
 pytestmark = pytest.mark.s3
 

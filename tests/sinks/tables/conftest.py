@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.sinks.conftest import MotoS3
-from tests.tables.helpers import KINDS, Target
+from tests.sinks.tables.helpers import KINDS, Target
 
 
 @pytest.fixture(params=KINDS)

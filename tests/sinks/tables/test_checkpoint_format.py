@@ -16,9 +16,9 @@ from sluice.connectors.kafka import KafkaSource
 from sluice.testing.faults import FaultInjector
 
 from tests.checkpoint_scan import assert_no_pickle
-from tests.kafka.helpers import produce_json
+from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
-from tests.tables.helpers import KINDS, Target, ids
+from tests.sinks.tables.helpers import KINDS, Target, ids
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 KEY = "tables-format-test-key-0123456789"

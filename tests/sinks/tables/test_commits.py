@@ -18,7 +18,7 @@ from sluice.sink import CommitOutcome
 from sluice.sinks.tables import TableLineageError
 
 from tests.sinks.conftest import Ctx
-from tests.tables.helpers import Target, ids
+from tests.sinks.tables.helpers import Target, ids
 
 
 class GCtx:

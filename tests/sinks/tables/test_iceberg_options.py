@@ -16,7 +16,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.iceberg import IcebergSink
 from sluice.sinks.tables import TableSchemaError
 
-from tests.tables.helpers import Target, ids
+from tests.sinks.tables.helpers import Target, ids
 
 
 def iceberg(tmp: Path) -> Target:

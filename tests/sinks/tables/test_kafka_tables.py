@@ -14,11 +14,11 @@ from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.connectors.kafka import KafkaSource
 from sluice.testing.faults import FaultInjector
 
-from tests.kafka.helpers import produce_json
+from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import MotoS3
-from tests.tables.conftest import s3_target_of
-from tests.tables.helpers import Target, completed, ids
+from tests.sinks.tables.conftest import s3_target_of
+from tests.sinks.tables.helpers import Target, completed, ids
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 CASES = [

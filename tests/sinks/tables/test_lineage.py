@@ -26,7 +26,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.tables.storage import arrow_filesystem
 
 from tests.sinks.conftest import Ctx
-from tests.tables.helpers import Target, ids
+from tests.sinks.tables.helpers import Target, ids
 
 
 def with_bucket(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from sluice.sinks.tables import RewritePolicy
 
-from tests.tables.helpers import Target, completed, ids
-from tests.tables.test_commits import GCtx, precommit
-from tests.tables.test_table_sinks import run_job
+from tests.sinks.tables.helpers import Target, completed, ids
+from tests.sinks.tables.test_commits import GCtx, precommit
+from tests.sinks.tables.test_table_sinks import run_job
 
 
 def rewrite_now(target: Target, sink: object, policy: RewritePolicy) -> int:

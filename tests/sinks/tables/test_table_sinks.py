@@ -16,7 +16,7 @@ from sluice.sinks.delta import DeltaSink
 from sluice.sinks.iceberg import IcebergSink
 from sluice.sinks.tables import TableSchemaError
 
-from tests.tables.helpers import Target, completed, ids
+from tests.sinks.tables.helpers import Target, completed, ids
 
 
 def with_bucket(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -19,14 +19,14 @@ from sluice.sinks.tables.change_writer import ChangeCompactor, ChangeWriter
 from sluice.sinks.tables.files import TableFile
 
 from tests.sinks.conftest import Ctx
-from tests.tables.helpers import Target
-from tests.tables.test_upsert_merge import (
+from tests.sinks.tables.helpers import Target
+from tests.sinks.tables.test_upsert_merge import (
     data_files_on_storage,
     replaced_merge_files,
     staged_left,
     versions_states,
 )
-from tests.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream
+from tests.sinks.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream
 
 CHECKPOINTS = 4
 

@@ -15,8 +15,8 @@ from sluice.sink import CommitOutcome
 from sluice.sinks.iceberg.upsert import IcebergUpsert, pyiceberg_upsert
 from sluice.sinks.tables.changes import Op, change_table, collapse
 
-from tests.tables.helpers import Target
-from tests.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream, table_state
+from tests.sinks.tables.helpers import Target
+from tests.sinks.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream, table_state
 
 
 def iceberg(tmp_path: Path, name: str = "lake") -> Upserts:

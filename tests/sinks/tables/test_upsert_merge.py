@@ -17,9 +17,9 @@ from sluice.sinks.tables import TableSchemaError
 from sluice.sinks.tables.changes import CHANGES_DIR, Op, change_table, remove_orphaned_changes
 
 from tests.sinks.conftest import MotoS3
-from tests.tables.conftest import s3_target_of
-from tests.tables.helpers import Target
-from tests.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream, table_state
+from tests.sinks.tables.conftest import s3_target_of
+from tests.sinks.tables.helpers import Target
+from tests.sinks.tables.upserts import Change, Upserts, apply_in_order, as_table, random_stream, table_state
 
 State = dict[int, tuple[str | None, float | None]]
 
@@ -159,7 +159,7 @@ def concurrent_compaction(target: Target) -> Any:
         else:
             from sluice.sinks.tables import RewritePolicy
 
-            from tests.tables.test_rewrite import rewrite_now
+            from tests.sinks.tables.test_rewrite import rewrite_now
 
             policy = RewritePolicy(every=1, min_files=2, target_size=64 * 1024 * 1024)
             assert rewrite_now(target, target.sink(), policy) >= 2

@@ -26,7 +26,7 @@ from sluice.sinks.tables.changes import (
 from sluice.sinks.tables.files import TableFile, data_file_name
 from sluice.sinks.tables.storage import arrow_filesystem, delta_options, iceberg_io_options
 
-from tests.tables.helpers import Target
+from tests.sinks.tables.helpers import Target
 
 ROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
 
