@@ -17,6 +17,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.faults.shapes import RunningCount, rows_of, with_key
+from tests.runtimes import spark_in_soak
 
 
 def slow(delay: float) -> Any:
@@ -36,13 +37,15 @@ def backpressured(tmp: str, name: str, buffers: int = 8, **ck: Any) -> Pipeline:
     return p
 
 
-def run_until(p: Pipeline, what: str, condition: Callable[[Any], bool], **start: Any) -> list[Any]:
+def run_until(
+    p: Pipeline, what: str, condition: Callable[[Any], bool], runtime: str = "local", **start: Any
+) -> list[Any]:
     """Run ``p`` until a checkpoint of its history satisfies ``condition``, then cancel it; its history.
 
     Ends on the condition, not after some seconds: on a loaded machine the job may need much longer to get
     there (the deadline only turns a job that never gets there into a failure instead of a hang).
     """
-    client = p.start(runtime="local", **{"restore": "none", **start})
+    client = p.start(runtime=runtime, **{"restore": "none", **start})
     deadline = time.monotonic() + 180
     while not any(condition(c) for c in client.checkpoint_history):
         assert client.running, f"the job ended before {what}"
@@ -55,16 +58,19 @@ def completed_with_inflight(c: Any) -> bool:
     return bool(c.status == "completed" and c.inflight_bytes > 0)
 
 
-def test_unaligned_completes_under_backpressure_where_aligned_expires(tmp_path) -> None:
+@spark_in_soak
+def test_unaligned_completes_under_backpressure_where_aligned_expires(tmp_path, runtime: str) -> None:
     run_until(
         backpressured(str(tmp_path / "a"), "aligned", timeout=0.15),
         "expired (the backlog ahead of aligned barriers is too long)",
         lambda c: c.failure_reason == "EXPIRED",
+        runtime,
     )
     unaligned = run_until(
         backpressured(str(tmp_path / "u"), "unaligned", timeout=0.15, unaligned=True),
         "persisted overtaken in-flight data as channel state",
         completed_with_inflight,
+        runtime,
     )
     done = [c for c in unaligned if c.status == "completed"]
     assert done and all(c.alignment == "unaligned" for c in done)
@@ -154,9 +160,13 @@ def test_channel_state_of_a_forward_exchange_refuses_rescale_unless_dropped(tmp_
     assert any(c.status == "completed" for c in resumed)
 
 
-def test_savepoints_stay_aligned_in_unaligned_mode(tmp_path) -> None:
-    client = backpressured(str(tmp_path), "sp", unaligned=True, timeout=30).start(runtime="local", restore="none")
-    time.sleep(0.3)
+def test_savepoints_stay_aligned_in_unaligned_mode(tmp_path, runtime: str) -> None:
+    p = backpressured(str(tmp_path), "sp", unaligned=True, timeout=30)
+    client = p.start(runtime=runtime, restore="none")
+    deadline = time.monotonic() + 120  # until the job runs (a Spark attempt takes seconds to start)
+    while not any(c.status == "completed" for c in client.checkpoint_history):
+        assert client.running and time.monotonic() < deadline, "the job completed no checkpoint"
+        time.sleep(0.02)
     path = client.trigger_savepoint(timeout=60)
     history = client.checkpoint_history
     client.cancel()

@@ -1,4 +1,5 @@
-"""Whole jobs on the in-process runtime: failures, restore, rescaling, coordinator behaviour, timers."""
+"""Whole jobs on the in-process runtime: failures, restore, rescaling, coordinator behaviour, timers; those
+that must hold on both runtimes also on Spark (the ``runtime`` fixture, tests/runtimes.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.faults.shapes import RunningCount, rows_of, with_key
+from tests.runtimes import spark_in_soak
 
 
 def keyed_job(tmp: str, name: str, parallelism: int, src: GeneratorSource, **kw: Any) -> Pipeline:
@@ -40,8 +42,9 @@ def keyed_job(tmp: str, name: str, parallelism: int, src: GeneratorSource, **kw:
     return p
 
 
+@spark_in_soak
 def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of_failed_epoch(
-    tmp_path,
+    tmp_path, runtime: str
 ) -> None:
     calls = {"n": 0}
 
@@ -62,7 +65,7 @@ def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of
     with pytest.raises(
         JobFailedError, match=r"3 attempt\(s\).*operator 'explode' failed: ValueError: bad row"
     ) as ei:
-        p.run(runtime="local", restore="none")
+        p.run(runtime=runtime, restore="none")
     assert type(ei.value.__cause__).__name__ == "UserFunctionError"
     committed = read_committed(f"{tmp_path}/out")
     ids = committed.column("id").to_pylist() if committed is not None else []
@@ -74,18 +77,18 @@ def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of
     )
 
 
-def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path) -> None:
+def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path, runtime: str) -> None:
     src = GeneratorSource(num_splits=4, records_per_split=600, batch_size=20, rows_per_second=500)
     ref_dir = tmp_path / "ref"
     reference = rows_of(
         (
             keyed_job(
                 str(ref_dir), "ref", 2, GeneratorSource(num_splits=4, records_per_split=600, batch_size=20)
-            ).run(runtime="local", restore="none"),
+            ).run(runtime=runtime, restore="none"),
             read_committed(f"{ref_dir}/out"),
         )[1]
     )
-    client = keyed_job(str(tmp_path), "rescale", 2, src).start(runtime="local", restore="none")
+    client = keyed_job(str(tmp_path), "rescale", 2, src).start(runtime=runtime, restore="none")
     deadline = time.monotonic() + 120  # until two checkpoints completed, however loaded the machine
     while sum(c.status == "completed" for c in client.checkpoint_history) < 2:
         assert client.running and time.monotonic() < deadline, "the job completed no checkpoints"
@@ -97,22 +100,26 @@ def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path) -
     assert partial is not None and 0 < partial.num_rows < len(reference)
     result = keyed_job(
         str(tmp_path), "rescale", 3, GeneratorSource(num_splits=4, records_per_split=600, batch_size=20)
-    ).run(runtime="local", restore="latest")
+    ).run(runtime=runtime, restore="latest")
     assert result.status == "finished"
     assert rows_of(read_committed(f"{tmp_path}/out")) == reference
 
 
-def test_savepoint_restores_at_new_parallelism(tmp_path) -> None:
+@spark_in_soak
+def test_savepoint_restores_at_new_parallelism(tmp_path, runtime: str) -> None:
     src = GeneratorSource(num_splits=2, records_per_split=800, batch_size=20, rows_per_second=400)
-    client = keyed_job(str(tmp_path), "sp", 1, src).start(runtime="local", restore="none")
-    time.sleep(0.4)
+    client = keyed_job(str(tmp_path), "sp", 1, src).start(runtime=runtime, restore="none")
+    deadline = time.monotonic() + 120  # until the job runs (a Spark attempt takes seconds to start)
+    while not any(c.status == "completed" for c in client.checkpoint_history):
+        assert client.running and time.monotonic() < deadline, "the job completed no checkpoint"
+        time.sleep(0.02)
     path = client.trigger_savepoint(timeout=30)
     client.cancel()
     assert "savepoint-" in path and os.path.exists(f"{path}/_metadata")
     for name in os.listdir(f"{tmp_path}/out/pending"):
         os.remove(f"{tmp_path}/out/pending/{name}")
     full = GeneratorSource(num_splits=2, records_per_split=800, batch_size=20)
-    keyed_job(str(tmp_path), "sp", 4, full).run(runtime="local", restore=path)
+    keyed_job(str(tmp_path), "sp", 4, full).run(runtime=runtime, restore=path)
     out = read_committed(f"{tmp_path}/out")
     assert out is not None
     # every key's final count is complete, whatever was committed before the savepoint
@@ -148,21 +155,21 @@ def test_checkpoints_time_out_abort_and_fail_job_after_tolerable_failures(tmp_pa
     )
 
 
-def test_retention_and_metadata_marks_completion(tmp_path) -> None:
+def test_retention_and_metadata_marks_completion(tmp_path, runtime: str) -> None:
     p = Pipeline(
         "keep", checkpoint=CheckpointConfig(interval=0.01, num_retained=2, storage=f"{tmp_path}/chk")
     )
     p.source(GeneratorSource(num_splits=2, records_per_split=3000, batch_size=10)).sink(
         TwoPhaseCommitTestSink(f"{tmp_path}/out")
     )
-    result = p.run(runtime="local", restore="none")
+    result = p.run(runtime=runtime, restore="none")
     st = LocalCheckpointStorage(f"{tmp_path}/chk", "keep")
     done = st.completed()
     assert len(done) == 2 and done[-1][0] == result.last_checkpoint
     os.makedirs(f"{tmp_path}/chk/keep/chk-999")  # no _metadata: never a restore point
     assert st.latest() == done[-1][1]
     with pytest.raises(RestoreError, match="no _metadata"):
-        p.run(runtime="local", restore=f"{tmp_path}/chk/keep/chk-999")
+        p.run(runtime=runtime, restore=f"{tmp_path}/chk/keep/chk-999")
 
 
 def test_backpressure_bounds_queues_and_reaches_the_source(tmp_path) -> None:
@@ -217,7 +224,7 @@ class Sessions(KeyedProcessFunction):
         return out
 
 
-def test_event_time_timers_fire_on_watermarks_and_survive_restore(tmp_path) -> None:
+def test_event_time_timers_fire_on_watermarks_and_survive_restore(tmp_path, runtime: str) -> None:
     from sluice.testing.faults import FaultInjector
 
     src = GeneratorSource(num_splits=1, records_per_split=500, batch_size=25, step_ms=10, num_keys=5)
@@ -229,7 +236,7 @@ def test_event_time_timers_fire_on_watermarks_and_survive_restore(tmp_path) -> N
     p.source(src).key_by("key").process(Sessions(), parallelism=2).sink(
         TwoPhaseCommitTestSink(f"{tmp_path}/out")
     )
-    p.run(runtime="local", restore="none", faults=FaultInjector(point="process", after=8))
+    p.run(runtime=runtime, restore="none", faults=FaultInjector(point="process", after=8))
     out = read_committed(f"{tmp_path}/out")
     assert out is not None
     # timers fire only when the watermark passes them: the last timer per key (beyond the final watermark)
@@ -237,7 +244,7 @@ def test_event_time_timers_fire_on_watermarks_and_survive_restore(tmp_path) -> N
     assert out.num_rows > 0 and sum(out.column("n").to_pylist()) <= 500
 
 
-def test_processing_time_timer_fires(tmp_path) -> None:
+def test_processing_time_timer_fires(tmp_path, runtime: str) -> None:
     class Later(KeyedProcessFunction):
         def process(self, key: Any, rows: pa.RecordBatch, ctx: Any) -> None:
             ctx.timer_service.register_processing_time_timer(ctx.timer_service.current_processing_time() + 20)
@@ -248,15 +255,15 @@ def test_processing_time_timer_fires(tmp_path) -> None:
     src = GeneratorSource(num_splits=1, records_per_split=200, batch_size=10, num_keys=3, rows_per_second=200)
     p = Pipeline("ptimers", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"))
     p.source(src).key_by("key").process(Later()).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
-    p.run(runtime="local", restore="none")
+    p.run(runtime=runtime, restore="none")
     assert read_committed(f"{tmp_path}/out") is not None
 
 
-def test_checkpoint_stats_record_sync_async_and_sizes(tmp_path) -> None:
+def test_checkpoint_stats_record_sync_async_and_sizes(tmp_path, runtime: str) -> None:
     p = keyed_job(
         str(tmp_path), "stats", 2, GeneratorSource(num_splits=2, records_per_split=2000, batch_size=20)
     )
-    result = p.run(runtime="local", restore="none")
+    result = p.run(runtime=runtime, restore="none")
     done = [s for s in result.checkpoints if s.status == "completed"]
     assert done
     t = next(t for s in done for t in s.tasks.values() if t)
@@ -264,12 +271,12 @@ def test_checkpoint_stats_record_sync_async_and_sizes(tmp_path) -> None:
     assert done[-1].state_bytes > 0
 
 
-def test_job_client_runs_unbounded_job_until_cancelled(tmp_path) -> None:
+def test_job_client_runs_unbounded_job_until_cancelled(tmp_path, runtime: str) -> None:
     p = Pipeline("forever", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"))
     p.source(GeneratorSource(num_splits=1, records_per_split=None, batch_size=10, rows_per_second=2000)).sink(
         TwoPhaseCommitTestSink(f"{tmp_path}/out")
     )
-    client = p.start(runtime="local", restore="none")
+    client = p.start(runtime=runtime, restore="none")
     deadline = time.monotonic() + 20
     while read_committed(f"{tmp_path}/out") is None and time.monotonic() < deadline:
         time.sleep(0.05)

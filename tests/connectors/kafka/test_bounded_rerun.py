@@ -56,12 +56,9 @@ def _unbounded_until(client: JobClient, out: Path, ids: list[int]) -> None:
         client.cancel()
 
 
-@pytest.mark.parametrize("runtime", ["local", pytest.param("spark", marks=pytest.mark.spark)])
 def test_bounded_rerun_after_an_unbounded_run_ends_with_the_input(
-    broker: TansuBroker, topic: Callable[..., str], tmp_path: Path, runtime: str, request: pytest.FixtureRequest
+    broker: TansuBroker, topic: Callable[..., str], tmp_path: Path, runtime: str
 ) -> None:
-    if runtime == "spark":
-        request.getfixturevalue("spark")
     t = topic(2)
     out = tmp_path / "out"
     ids = produce_json(broker, t, {0: range(0, 300), 1: range(1000, 1200)})

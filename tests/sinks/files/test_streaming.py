@@ -18,6 +18,7 @@ from sluice import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pi
 from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.files import CompactionPolicy, FileSink, RollingPolicy
 
+from tests.runtimes import spark_in_soak
 from tests.sinks.conftest import local_files, read_visible, same_rows
 
 NAME = re.compile(r"part-.+-(\d{6})-\d{3}-c?\d+-[0-9a-f]{12}\.parquet$")
@@ -28,8 +29,9 @@ class Identity(KeyedProcessFunction):
         return rows
 
 
+@spark_in_soak
 @pytest.mark.parametrize("max_checkpoints", [1, 3])
-def test_one_file_per_bucket_per_compaction_window(tmp_path, max_checkpoints) -> None:
+def test_one_file_per_bucket_per_compaction_window(tmp_path, max_checkpoints, runtime: str) -> None:
     src = GeneratorSource(num_splits=2, records_per_split=1500, batch_size=25, rows_per_second=500)  # ~3 s
     p = Pipeline(
         f"stream-{max_checkpoints}",
@@ -49,7 +51,7 @@ def test_one_file_per_bucket_per_compaction_window(tmp_path, max_checkpoints) ->
             compaction=CompactionPolicy(target_size=64 << 20, max_checkpoints=max_checkpoints),
         )
     )
-    result = p.run(runtime="local", restore="none")
+    result = p.run(runtime=runtime, restore="none")
     same_rows(read_visible(root), src.expected())
     visible = [f for f in local_files(root) if not os.path.basename(f).startswith(".")]
     assert result.metrics["files_staged"] > 3 * len(visible)  # small files were merged

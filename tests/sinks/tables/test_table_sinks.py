@@ -16,6 +16,7 @@ from sluice.sinks.delta import DeltaSink
 from sluice.sinks.iceberg import IcebergSink
 from sluice.sinks.tables import TableSchemaError
 
+from tests.runtimes import spark_in_soak
 from tests.sinks.tables.helpers import Target, completed, ids
 
 
@@ -33,8 +34,11 @@ def run_job(target: Target, tmp: Path, runtime: str = "local", records: int = 15
     return src, p.run(runtime=runtime, restore="none")
 
 
-def test_rows_land_exactly_once_one_file_per_partition_and_checkpoint(local_target: Target, tmp_path: Path) -> None:
-    src, result = run_job(local_target, tmp_path)
+@spark_in_soak
+def test_rows_land_exactly_once_one_file_per_partition_and_checkpoint(
+    local_target: Target, tmp_path: Path, runtime: str
+) -> None:
+    src, result = run_job(local_target, tmp_path, runtime)
     expected = ids(src.expected())
     assert ids(local_target.read()) == expected
     assert ids(local_target.read_independently()) == expected
