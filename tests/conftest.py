@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.shapes import SCENARIO_LOG
+from tests.faults.shapes import KEYED_SHAPES, SCENARIO_LOG
 from tests.kafka_broker import TansuBroker
 from tests.runtimes import BOTH
 from tests.sinks.conftest import MotoS3, _free_port
@@ -159,6 +159,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             "fired by mode: " + ", ".join(f"{m} {sum(1 for s in fired if s['mode'] == m)}" for m in modes)
         )
+        keyed = [s for s in _SCENARIOS if s["shape"] in KEYED_SHAPES]
+        if keyed:  # the shapes with keyed state, per state backend (issue 24)
+            backends = sorted({s.get("backend", "hashmap") for s in keyed})
+            terminalreporter.write_line(
+                "keyed shapes fired by state backend: "
+                + ", ".join(f"{b} {sum(1 for s in keyed if s['fired'] and s.get('backend', 'hashmap') == b)}" for b in backends)
+            )
         beyond = sorted({s["family"] for s in _SCENARIOS if s.get("tier") == "beyond"})
         if beyond:  # the faults that are not crashes (tests/faults/beyond.py): outages, full disks, lost files
             terminalreporter.write_line(

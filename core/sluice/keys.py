@@ -17,6 +17,18 @@ __all__ = ["KeySelector"]
 KeySpec = str | Sequence[str] | Callable[[pa.RecordBatch], pa.Array]
 
 
+def _state_key_type(t: pa.DataType) -> bool:
+    """Whether keyed state stores keys of Arrow type ``t`` (:mod:`sluice.state.keycodec`)."""
+    if pa.types.is_dictionary(t):
+        return _state_key_type(t.value_type)
+    return bool(
+        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+        or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)
+        or pa.types.is_null(t)
+    )  # fmt: skip
+
+
 class KeySelector:
     """Extracts keys from batches: a column name, several column names, or ``fn(batch) -> Array``."""
 
@@ -35,6 +47,27 @@ class KeySelector:
                 "key_by: key must be a column name, a list of column names, or fn(batch) -> Array"
             )
         self.description = ",".join(self._columns) if self._columns else getattr(spec, "__name__", "fn")
+
+    def check_state_key(self, schema: pa.Schema | None) -> None:
+        """Refuse, at build time, key columns whose type keyed state cannot store (where the stream's schema
+        is known; otherwise the first key of such a type fails the job with the same one-line error).
+
+        Raises:
+            ConfigError: naming the column, its type and the types allowed.
+        """
+        if schema is None or self._columns is None:
+            return
+        for name in self._columns:
+            idx = schema.get_field_index(name)
+            if idx < 0:
+                continue
+            t = schema.field(idx).type
+            if not _state_key_type(t):
+                raise ConfigError(
+                    f"key_by: column {name!r} has type {t}, which keyed state cannot store as a key: key by a "
+                    "column of int, float, bool, string, binary, date or timestamp type (cast it first, e.g. "
+                    "a decimal to string)"
+                )
 
     def arrays(self, batch: pa.RecordBatch) -> list[pa.Array]:
         if self._fn is not None:

@@ -28,6 +28,7 @@ from sluice.config import (
     RestartStrategy,
 )
 from sluice.errors import ConfigError
+from sluice.state.config import STATE_KEYS, StateBackendConfig
 
 if TYPE_CHECKING:
     from sluice.api import Pipeline
@@ -94,7 +95,8 @@ def _choice(mapping: Mapping[str, Any]) -> Callable[[str, Any], Any]:
 
 @dataclass(frozen=True)
 class _Key:
-    """Where a key goes: ``target`` (checkpoint, storage_options, restart, pipeline) and its field there."""
+    """Where a key goes: ``target`` (checkpoint, storage_options, restart, pipeline, state_backend) and its
+    field there."""
 
     target: str
     field: str
@@ -153,6 +155,8 @@ KEYS: dict[str, _Key] = {
     "restart-strategy.failure-rate.delay": _Key("failure-rate", "delay", parse_duration),
     "parallelism.default": _Key("pipeline", "default_parallelism", _int),
     "pipeline.max-parallelism": _Key("pipeline", "max_parallelism", _int),
+    # the state backend (state.backend.type, state.backend.incremental, ...: docs/state.md)
+    **{key: _Key("state_backend", field, parse) for key, (field, parse) in STATE_KEYS.items()},
 }
 
 _STRATEGY_OF: dict[str, type[RestartStrategy]] = {
@@ -166,7 +170,7 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and key not in KEYS:
+        if isinstance(v, Mapping):  # no key takes a mapping (``state.backend`` is a key and a prefix)
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -243,6 +247,7 @@ def configure(pipeline: Pipeline, settings: Mapping[str, Any]) -> Pipeline:
     restart_type: type[RestartStrategy] | None = None
     restart_fields: dict[str, dict[str, Any]] = {name: {} for name in _STRATEGY_OF}
     graph: dict[str, int] = {}
+    state: dict[str, Any] = {}
     for key, value in settings.items():
         spec = _check_key(key)
         parsed = spec.parse(key, value)
@@ -250,6 +255,8 @@ def configure(pipeline: Pipeline, settings: Mapping[str, Any]) -> Pipeline:
             checkpoint[spec.field] = parsed
         elif spec.target == "storage_options":
             storage_options[spec.field] = parsed
+        elif spec.target == "state_backend":
+            state[spec.field] = parsed
         elif spec.target == "restart":
             restart_type = parsed
         elif spec.target == "pipeline":
@@ -262,6 +269,8 @@ def configure(pipeline: Pipeline, settings: Mapping[str, Any]) -> Pipeline:
         current = pipeline.checkpoint.model_dump()
         current["storage_options"] = {**current["storage_options"], **storage_options}
         pipeline.checkpoint = CheckpointConfig(**{**current, **checkpoint})
+    if state:
+        pipeline.state_backend = StateBackendConfig(**{**pipeline.state_backend.model_dump(), **state})
     pipeline.restart = _restart(pipeline.restart, restart_type, restart_fields)
     for field, n in graph.items():
         setattr(pipeline.graph, field, n)

@@ -104,7 +104,7 @@ def test_a_shared_file_is_deleted_only_when_no_retained_checkpoint_references_it
     shared.mkdir(parents=True)
     for name in ("a.sst", "b.sst"):
         (shared / name).write_bytes(b"x")
-    a, b = str(shared / "a.sst"), str(shared / "b.sst")
+    a, b = "shared/a.sst", "shared/b.sst"  # as handles name them: relative to the job's folder
     reported: list[str] = []
     registry = SharedStateRegistry()  # the registry of incremental checkpoints (issue 24)
     store = CompletedCheckpointStore(storage, 2, None, lambda what, exc: reported.append(what), registry)

@@ -188,3 +188,36 @@ def test_sluice_run_applies_code_then_file_then_d(tmp_path: Path) -> None:
 def test_secret_settings_never_show(tmp_path: Path) -> None:
     p = configure(pipeline(), {"s3.access-key": "AKIAEXAMPLE", "s3.secret-key": "sup3rs3cret"})
     assert "sup3rs3cret" not in repr(p.checkpoint) and "sup3rs3cret" not in str(p.checkpoint)
+
+
+def test_state_backend_keys_reach_the_pipelines_state_backend(tmp_path: Path) -> None:
+    """``state.backend.*`` (flat, nested in YAML, or -D) choose the job's state backend over what the code
+    set; the choice travels in the job's configuration (to Spark executors too)."""
+    conf = tmp_path / "job.yaml"
+    conf.write_text("state:\n  backend:\n    type: rocksdb\n    incremental: true\n    rocksdb:\n      memory:\n        fixed-per-slot: 64 mb\n")
+    p = configure(Pipeline("s", state_backend={"local_dir": str(tmp_path)}), load_settings(str(conf)))
+    cfg = p.job_config().state_backend
+    assert (cfg.type, cfg.incremental, cfg.memory, cfg.local_dir) == ("rocksdb", True, 64 << 20, str(tmp_path))
+    p = configure(p, parse_overrides(["state.backend=hashmap"]))
+    assert p.state_backend.type == "hashmap" and p.state_backend.incremental
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"state.backend.type": "leveldb"}, "state.backend.type: 'leveldb' is not allowed (allowed: hashmap, rocksdb)"),
+        ({"state.backend.incremental": "yes"}, "state.backend.incremental: 'yes' is not a boolean"),
+        ({"state.backend.rocksdb.memory.fixed-per-slot": "lots"}, "not a memory size"),
+    ],
+)
+def test_a_wrong_state_backend_value_is_one_line_naming_the_key(settings: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        configure(pipeline(), settings)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pipeline_refuses_a_wrong_state_backend_option() -> None:
+    with pytest.raises(ConfigError, match="state_backend: expected a StateBackendConfig or a dict"):
+        Pipeline("s", state_backend="rocksdb")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="type"):
+        Pipeline("s", state_backend={"type": "leveldb"})

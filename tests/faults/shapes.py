@@ -47,13 +47,16 @@ def record(
     got: Any,
     expected: Any,
     tier: str = "crashes",
+    backend: str = "hashmap",
 ) -> None:
     """Log a scenario for the summary line: whether its faults fired, its crashes, rows lost and duplicated;
-    ``tier`` "beyond" for the faults that are not crashes (tests/faults/beyond.py), counted by family."""
+    ``tier`` "beyond" for the faults that are not crashes (tests/faults/beyond.py), counted by family;
+    ``backend`` the state backend (scenarios of the keyed shapes are counted per backend)."""
     g, e = Counter(got), Counter(expected)
     SCENARIO_LOG.append(
         {
             "tier": tier,
+            "backend": backend,
             "family": family,
             "scenario": scenario,
             "shape": shape,
@@ -247,6 +250,15 @@ def two_keyed(p: Pipeline, b: Build) -> None:
     s.key_by("k").process(RunningCount(), name="second", parallelism=b.par()).sink(b.sink())
 
 
+#: the state backends the keyed shapes run on: the default (hashmap, full checkpoints) and RocksDB with
+#: incremental checkpoints (``Pipeline(state_backend=...)``)
+BACKENDS: dict[str, dict[str, Any] | None] = {
+    "hashmap": None,
+    "rocksdb": {"type": "rocksdb", "incremental": True, "memory": "32 mb"},
+}
+#: the shapes with keyed state (the others run the same on every backend)
+KEYED_SHAPES = ("keyed", "union", "two_keyed")
+
 SHAPES = [
     Shape("chain", chain),
     Shape("keyed", keyed),
@@ -282,17 +294,20 @@ def run_shape(
     directory: str | None = None,
     restore: str = "none",
     sink: str = "test",
+    backend: str = "hashmap",
 ) -> Run:
     """Build ``shape`` with ``seed`` and run it to the end; return the committed output.
 
     ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
     overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the test sink's commit path,
-    ``sink`` the sink: the test sink, or a Delta or Iceberg table (one global commit per checkpoint).
+    ``sink`` the sink: the test sink, or a Delta or Iceberg table (one global commit per checkpoint);
+    ``backend`` the state backend (:data:`BACKENDS`).
     """
+    args = (shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale)
     if directory is None:
         with tempfile.TemporaryDirectory(prefix=f"sluice-{shape.name}-{seed}-") as d:
-            return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, d, restore, sink)
-    return _run(shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale, directory, restore, sink)
+            return _run(*args, d, restore, sink, backend)
+    return _run(*args, directory, restore, sink, backend)
 
 
 def _run(
@@ -309,8 +324,11 @@ def _run(
     d: str,
     restore: str,
     sink: str = "test",
+    backend: str = "hashmap",
 ) -> Run:
-    p = pipeline_of(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale, sink=sink)
+    p = pipeline_of(
+        shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale, sink=sink, backend=backend
+    )
     result: JobResult | None = None
     error: BaseException | None = None
     try:
@@ -332,6 +350,7 @@ def pipeline_of(
     scale: int | None = None,
     rate: float | None = None,
     sink: str = "test",
+    backend: str = "hashmap",
 ) -> Pipeline:
     """The pipeline of ``shape`` with ``seed``, its sink and checkpoints in ``d`` (see :func:`run_shape`)."""
     rng = random.Random(seed)
@@ -349,6 +368,7 @@ def pipeline_of(
         ),
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
         buffers_per_channel=rng.choice([1, 2, 4]),
+        state_backend=BACKENDS[backend],
     )
     shape.build(p, Build(rng, f"{d}/out", scale, gc, rate, sink))
     return p

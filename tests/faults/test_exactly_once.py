@@ -33,10 +33,22 @@ from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan
-from tests.faults.shapes import SHAPE, SHAPES, pipeline_of, record, rows_of, run_shape, table_target
+from tests.faults.shapes import (
+    KEYED_SHAPES,
+    SHAPE,
+    SHAPES,
+    pipeline_of,
+    record,
+    rows_of,
+    run_shape,
+    table_target,
+)
 
 FAST = 160
 SOAK = 1000
+#: crash scenarios of the keyed shapes on RocksDB in the default run (local, then on Spark)
+ROCKSDB_FAST = 12
+ROCKSDB_SPARK = 2
 MODES = ("aligned", "unaligned", "adaptive")
 # the Spark slice: every 22nd crash scenario (a Spark attempt costs a stage start); 22 so that the slice
 # walks every mode (22 = 1 mod 3) and every shape (11 = 1 mod 5), which a multiple of 3 or 10 would not
@@ -67,14 +79,15 @@ def reference(shape: str, seed: int) -> tuple[tuple[Any, ...], ...]:
 
 
 @functools.cache
-def hits(shape: str, seed: int, mode: str) -> dict[str, int]:
-    """Hits per fault point of a failure-free run in ``mode`` (whose output must equal the reference)."""
+def hits(shape: str, seed: int, mode: str, backend: str = "hashmap") -> dict[str, int]:
+    """Hits per fault point of a failure-free run in ``mode`` on ``backend`` (whose output must equal the
+    reference: the hashmap backend's, aligned)."""
     counter = HitCounter()
     kw: dict[str, Any] = {"mode": "at_least_once"} if mode == "at_least_once" else {}
     al = alignment(mode, random.Random(0)) if mode in ("unaligned", "adaptive") else None
-    run = run_shape(SHAPE[shape], seed, counter, alignment=al, **kw)
+    run = run_shape(SHAPE[shape], seed, counter, alignment=al, backend=backend, **kw)
     if mode != "at_least_once":
-        assert tuple(run.rows) == reference(shape, seed), f"{shape} {mode}: output differs from aligned mode"
+        assert tuple(run.rows) == reference(shape, seed), f"{shape} {mode} {backend}: output differs from aligned mode"
     return dict(counter.hits)
 
 
@@ -84,10 +97,20 @@ def check_exactly_once(label: str, got: list, expected: tuple) -> None:  # type:
     assert not lost and not dup, f"{label}: {lost} rows lost, {dup} duplicated ({len(got)} of {len(expected)})"
 
 
-def crash_scenario(i: int, runtime: str) -> None:
+def keyed_scenarios(start: int, count: int) -> list[int]:
+    """``count`` scenario numbers from ``start`` on whose shape has keyed state (for the other backends)."""
+    out, i = [], start
+    while len(out) < count:
+        if scenario(i)[0] in KEYED_SHAPES:
+            out.append(i)
+        i += 1
+    return out
+
+
+def crash_scenario(i: int, runtime: str, backend: str = "hashmap") -> None:
     shape, seed, mode, rng = scenario(i)
     expected = reference(shape, seed)
-    plan = crash_plan(rng, hits(shape, seed, mode), mode, crashes=1 + (i % 3 == 0))
+    plan = crash_plan(rng, hits(shape, seed, mode, backend), mode, crashes=1 + (i % 3 == 0))
     faults: Any
     if runtime == "spark":
         # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job (a
@@ -107,9 +130,10 @@ def crash_scenario(i: int, runtime: str) -> None:
     else:
         faults = FaultInjector(plan=plan)
         armed = faults.armed
-    run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime)
-    label = f"{shape} {mode} {runtime} seed={seed} plan={plan} fired={faults.fired}"
-    record("crash", i, shape, mode, len(faults.fired) == armed, len(faults.fired), run.rows, expected)
+    run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime, backend=backend)
+    label = f"{shape} {mode} {runtime} {backend} seed={seed} plan={plan} fired={faults.fired}"
+    fired = len(faults.fired) == armed
+    record("crash", i, shape, mode, fired, len(faults.fired), run.rows, expected, backend=backend)
     assert run.error is None, f"{label}: {run.error}"
     assert len(faults.fired) == armed, f"{label}: armed faults did not fire"
     check_exactly_once(label, run.rows, expected)
@@ -117,15 +141,20 @@ def crash_scenario(i: int, runtime: str) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.function.__name__ == "test_crash":
-        cases = [("local", i) for i in range(FAST)] + [("spark", i) for i in range(0, FAST, SPARK_EVERY)]
-        metafunc.parametrize(("runtime", "i"), cases, ids=[f"{r}-{i}" for r, i in cases])
+        cases = [("local", i, "hashmap") for i in range(FAST)]
+        cases += [("spark", i, "hashmap") for i in range(0, FAST, SPARK_EVERY)]
+        # the keyed shapes on RocksDB (incremental): a slice of every mode, locally and on Spark
+        cases += [("local", i, "rocksdb") for i in keyed_scenarios(0, ROCKSDB_FAST)]
+        cases += [("spark", i, "rocksdb") for i in keyed_scenarios(1, 2 * ROCKSDB_SPARK)[1::2]]
+        ids = [f"{r}-{i}" if b == "hashmap" else f"{b}-{r}-{i}" for r, i, b in cases]
+        metafunc.parametrize(("runtime", "i", "backend"), cases, ids=ids)
 
 
 @pytest.mark.faults
-def test_crash(runtime: str, i: int, request: pytest.FixtureRequest) -> None:
+def test_crash(runtime: str, i: int, backend: str, request: pytest.FixtureRequest) -> None:
     if runtime == "spark":
         request.getfixturevalue("spark")  # the session's local[4] Spark: every shape's slots fit
-    crash_scenario(i, runtime)
+    crash_scenario(i, runtime, backend)
 
 
 @pytest.mark.faults
@@ -174,46 +203,55 @@ SHAPE_ID = {"chain": 2, "keyed": 2, "union": 2, "rebalance": 0, "two_keyed": 2}
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("i", range(8))
-def test_crash_then_restore_at_another_parallelism(i: int, tmp_path) -> None:
-    """A crash ends the first run (no restart); a second run resumes its latest checkpoint rescaled."""
+@pytest.mark.parametrize(
+    ("i", "backend"), [(i, "hashmap") for i in range(8)] + [(i, "rocksdb") for i in (0, 1, 3, 6)]
+)
+def test_crash_then_restore_at_another_parallelism(i: int, backend: str, tmp_path) -> None:
+    """A crash ends the first run (no restart); a second run resumes its latest checkpoint rescaled (RocksDB:
+    scaling out clips a downloaded instance, scaling in ingests the other instances' key groups)."""
     shape, seed, _, rng = scenario(2 * i + 2)  # shapes with exchanges
     expected = reference(shape, seed)
     faults = FaultInjector(point="complete_to_commit", after=0)  # the first run's parallelism is not the reference's
-    first = run_shape(SHAPE[shape], seed, faults, attempts=0, directory=str(tmp_path), scale=rng.choice([1, 2]))
+    out, scale_in = rng.choice([1, 2]), rng.choice([3, 4])
+    first_scale, second_scale = (scale_in, out) if backend != "hashmap" and i % 2 else (out, scale_in)
+    kw: dict[str, Any] = {"directory": str(tmp_path), "backend": backend}
+    first = run_shape(SHAPE[shape], seed, faults, attempts=0, scale=first_scale, **kw)
     assert first.error is not None and faults.all_fired, f"{shape}: the first run did not crash ({faults.fired})"
-    second = run_shape(SHAPE[shape], seed, None, directory=str(tmp_path), scale=rng.choice([3, 4]), restore="latest")
-    label = f"{shape} seed={seed} fired={faults.fired}"
+    second = run_shape(SHAPE[shape], seed, None, scale=second_scale, restore="latest", **kw)
+    label = f"{shape} {backend} {first_scale}->{second_scale} seed={seed} fired={faults.fired}"
     assert second.error is None, f"{label}: {second.error}"
     restored = [s for s in second.result.checkpoints] if second.result else []
     assert second.result is not None and restored, label
-    record("rescale", i, shape, "aligned", True, 1, second.rows, expected)
+    record("rescale", i, shape, "aligned", True, 1, second.rows, expected, backend=backend)
     check_exactly_once(label, second.rows, expected)
 
 
-def stop_scenario(i: int, tmp: Path) -> None:
+def stop_scenario(i: int, tmp: Path, backends: tuple[str, str] = ("hashmap", "hashmap")) -> None:
+    """Stop with a savepoint (or a final checkpoint) at a random moment, then restore it; with two backends
+    the restore runs on the second (a savepoint is canonical: either backend restores it)."""
     shape, seed, mode, rng = scenario(i)
     expected = reference(shape, seed)
     al = alignment(mode, rng)
     rate = rng.choice([150.0, 300.0])  # rows per second per reader: the job runs for seconds
-    client = pipeline_of(SHAPE[shape], seed, str(tmp), alignment=al, rate=rate).start(
+    client = pipeline_of(SHAPE[shape], seed, str(tmp), alignment=al, rate=rate, backend=backends[0]).start(
         runtime="local", restore="none"
     )
     wanted = rng.randint(1, 3)
     while sum(s.status == "completed" for s in client.checkpoint_history) < wanted and client.running:
         time.sleep(0.01)
     time.sleep(rng.uniform(0.0, 0.05))
-    savepoint = rng.random() < 0.7
+    savepoint = rng.random() < 0.7 or backends[0] != backends[1]
     result = client.stop(savepoint=savepoint)
-    label = f"{shape} {mode} seed={seed} stop after {wanted} checkpoint(s), savepoint={savepoint}"
+    label = f"{shape} {mode} {'->'.join(backends)} seed={seed} stop after {wanted} checkpoint(s), savepoint={savepoint}"
     stopped = result.status == "stopped" and result.stopped_at is not None
     partial = rows_of(read_committed(f"{tmp}/out"))
     assert stopped, f"{label}: {result.status}"
-    restored = pipeline_of(SHAPE[shape], seed, str(tmp), alignment=al).run(
+    restored = pipeline_of(SHAPE[shape], seed, str(tmp), alignment=al, backend=backends[1]).run(
         runtime="local", restore=result.stopped_at
     )
     got = rows_of(read_committed(f"{tmp}/out"))
-    record("stop-restore", i, shape, mode, len(partial) < len(expected), 0, got, expected)
+    backend = backends[0] if backends[0] == backends[1] else "->".join(backends)
+    record("stop-restore", i, shape, mode, len(partial) < len(expected), 0, got, expected, backend=backend)
     assert restored.status == "finished", label
     check_exactly_once(label, got, expected)
 
@@ -222,6 +260,17 @@ def stop_scenario(i: int, tmp: Path) -> None:
 @pytest.mark.parametrize("i", range(12))
 def test_stop_with_savepoint_then_restore(i: int, tmp_path: Path) -> None:
     stop_scenario(i, tmp_path)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(
+    ("i", "backends"),
+    [(2, ("hashmap", "rocksdb")), (3, ("rocksdb", "hashmap")), (8, ("rocksdb", "rocksdb"))],
+    ids=["hashmap-to-rocksdb", "rocksdb-to-hashmap", "rocksdb"],
+)
+def test_stop_with_savepoint_then_restore_on_a_backend(i: int, backends: tuple[str, str], tmp_path: Path) -> None:
+    """A job switches state backends through a savepoint (the canonical format), both ways."""
+    stop_scenario(i, tmp_path, backends)
 
 
 @pytest.mark.faults
@@ -243,6 +292,33 @@ def test_soak_stop_with_savepoint_then_restore(i: int, tmp_path: Path) -> None:
 @pytest.mark.parametrize("i", range(FAST, FAST + 3 * SOAK))
 def test_soak_crash(i: int) -> None:
     crash_scenario(i, "local")
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("i", keyed_scenarios(FAST, 1100))
+def test_soak_crash_rocksdb(i: int) -> None:
+    """The keyed shapes on RocksDB (incremental checkpoints): >= 1,000 fired crash scenarios in every mode
+    (``-m soak -k test_soak_crash_rocksdb``; the summary counts the keyed shapes' scenarios per backend)."""
+    crash_scenario(i, "local", "rocksdb")
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("i", keyed_scenarios(1000, 60))
+def test_soak_crash_rocksdb_spark(i: int, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue("spark")
+    crash_scenario(i, "spark", "rocksdb")
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("i", range(8, 48))
+def test_soak_rescale_rocksdb(i: int, tmp_path: Path) -> None:
+    test_crash_then_restore_at_another_parallelism(i, "rocksdb", tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("i", range(12, 112))
+def test_soak_switch_backends_through_a_savepoint(i: int, tmp_path: Path) -> None:
+    stop_scenario(i, tmp_path, ("hashmap", "rocksdb") if i % 2 else ("rocksdb", "hashmap"))
 
 
 @pytest.mark.soak

@@ -14,7 +14,6 @@ from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointOptions, E
 from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, NodeKind
 from sluice.runtime.channels import LocalChannel, Signal
 from sluice.state.api import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from sluice.state.backend import InMemoryStateBackend
 from sluice.state.keygroups import (
     hash_values,
     key_group_of,
@@ -48,8 +47,13 @@ def test_key_group_ranges_partition_all_groups(parallelism: int) -> None:
 
 
 # -- state ---------------------------------------------------------------------------------------------
-def test_snapshot_is_copy_on_write() -> None:
-    be = InMemoryStateBackend(key_group_range(8, 1, 0))
+def test_snapshot_is_copy_on_write(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The job's default keyed backend (hashmap): the synchronous snapshot freezes, later writes copy."""
+    from sluice.state.hashmap import HashMapStateBackend
+    from sluice.state.transfer import LocalFileTransfer
+
+    files = LocalFileTransfer(str(tmp_path))
+    be = HashMapStateBackend().create_keyed_backend("op-0", key_group_range(8, 1, 0), 8, files)
     v, lst, m = (
         be.state(ValueStateDescriptor("v", 0)),
         be.state(ListStateDescriptor("l")),
@@ -60,23 +64,21 @@ def test_snapshot_is_copy_on_write() -> None:
         v.update(k)
         lst.add(k)
         m.put("a", k)
-    snap = be.snapshot()
+    snap = be.snapshot(1)
     for k in range(20):
         be.set_current_key(k, k % 8)
         v.update(-1)
         lst.add(99)
         m.put("a", -1)
-    import pickle
-
-    restored = {kg: pickle.loads(b) for kg, b in snap.serialize().items()}
-    assert restored[3]["v"][3] == 3 and restored[3]["l"][3] == [3] and restored[3]["m"][3] == {"a": 3}
-    be2 = InMemoryStateBackend(key_group_range(8, 2, 1))
-    be2.restore(snap.serialize())
-    be2.set_current_key(5, 5)
-    assert be2.state(ValueStateDescriptor("v")).value() == 5
-    be2.set_current_key(3, 3)  # key group 3 belongs to the other half: not restored here
-    with pytest.raises(KeyError):
-        be2.state(ValueStateDescriptor("v")).value()
+    handle = snap.run()
+    be2 = HashMapStateBackend().create_keyed_backend("op-1", key_group_range(8, 2, 1), 8, files)
+    be2.restore([handle])
+    be2.set_current_key(13, 5)
+    assert be2.state(ValueStateDescriptor("v", 0)).value() == 13
+    assert be2.state(ListStateDescriptor("l")).get() == [13]
+    assert be2.state(MapStateDescriptor("m")).get("a") == 13
+    be2.set_current_key(11, 3)  # key group 3 belongs to the other half: not restored here
+    assert be2.state(ValueStateDescriptor("v", 0)).value() == 0
 
 
 # -- channels ------------------------------------------------------------------------------------------

@@ -21,13 +21,14 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
             "state.backend.rocksdb.localdir": str(tmp_path),
             "state.backend.rocksdb.memory.fixed-per-slot": "512 mb",
             "state.backend.rocksdb.memory.write-buffer-ratio": "0.25",
+            "state.backend.rocksdb.memory.write-cache-ratio": "0.1",
             "state.backend.changelog.periodic-materialize.interval": "5 min",
             "execution.checkpointing.interval": "10 s",  # not a state key: left to the caller
         }
     )
     in_code = StateBackendConfig(
         type="rocksdb", incremental=True, local_dir=str(tmp_path), memory=512 << 20, write_buffer_ratio=0.25,
-        changelog_materialize_interval=300,
+        write_cache_ratio=0.1, changelog_materialize_interval=300,
     )  # fmt: skip
     assert from_keys == in_code
     layered = StateBackendConfig.from_settings(
@@ -53,6 +54,8 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
         ({"state.backend.rocksdb.memory.fixed-per-slot": "lots"}, "is not a memory size"),
         ({"state.backend.rocksdb.memory.fixed-per-slot": "1 mb"}, "memory must be at least 16 mb"),
         ({"state.backend.rocksdb.memory.write-buffer-ratio": "1.5"}, "write_buffer_ratio must be a number between 0 and 1"),
+        ({"state.backend.rocksdb.memory.write-cache-ratio": "1"}, "write_cache_ratio must be a number from 0 (no cache) to below 1"),
+        ({"state.backend.rocksdb.memory.write-cache-ratio": "many"}, "write-cache-ratio: 'many' is not a number"),
         ({"state.backend.changelog.periodic-materialize.interval": "600"}, "is not a duration"),
         ({"state.backend.changelog.enabled": "maybe"}, "state.backend.changelog.enabled: 'maybe' is not a boolean"),
         ({"state.backend.local-recovery": "1"}, "state.backend.local-recovery: '1' is not a boolean"),

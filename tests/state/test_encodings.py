@@ -16,8 +16,10 @@ from sluice.state.keycodec import (
     decode_key,
     encode_key,
     encode_keys,
+    encode_keys_fixed,
     key_end,
     namespace_part,
+    rows_as_bytes,
     split_entry,
     state_id,
     state_prefix,
@@ -55,6 +57,11 @@ def test_primitive_serializers_round_trip_one_by_one_and_as_arrays(spec: Any, va
     assert encoded[-1] is None and encoded[:-1] == [ser.encode(v) for v in values]
     assert ser.decode_array(encoded).equals(array)
     assert ser.decode_array(encoded[:-1]).equals(array.slice(0, len(values)))
+    # whole columns at once: nulls anywhere, arrays that are slices of larger ones
+    mixed = pa.array([None, *values, None, *values], ser.arrow_type).slice(1)
+    assert ser.encode_array(mixed) == [None if v is None else ser.encode(v) for v in mixed.to_pylist()]
+    assert ser.decode_array(ser.encode_array(mixed)).equals(mixed)
+    assert ser.encode_array(mixed.slice(0, 0)) == [] and len(ser.decode_array([])) == 0
 
 
 def test_fixed_width_encodings_are_struct_encodings() -> None:
@@ -133,6 +140,38 @@ def test_zero_and_nan_have_one_encoding_each() -> None:
 )
 def test_arrow_keys_encode_as_their_python_values(column: pa.Array) -> None:
     assert encode_keys([column]) == [encode_key(v) for v in column.to_pylist()]
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        [pa.array(range(-500, 500), pa.int64())],
+        [pa.array([0, 1, -(2**63), 2**63 - 1], pa.int64()).slice(1)],
+        [pa.array([3, 255], pa.uint8()), pa.array([2**32 - 1, 0], pa.uint32())],
+        [pa.array([1.5, -0.0, 0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), -1e-300])],
+        [pa.array([True, False, True]), pa.array([datetime.date(1969, 12, 31), datetime.date(2024, 2, 29), datetime.date(1, 1, 1)])],
+        [pa.array([1, 2], pa.int16()), pa.array([0.5, 2.0], pa.float32())],
+        [pa.chunked_array([[1, 2], [3]])],
+        [pa.array([7, 8]).dictionary_encode()],
+    ],
+    ids=lambda cs: ",".join(str(c.type) for c in cs),
+)
+def test_fixed_width_keys_are_the_bytes_of_their_python_values(columns: list[Any]) -> None:
+    fixed = encode_keys_fixed(columns)
+    assert fixed is not None
+    rows = [tuple(c[i].as_py() for c in columns) for i in range(len(columns[0]))]
+    expected = [encode_key(r if len(r) > 1 else r[0]) for r in rows]
+    assert rows_as_bytes(fixed) == expected == encode_keys(columns)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [pa.array([1, None]), pa.array(["a"]), pa.array([2**64 - 1], pa.uint64()), pa.array([datetime.datetime(2020, 1, 1)])],
+    ids=lambda c: str(c.type),
+)
+def test_other_keys_are_not_fixed_width(column: pa.Array) -> None:
+    assert encode_keys_fixed([column]) is None
+    assert encode_keys_fixed([pa.array(range(len(column))), column]) is None
 
 
 def test_several_key_columns_encode_as_tuples() -> None:

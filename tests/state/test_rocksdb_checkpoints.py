@@ -148,13 +148,17 @@ def test_shared_files_are_deleted_exactly_when_no_retained_checkpoint_uses_them(
     assert read(oldest, range(11_000, 11_002)) == [11, 11]
 
 
-def test_the_memory_budget_bounds_the_block_cache(make_backend: MakeBackend) -> None:
-    be: Any = make_backend("rocksdb", memory="32 mb")
-    assert be.resources.memory == 32 << 20 and be.resources.write_buffers == 16 << 20
+def test_the_memory_budget_bounds_the_block_cache_and_the_write_cache(make_backend: MakeBackend) -> None:
+    be: Any = make_backend("rocksdb", memory="32 mb", write_cache_ratio=0.25)
+    res = be.resources
+    assert res.memory == 32 << 20 and res.write_cache == 8 << 20 and res.block_cache == 24 << 20
+    assert res.write_buffers == 12 << 20  # write_buffer_ratio of RocksDB's part
     for i in range(5):
         write(be, range(i * 40_000, (i + 1) * 40_000), i)
-    read(be, range(0, 200_000, 7))
-    assert 0 < be.resources.usage() <= 32 << 20
+        assert be.cache.measure() <= res.write_cache_share() == 8 << 20
+    assert read(be, range(0, 200_000, 7)) == [k // 40_000 for k in range(0, 200_000, 7)]
+    assert be.cache.measure() <= 8 << 20
+    assert 0 < res.usage() <= 24 << 20
 
 
 def test_the_rocksdb_extra_is_named_when_rocksdict_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

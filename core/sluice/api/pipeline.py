@@ -17,6 +17,7 @@ from sluice.operators.stateless import PassThroughOperator
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobResult, check_at_start
 from sluice.source import Source
+from sluice.state.config import StateBackendConfig
 
 __all__ = ["DEFAULT_CONTROL_ENDPOINT", "RUNTIMES", "Pipeline"]
 
@@ -45,6 +46,9 @@ class Pipeline:
             0 = never split.
         metrics: count the tasks' built-in metrics (records and bytes in and out, busy and backpressured
             time, per batch: cheap, see docs/benchmarks.md); False only to measure what they cost.
+        state_backend: where keyed state lives and how it is checkpointed: a StateBackendConfig (or dict of
+            its options), e.g. ``{"type": "rocksdb", "incremental": True}``; default the hashmap backend
+            (docs/state.md).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class Pipeline:
         buffers_per_channel: int = 4,
         max_batch_rows: int = 0,
         metrics: bool = True,
+        state_backend: StateBackendConfig | dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
@@ -86,6 +91,11 @@ class Pipeline:
         self.buffers_per_channel = buffers_per_channel
         self.max_batch_rows = max_batch_rows
         self.metrics = bool(metrics)
+        self.state_backend: StateBackendConfig = (
+            StateBackendConfig()
+            if state_backend is None
+            else validated(StateBackendConfig, state_backend, "state_backend")
+        )
         self.graph = LogicalGraph(max_parallelism=max_parallelism, default_parallelism=parallelism)
         self._ids = itertools.count()
         self._names: dict[str, int] = {}
@@ -163,6 +173,7 @@ class Pipeline:
             recover_without_channel_state=recover_without_channel_state,
             allow_non_restored_state=allow_non_restored_state, allow_reprocessing=allow_reprocessing,
             metrics=self.metrics,
+            state_backend=self.state_backend,
         )
 
     # -- running ---------------------------------------------------------------------------------------

@@ -77,10 +77,16 @@ class Stream:
         return Stream(self.pipeline, node, schema=schema)
 
     def map_batches(
-        self, fn: Callable[[pa.RecordBatch], Any], *, name: str | None = None, parallelism: int | None = None
+        self,
+        fn: Callable[[pa.RecordBatch], Any],
+        *,
+        name: str | None = None,
+        parallelism: int | None = None,
+        schema: pa.Schema | None = None,
     ) -> Stream:
-        """Apply ``fn(batch) -> batch | table | batches | None`` to every batch (vectorized)."""
-        return self._then("map_batches", name, lambda n: MapBatchesOperator(n, fn), parallelism)
+        """Apply ``fn(batch) -> batch | table | batches | None`` to every batch (vectorized); ``schema``
+        declares what ``fn`` returns, so later steps (e.g. ``key_by``) can check their columns at build time."""
+        return self._then("map_batches", name, lambda n: MapBatchesOperator(n, fn), parallelism, schema=schema)
 
     def filter(
         self,
@@ -117,8 +123,14 @@ class Stream:
         return self._then("flat_map", name, lambda n: FlatMapOperator(n, fn, schema), parallelism, schema=schema)
 
     def key_by(self, key: KeySpec) -> KeyedStream:
-        """Partition by key (a column, columns, or ``fn(batch) -> array``) for keyed state."""
-        return KeyedStream(self, KeySelector(key))
+        """Partition by key (a column, columns, or ``fn(batch) -> array``) for keyed state.
+
+        Key columns are int, float, bool, string, binary, date or timestamp columns (keyed state stores keys
+        in a stable encoding); another type is refused here when the stream's schema is known.
+        """
+        selector = KeySelector(key)
+        selector.check_state_key(self.schema)
+        return KeyedStream(self, selector)
 
     def rebalance(self, *, parallelism: int | None = None) -> Stream:
         """Spread batches round-robin over the next operator's subtasks."""
@@ -203,7 +215,6 @@ class KeyedStream:
             parallelism,
             self.stream._edge(Partitioning.HASH, key),
             schema,
-            state_distribution="union",
             key=key,
         )
 

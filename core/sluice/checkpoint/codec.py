@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,9 +160,12 @@ class MetadataCodec:
         """``metadata`` signed with the key (:func:`seal_metadata`)."""
         return seal_metadata(metadata, self.key)
 
-    def without_channel_state(self, storage: CheckpointStorage, path: str) -> bytes:
-        """A finished task's state file at ``path`` (verified) without its in-flight data, signed again."""
-        return without_channel_state(storage.read_file(path), self.key, path)
+    def without_channel_state(
+        self, storage: CheckpointStorage, path: str, keyed: Callable[[Any], Any] | None = None
+    ) -> bytes:
+        """A finished task's state file at ``path`` (verified) without its in-flight data (its keyed state
+        handles passed through ``keyed``), signed again."""
+        return without_channel_state(storage.read_file(path), self.key, path, keyed)
 
 
 def _canonical(body: dict[str, Any]) -> bytes:

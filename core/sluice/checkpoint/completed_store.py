@@ -36,20 +36,35 @@ class SharedState(Protocol):
     ``SharedStateRegistry``): files that several checkpoints reference, each kept while a retained
     checkpoint references it."""
 
-    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
-        """Checkpoint ``checkpoint_id`` completed and references the shared files ``refs``."""
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any], *, restored: bool = False) -> None:
+        """Checkpoint ``checkpoint_id`` completed and references the shared files ``refs`` (``restored``:
+        a retained checkpoint recorded again, whose placeholders are not checked)."""
+
+    def validate(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+        """Refuse (CheckpointError, declined) a checkpoint that reuses a file no retained checkpoint holds;
+        called before its metadata is written."""
 
     def unregister_unused(self, lowest_retained: int) -> list[str]:
         """Forget and return the shared files no checkpoint from ``lowest_retained`` on references."""
+
+    def discard_unregistered(self, refs: Iterable[Any]) -> list[str]:
+        """Of the files a checkpoint that will not complete uploaded, the ones no completed checkpoint
+        registered (to delete)."""
 
 
 class NoSharedState:
     """Full checkpoints share no files: a checkpoint's folder holds all of them."""
 
-    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
+    def register_checkpoint(self, checkpoint_id: int, refs: Iterable[Any], *, restored: bool = False) -> None:
+        return None
+
+    def validate(self, checkpoint_id: int, refs: Iterable[Any]) -> None:
         return None
 
     def unregister_unused(self, lowest_retained: int) -> list[str]:
+        return []
+
+    def discard_unregistered(self, refs: Iterable[Any]) -> list[str]:
         return []
 
 
@@ -86,6 +101,9 @@ class CompletedCheckpointStore:
         self._busy = 0
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
+        #: every completed checkpoint's shared files are in the registry: files under ``shared/`` it does
+        #: not know are orphans, deleted when the store closes (set once the registry was rebuilt)
+        self.orphans_known = False
 
     def _load(self) -> dict[int, dict[str, Any]]:
         if self._entries is None:
@@ -106,6 +124,11 @@ class CompletedCheckpointStore:
                 )
                 self.completed[:0] = older
         return self._entries
+
+    def retained(self) -> list[tuple[int, str]]:
+        """The completed checkpoints retained now (id, path), oldest first, the job's record included."""
+        self._load()
+        return list(self.completed)
 
     def add(self, checkpoint_id: int, directory: str, savepoint: bool, shared: Iterable[Any] = ()) -> None:
         """Record a completed checkpoint (its metadata is written) and the shared files it references: the
@@ -137,17 +160,37 @@ class CompletedCheckpointStore:
             f"discarding checkpoint {checkpoint_id}", lambda: self.storage.discard(checkpoint_id, savepoint)
         )
 
+    def discard_uploads(self, refs: Iterable[Any]) -> None:
+        """A checkpoint that will not complete: delete the shared files it uploaded that no completed
+        checkpoint registered (its reused ones stay), in the background."""
+        self._discard_shared(self.shared.discard_unregistered(refs))
+
     def _discard_shared(self, files: list[str]) -> None:
-        """Delete shared files no retained checkpoint references, in the background."""
+        """Delete shared files (paths relative to the job's folder) in the background."""
         for f in files:
-            delete = functools.partial(self.storage.retrying, "delete", self.storage.delete_file, f)
+            path = f"{self.storage.job_dir()}/{f}"
+            delete = functools.partial(self.storage.retrying, "delete", self.storage.delete_file, path)
             self._submit(f"deleting shared file {f}", delete)
+
+    def _sweep_orphans(self) -> None:
+        orphans = getattr(self.shared, "orphans", None)
+        if orphans is not None:
+            listed = [f"shared/{f}" for f in self.storage.list_files(f"{self.storage.job_dir()}/shared")]
+            for f in orphans(listed):
+                self.storage.retrying("delete", self.storage.delete_file, f"{self.storage.job_dir()}/{f}")
+
+    def discard_orphans(self, files: list[str]) -> None:
+        """Delete shared files no checkpoint of the job references (left by checkpoints that never
+        completed before a crash), in the background. Only before the attempt's first checkpoint."""
+        self._discard_shared(files)
 
     def close(self, timeout: float, sweep: bool = True) -> None:
         """Wait up to ``timeout`` seconds for the discards under way; then (``sweep``) delete the folders
         of checkpoints that never completed. What is not done by then goes on in the background."""
         if sweep:
             self._submit("deleting folders of failed checkpoints", lambda: sweep_incomplete(self.storage))
+            if self.orphans_known:
+                self._submit("deleting orphaned shared files", self._sweep_orphans)
         deadline = time.monotonic() + timeout
         with self._idle:
             while self._busy and (left := deadline - time.monotonic()) > 0:

@@ -25,6 +25,7 @@ from sluice.checkpoint.coordinator_setup import CoordinatedTasks, CoordinatorSer
 from sluice.checkpoint.failure_manager import CheckpointFailureManager
 from sluice.checkpoint.handles import AckResult, TaskHandle
 from sluice.checkpoint.pending import CompletedCheckpoint, FinalizeError, PendingCheckpoint
+from sluice.checkpoint.state_files import FinishedKeyedState, refs_of
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatsTracker
 from sluice.config import CheckpointConfig
 from sluice.errors import CheckpointError, CheckpointFailureReason
@@ -257,6 +258,7 @@ class CheckpointCoordinator:
             if p is None:
                 if checkpoint_id in self._aborted:  # written after the abort deleted the folder
                     self.store.discard(checkpoint_id, self._aborted[checkpoint_id])
+                    self.store.discard_uploads(refs_of([handle]))
                 return AckResult.UNKNOWN if checkpoint_id >= self.next_id else AckResult.DISCARDED
             result = p.acknowledge(task, handle)
             if result is AckResult.SUCCESS:
@@ -267,6 +269,8 @@ class CheckpointCoordinator:
 
     def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
         with self.lock:
+            if task in self.finished:
+                return  # it acknowledged with its final state; an upload cut short by its end does not count
             if checkpoint_id in self.pending:
                 self._abort(checkpoint_id, CheckpointFailureReason.DECLINED, reason)
             elif checkpoint_id in self._aborted:  # a late writer may have left a file
@@ -289,10 +293,14 @@ class CheckpointCoordinator:
             handle = self.completed_handles.get(task) or self.last_handles.get(task) or {}
             # keep its bytes: every later checkpoint gets its own copy, so retention never breaks a restore
             path = handle.get("path")
+            keep = FinishedKeyedState(self.storage, path, handle.get("shared") or []) if path else None
             data = (
-                self.storage.retrying("read", self.codec.without_channel_state, self.storage, path) if path else None
+                self.storage.retrying("read", self.codec.without_channel_state, self.storage, path, keep)
+                if path
+                else None
             )
             final = {**handle, "committables": [], "finished": True, "data": data, "stats": {}}
+            final["shared"] = keep.ack_shared() if keep is not None else []
             self.finished[task] = final
             # its state no longer changes: it acknowledges pending checkpoints with its final state
             for p in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
@@ -303,8 +311,13 @@ class CheckpointCoordinator:
     def _complete(self, p: PendingCheckpoint) -> None:
         cid = p.checkpoint_id
         uncommitted = self.global_commits.uncommitted if self.global_commits is not None else lambda: {}
-        try:
+        shared = refs_of(p.acks.values())
+        try:  # before the metadata: a checkpoint over a shared file that may be gone never completes
+            self.store.shared.validate(cid, shared)
             done = p.finalize(self.storage, self.codec, self.job_info, self.committed_upto, uncommitted)
+        except CheckpointError as exc:
+            self._abort(cid, exc.reason, exc.detail)
+            return
         except FinalizeError as exc:
             self._abort(cid, CheckpointFailureReason.STORAGE_FAILURE, str(exc))
             return
@@ -313,7 +326,7 @@ class CheckpointCoordinator:
         for t, h in done.acks.items():
             if not h.get("finished"):
                 self.completed_handles[t] = h
-        self.store.add(cid, done.directory, done.savepoint)
+        self.store.add(cid, done.directory, done.savepoint, shared)
         stats = self.stats.completed(cid, done.duration, done.directory, done.acks)
         self.failures.completed()
         self.last_completed_at = time.monotonic()
@@ -356,6 +369,7 @@ class CheckpointCoordinator:
                     except Exception as exc:
                         self.on_cleanup_failure(f"telling {t} that checkpoint {cid} was aborted", exc)
         self.store.discard(cid, savepoint)
+        self.store.discard_uploads(refs_of(h for t, h in p.acks.items() if t not in self.finished))
         self.failures.failed(cid, reason, detail, counts=not savepoint and not p.barrier.options.terminate)
 
     def _expire(self, now: float) -> None:

@@ -20,6 +20,7 @@ import json
 import pickle
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +92,11 @@ def decode_task_state(data: bytes, key: bytes, name: str, allow_pickle: bool = T
     return _decode(data, key, name, unpickle if allow_pickle else None)
 
 
-def without_channel_state(data: bytes, key: bytes, name: str) -> bytes:
-    """The same task state without in-flight data.
+def without_channel_state(
+    data: bytes, key: bytes, name: str, keyed: Callable[[Any], Any] | None = None
+) -> bytes:
+    """The same task state without in-flight data (and each operator's keyed state handle passed through
+    ``keyed``, if given).
 
     A finished task's final state is reused by later checkpoints; the in-flight data its final checkpoint
     persisted has reached its receivers by then (they record or process it before their own snapshot, as
@@ -100,9 +104,13 @@ def without_channel_state(data: bytes, key: bytes, name: str) -> bytes:
     is carried over as it is (never unpickled here).
     """
     payload = _decode(data, key, name, _Pickled)
-    if not payload.get("input_state") and not payload.get("output_state"):
+    ops = payload.get("operators") or {}
+    handles = {uid: st.get("keyed") for uid, st in ops.items() if isinstance(st, dict)}
+    changed = {uid: keyed(h) for uid, h in handles.items()} if keyed is not None else handles
+    if not payload.get("input_state") and not payload.get("output_state") and changed == handles:
         return data
-    return encode_task_state({**payload, "input_state": [], "output_state": []}, key)
+    ops = {uid: {**st, "keyed": changed[uid]} if uid in changed else st for uid, st in ops.items()}
+    return encode_task_state({**payload, "operators": ops, "input_state": [], "output_state": []}, key)
 
 
 def _decode(data: bytes, key: bytes, name: str, unpickle: Any) -> dict[str, Any]:

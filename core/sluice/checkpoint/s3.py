@@ -84,6 +84,31 @@ class S3CheckpointStorage(CheckpointStorage):
     def delete_file(self, path: str) -> None:
         self._call("DeleteObject", self._client.delete_object, Key=self._key(path))
 
+    def upload_file(self, local_path: str, path: str) -> None:
+        def put(**kw: Any) -> Any:
+            with open(local_path, "rb") as body:  # opened per try: a retry sends the file again
+                return self._client.put_object(Body=body, **kw)
+
+        self._call("PutObject", put, Key=self._key(path))
+
+    def download_file(self, path: str, local_path: str) -> None:
+        def get(**kw: Any) -> None:
+            body = self._client.get_object(**kw)["Body"]
+            with open(local_path, "wb") as f:
+                for chunk in iter(lambda: body.read(1 << 20), b""):
+                    f.write(chunk)
+
+        try:
+            self._call("GetObject", get, Key=self._key(path))
+        except StorageError as exc:
+            if exc.code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(path) from exc
+            raise
+
+    def list_files(self, path: str) -> list[str]:
+        prefix = self._key(path).rstrip("/") + "/"
+        return sorted(o["Key"][len(prefix) :] for page in self._list(prefix, None) for o in page.get("Contents", []))
+
     def exists(self, path: str) -> bool:
         try:
             self._call("HeadObject", self._client.head_object, Key=self._key(path))

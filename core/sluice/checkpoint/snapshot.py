@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.state.backend import KeyedStateSnapshot
+from sluice.state.spi import StateSnapshot
 
 __all__ = ["OperatorSnapshot"]
 
@@ -15,7 +15,9 @@ __all__ = ["OperatorSnapshot"]
 class OperatorSnapshot:
     """One operator's state at a checkpoint, before serialization."""
 
-    keyed: KeyedStateSnapshot | None = None
+    #: keyed state: the synchronous part of the keyed backend's snapshot; its ``run()`` (the asynchronous
+    #: part) gives the handle the task state file stores under the operator
+    keyed: StateSnapshot | None = None
     operator: Any = None
     timers: list[tuple[int, int, int, Any]] | None = None
     #: committables handed to the global committer (sinks)

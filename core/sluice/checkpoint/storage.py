@@ -21,7 +21,7 @@ import errno
 import json
 import logging
 import os
-import re
+import shutil
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -30,12 +30,15 @@ from typing import Any, TypeVar
 
 import tenacity
 
+from sluice.checkpoint.paths import CHECKPOINT_DIR as _DIR
+from sluice.checkpoint.paths import parse_checkpoint_uri, same_folder
 from sluice.errors import RestoreError, StorageError
 
 __all__ = [
     "CheckpointStorage",
     "LocalCheckpointStorage",
     "parse_checkpoint_uri",
+    "same_folder",
 ]
 
 log = logging.getLogger("sluice.checkpoint")
@@ -43,7 +46,6 @@ log = logging.getLogger("sluice.checkpoint")
 T = TypeVar("T")
 
 METADATA = "_metadata"
-_DIR = re.compile(r"^(chk|savepoint)-(\d+)$")
 #: file system errors a retry may cure: I/O errors, timeouts, stale or busy handles, a lost network mount
 _TRANSIENT_ERRNOS = {
     getattr(errno, name)
@@ -127,6 +129,21 @@ class CheckpointStorage(ABC):
     def delete_file(self, path: str) -> None:
         """Delete one file (nothing if it does not exist). Storages that cannot raise NotImplementedError."""
         raise NotImplementedError(f"{type(self).__name__} cannot delete single files")
+
+    def upload_file(self, local_path: str, path: str) -> None:
+        """Store the local file at ``path`` (a state backend's file; storages stream it where they can)."""
+        with open(local_path, "rb") as f:
+            self.write_file(path, f.read())
+
+    def download_file(self, path: str, local_path: str) -> None:
+        """Copy ``path`` into the local file ``local_path`` (FileNotFoundError if it is missing)."""
+        data = self.read_file(path)
+        with open(local_path, "wb") as f:
+            f.write(data)
+
+    def list_files(self, path: str) -> list[str]:
+        """Every file under the folder ``path``, recursively, as paths relative to it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list files")
 
     # -- checkpoint operations -----------------------------------------------------------------------
     def write_task_state(self, checkpoint_id: int, name: str, data: bytes, savepoint: bool = False) -> str:
@@ -302,6 +319,25 @@ class LocalCheckpointStorage(CheckpointStorage):
     def delete_file(self, path: str) -> None:
         _remove(path)
 
+    def upload_file(self, local_path: str, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        try:
+            shutil.copyfile(local_path, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            _remove(tmp)
+            raise
+
+    def download_file(self, path: str, local_path: str) -> None:
+        shutil.copyfile(path, local_path)
+
+    def list_files(self, path: str) -> list[str]:
+        out: list[str] = []
+        for folder, _, files in os.walk(path):
+            out.extend(os.path.relpath(os.path.join(folder, f), path) for f in files if not f.endswith(".tmp"))
+        return sorted(out)
+
     def replace(self, path: str, data: bytes) -> None:
         self.write_atomic(path, data)
 
@@ -351,14 +387,3 @@ def _remove(path: str) -> None:
         pass
     except OSError as exc:
         log.warning("could not remove %s: %s", path, exc)
-
-
-def parse_checkpoint_uri(uri: str) -> tuple[str, str, str]:
-    """Split ``<base>/<job-id>/chk-<n>`` into (base, job id, checkpoint dir name)."""
-    trimmed = uri.rstrip("/")
-    parts = trimmed.rsplit("/", 2)
-    if len(parts) != 3 or not _DIR.match(parts[2]):
-        raise RestoreError(
-            f"{uri!r} is not a checkpoint path (expected <base>/<job-id>/chk-<n> or savepoint-<n>)"
-        )
-    return parts[0], parts[1], parts[2]

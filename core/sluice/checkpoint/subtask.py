@@ -29,6 +29,7 @@ import pyarrow as pa
 from sluice.checkpoint.channel_state import ChannelState, ChannelStateRecorder
 from sluice.checkpoint.payload import encode_task_state
 from sluice.checkpoint.snapshot import OperatorSnapshot
+from sluice.checkpoint.state_files import ack_shared
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.events import (
     AlignmentMode,
@@ -68,7 +69,7 @@ class SnapshotOperator(Protocol):
         """The operator's uid: it keys the operator's state."""
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None: ...
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot: ...
+    def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot: ...
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
 
@@ -143,6 +144,8 @@ class PendingSnapshot:
     channel_state: ChannelState = field(default_factory=ChannelState)
     alignment_s: float = 0.0
     switched: bool = False
+    #: handed to the upload thread (its keyed snapshots run there, or are dropped with the thread)
+    submitted: bool = False
 
 
 class SubtaskCheckpointing:
@@ -201,7 +204,8 @@ class SubtaskCheckpointing:
         t0 = time.perf_counter()
         for op in self._spec.operators:
             op.prepare_snapshot_pre_barrier(cid)
-        snaps = {op.name: op.snapshot_state(cid) for op in self._spec.operators}
+        savepoint = barrier.options.kind is CheckpointKind.SAVEPOINT
+        snaps = {op.name: op.snapshot_state(cid, savepoint=savepoint) for op in self._spec.operators}
         reader = self._spec.reader
         splits = reader.snapshot_state(cid) if reader is not None else None
         state = ChannelState()
@@ -259,7 +263,18 @@ class SubtaskCheckpointing:
 
     # -- the asynchronous part -----------------------------------------------------------------------
     def _upload(self, p: PendingSnapshot) -> None:
+        p.submitted = True
         self._uploads.submit(self._upload_async, p)
+
+    def _drop(self, checkpoint_id: int) -> PendingSnapshot | None:
+        """Forget a pending checkpoint; keyed snapshots never handed to the upload thread release their
+        local resources (a RocksDB checkpoint folder)."""
+        p = self._pending.pop(checkpoint_id, None)
+        if p is not None and not p.submitted:
+            for s in p.operators.values():
+                if s.keyed is not None:
+                    s.keyed.discard()
+        return p
 
     def _upload_async(self, p: PendingSnapshot) -> None:
         cid = p.barrier.checkpoint_id
@@ -268,13 +283,14 @@ class SubtaskCheckpointing:
             t0 = time.perf_counter()
             ops: dict[str, Any] = {}
             committables: list[Any] = []
+            keyed: list[dict[str, Any]] = []
             for name, s in p.operators.items():
                 if s.async_part is not None:
                     s.async_part(s)
-                ops[name] = {
-                    "keyed": s.keyed.serialize() if s.keyed is not None else {},
-                    "operator": s.operator,
-                }
+                handle = s.keyed.run() if s.keyed is not None else None  # writes or uploads keyed state
+                if handle is not None:
+                    keyed.append(handle)
+                ops[name] = {"keyed": handle, "operator": s.operator}
                 if s.committables:
                     committables.extend((name, c) for c in s.committables)
             payload: dict[str, Any] = {"operators": ops, "splits": self._spec.pack_splits(p.splits)}
@@ -289,6 +305,8 @@ class SubtaskCheckpointing:
                 "path": path,
                 "size": len(data),
                 "committables": committables,
+                # the shared files its keyed state references: the coordinator's registry counts them
+                "shared": ack_shared(keyed),
                 "stats": {
                     "sync_s": p.sync_s,
                     "async_s": time.perf_counter() - t0,
@@ -313,13 +331,13 @@ class SubtaskCheckpointing:
         for w in self._spec.all_writers:
             w.broadcast(CancelCheckpointMarker(checkpoint_id))
         self.channel_state.abort(checkpoint_id)
-        self._pending.pop(checkpoint_id, None)
+        self._drop(checkpoint_id)
         self._responder.decline(self._spec.task_id, checkpoint_id, f"{self._name}: {reason}")
 
     def notify_complete(self, checkpoint_id: int) -> None:
         """``checkpoint_id`` completed: forget it and older ones, tell operators and the reader."""
         for cid in [c for c in self._pending if c <= checkpoint_id]:
-            del self._pending[cid]
+            self._drop(cid)
         for op in self._spec.operators:
             op.notify_checkpoint_complete(checkpoint_id)
         if self._spec.reader is not None:
@@ -327,7 +345,7 @@ class SubtaskCheckpointing:
 
     def notify_aborted(self, checkpoint_id: int) -> None:
         """The coordinator aborted ``checkpoint_id``: forget it, tell operators."""
-        if self._pending.pop(checkpoint_id, None) is not None:
+        if self._drop(checkpoint_id) is not None:
             self.channel_state.abort(checkpoint_id)
         for op in self._spec.operators:
             op.notify_checkpoint_aborted(checkpoint_id)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy
 from sluice.events import AlignmentMode
+from sluice.state.config import StateBackendConfig
 
 __all__ = ["JobConfig"]
 
@@ -29,6 +30,8 @@ class JobConfig:
     allow_reprocessing: bool = False
     #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
     metrics: bool = True
+    #: where keyed state lives and how it is checkpointed (hashmap or rocksdb; docs/state.md)
+    state_backend: StateBackendConfig = field(default_factory=StateBackendConfig)
 
     def alignment(self) -> AlignmentMode:
         """How the job's tasks align their (non-savepoint) checkpoints."""

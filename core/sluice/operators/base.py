@@ -17,6 +17,8 @@ import pyarrow as pa
 from sluice.checkpoint.snapshot import OperatorSnapshot
 from sluice.errors import UserFunctionError
 from sluice.state.keygroups import KeyGroupRange
+from sluice.state.spi import KeyedStateBackend, StateBackend
+from sluice.state.transfer import FileTransfer
 
 __all__ = [
     "MAX_WATERMARK",
@@ -58,6 +60,30 @@ class OperatorContext:
     #: values set with :meth:`gauge` (the last one counts)
     gauges: dict[str, float] = field(default_factory=dict)
     stall: tuple[float, str] | None = None  #: (since, epoch s; reason) while a source reader is stalled
+    #: the job's state backend in this process (None: the default hashmap backend)
+    state_backend: StateBackend | None = None
+    #: where keyed state backends put their checkpoint files (the job's checkpoint storage; None: a
+    #: temporary folder, for operators run outside a job)
+    state_files: FileTransfer | None = None
+
+    def create_keyed_backend(self, uid: str) -> KeyedStateBackend:
+        """A keyed state backend for operator ``uid`` in this subtask, over the key groups it owns: per-key
+        and batch-wise state access (:meth:`~sluice.state.spi.KeyedStateBackend.batch_state`), timers, and
+        snapshots the subtask's checkpoints carry (``OperatorSnapshot.keyed``). The operator disposes of it
+        when it closes."""
+        import hashlib
+        import re
+        import tempfile
+
+        from sluice.state.config import StateBackendConfig
+        from sluice.state.factory import state_backend_for
+        from sluice.state.transfer import LocalFileTransfer
+
+        backend = self.state_backend or state_backend_for(StateBackendConfig())
+        files = self.state_files or LocalFileTransfer(tempfile.mkdtemp(prefix="sluice-state-"))
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", uid)[:64]
+        owner = f"{safe}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}-{self.subtask}"
+        return backend.create_keyed_backend(owner, self.key_groups, self.max_parallelism, files)
 
     def metric(self, name: str, increment: int = 1) -> None:
         """Add ``increment`` to the counter ``name``."""
@@ -108,9 +134,10 @@ class Operator:
         self.ctx = ctx
         self.output = output
 
-    def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
-        """Restore: ``keyed`` holds serialized key groups (already filtered to ours by the caller or not);
-        ``operator_states`` the operator states assigned to this subtask."""
+    def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
+        """Restore: ``keyed`` holds the keyed state handles of the old subtasks whose key groups overlap
+        this subtask's (for :meth:`~sluice.state.spi.KeyedStateBackend.restore`); ``operator_states`` the
+        operator states assigned to this subtask."""
 
     def open(self) -> None:
         """Called once after state is initialized, before input."""
@@ -131,7 +158,9 @@ class Operator:
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         """Flush before the barrier goes downstream (emitted data then belongs to this checkpoint)."""
 
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
+        """The synchronous part of checkpoint ``checkpoint_id`` (a savepoint: keyed state in the canonical
+        format, which either state backend restores)."""
         return OperatorSnapshot()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

@@ -1,4 +1,8 @@
-"""Keyed operators: a KeyedProcessFunction per key of each batch, with keyed state and timers; reduce."""
+"""Keyed operators: a KeyedProcessFunction per key of each batch, with keyed state and timers; reduce.
+
+Keyed state and timers live in the job's state backend (``Pipeline(state_backend=...)``: hashmap or
+RocksDB), one keyed backend per operator subtask over the key groups it owns (:mod:`sluice.state.spi`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sluice.errors import ConfigError
 from sluice.functions import KeyedProcessFunction, Output
 from sluice.keys import KeySelector
 from sluice.operators.base import (
@@ -18,11 +23,13 @@ from sluice.operators.base import (
     OperatorSnapshot,
     to_batches,
 )
-from sluice.operators.timers import KeyedTimers
 from sluice.state.api import StateDescriptor
-from sluice.state.backend import InMemoryStateBackend
+from sluice.state.keycodec import decode_key, encode_key
+from sluice.state.spi import KeyedStateBackend, TimeDomain
 
 __all__ = ["KeyedProcessOperator", "ReduceFunction"]
+
+_UNKNOWN = -1  # the next processing-time timer must be looked up in the backend
 
 
 class _KeyedCtx:
@@ -65,22 +72,21 @@ class _KeyedCtx:
         return self._op.watermark
 
     def register_event_time_timer(self, timestamp: int) -> None:
-        self._op.timers.register(KeyedTimers.EVENT, timestamp, self._op.current_kg, self.key)
+        self._op.timer(TimeDomain.EVENT, int(timestamp), register=True)
 
     def register_processing_time_timer(self, timestamp: int) -> None:
-        self._op.timers.register(KeyedTimers.PROC, timestamp, self._op.current_kg, self.key)
+        self._op.timer(TimeDomain.PROCESSING, int(timestamp), register=True)
 
     def delete_event_time_timer(self, timestamp: int) -> None:
-        self._op.timers.delete(KeyedTimers.EVENT, timestamp, self.key)
+        self._op.timer(TimeDomain.EVENT, int(timestamp), register=False)
 
     def delete_processing_time_timer(self, timestamp: int) -> None:
-        self._op.timers.delete(KeyedTimers.PROC, timestamp, self.key)
+        self._op.timer(TimeDomain.PROCESSING, int(timestamp), register=False)
 
 
 class KeyedProcessOperator(Operator):
-    """Runs a KeyedProcessFunction per key of each batch, with keyed state and timers."""
-
-    operator_state_distribution = "union"
+    """Runs a KeyedProcessFunction per key of each batch, with keyed state and timers in the job's state
+    backend."""
 
     def __init__(
         self, name: str, key: KeySelector, fn: KeyedProcessFunction, schema: pa.Schema | None = None
@@ -89,27 +95,41 @@ class KeyedProcessOperator(Operator):
         self.key = key
         self.fn = fn
         self.schema = schema
-        self.timers = KeyedTimers()
         self.watermark = MIN_WATERMARK
-        self.current_kg = -1
-        self.backend: InMemoryStateBackend
+        self.backend: KeyedStateBackend
+        self._next_proc: int | None = _UNKNOWN
 
     def setup(self, ctx: OperatorContext, output: Collector) -> None:
         super().setup(ctx, output)
-        self.backend = InMemoryStateBackend(ctx.key_groups)
+        self.backend = ctx.create_keyed_backend(self.name)
         self._kctx = _KeyedCtx(self)
 
-    def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
-        self.backend.restore(keyed)
-        for st in operator_states:
-            self.timers.restore(st or [], self.ctx.key_groups)
+    def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
+        if keyed:
+            self.backend.restore(keyed)
 
     def open(self) -> None:
         self._call(self.fn.open, self._kctx)
 
-    def _set_key(self, key: Any, kg: int) -> None:
-        self.current_kg = kg
-        self.backend.set_current_key(key, kg)
+    def _set_key(self, key: Any, kg: int, key_bytes: bytes | None = None) -> None:
+        if key_bytes is None:
+            try:
+                key_bytes = encode_key(key)
+            except ConfigError as exc:
+                raise ConfigError(f"{self.name}: {exc}") from None
+        self.backend.set_current_key(key, kg, key_bytes)
+
+    def timer(self, domain: TimeDomain, timestamp: int, register: bool) -> None:
+        """Register or delete a timer of the current key."""
+        be = self.backend
+        if register:
+            be.timers.register(domain, timestamp, be.current_key_group, be.current_key_bytes)
+            if domain is TimeDomain.PROCESSING and self._next_proc != _UNKNOWN:
+                self._next_proc = timestamp if self._next_proc is None else min(self._next_proc, timestamp)
+        else:
+            be.timers.delete(domain, timestamp, be.current_key_group, be.current_key_bytes)
+            if domain is TimeDomain.PROCESSING:
+                self._next_proc = _UNKNOWN
 
     def _emit(self, out: Output) -> None:
         for b in to_batches(out, self.schema):
@@ -128,29 +148,45 @@ class KeyedProcessOperator(Operator):
             part = batch if len(idx) == batch.num_rows else batch.take(pa.array(idx))
             self._emit(self._call(self.fn.process, key, part, kctx))
 
-    def _fire(self, domain: int, upto: int) -> None:
-        for ts, kg, key in list(self.timers.pop_due(domain, upto)):
-            self._set_key(key, kg)
-            self._kctx.timestamp = ts
-            self._emit(self._call(self.fn.on_timer, ts, key, self._kctx))
+    def _fire(self, domain: TimeDomain, upto: int) -> None:
+        timers = self.backend.timers
+        if domain is TimeDomain.PROCESSING:
+            self._next_proc = _UNKNOWN
+        # timers registered while firing that are due already fire in the same round (as in Flink)
+        while due := timers.pop_due(domain, upto):
+            for t in due:
+                self._set_key(decode_key(t.key), t.key_group, t.key)
+                self._kctx.timestamp = t.timestamp
+                self._emit(self._call(self.fn.on_timer, t.timestamp, self.backend.current_key, self._kctx))
         self._kctx.timestamp = None
 
     def process_watermark(self, timestamp: int) -> None:
         self.watermark = timestamp
-        self._fire(KeyedTimers.EVENT, timestamp)
+        self._fire(TimeDomain.EVENT, timestamp)
         self.output.emit_watermark(timestamp)
 
     def on_processing_time(self, now_ms: int) -> None:
-        self._fire(KeyedTimers.PROC, now_ms)
+        self._fire(TimeDomain.PROCESSING, now_ms)
 
     def next_timer_ms(self) -> int | None:
-        return self.timers.next_ts(KeyedTimers.PROC)
+        if self._next_proc == _UNKNOWN:
+            self._next_proc = self.backend.timers.next_timestamp(TimeDomain.PROCESSING)
+        return self._next_proc
 
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        return OperatorSnapshot(keyed=self.backend.snapshot(), operator=self.timers.snapshot())
+    def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
+        return OperatorSnapshot(keyed=self.backend.snapshot(checkpoint_id, savepoint))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.backend.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self.backend.notify_checkpoint_aborted(checkpoint_id)
 
     def close(self) -> None:
-        self._call(self.fn.close)
+        try:
+            self._call(self.fn.close)
+        finally:
+            self.backend.dispose()
 
 
 class ReduceFunction(KeyedProcessFunction):

@@ -59,7 +59,7 @@ class SinkOperator(Operator):
         self._incoming: list[Any] = []
         self._restored: list[Any] = []
 
-    def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
+    def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         writer_states = []
         for st in operator_states:
             if not st:
@@ -93,7 +93,7 @@ class SinkOperator(Operator):
         if comms:
             self._pending[checkpoint_id] = list(comms)
 
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         writer_state = self.writer.snapshot_state(checkpoint_id) if self.writer is not None else None
         snap = OperatorSnapshot(operator={"writer": pack_writer_state(self.sink, writer_state), "pending": []})
         if self.global_commit:
@@ -176,7 +176,7 @@ class SinkWriterOperator(Operator):
         self._key: Callable[[Any], str]
         self._restored: list[Any] = []
 
-    def initialize_state(self, keyed: dict[int, bytes], operator_states: list[Any]) -> None:
+    def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         states = [unpack_writer_state(self.sink, st.get("writer"), self.name) for st in operator_states if st]
         self._restored = [w for w in states if w is not None]
 
@@ -196,7 +196,7 @@ class SinkWriterOperator(Operator):
         if comms:
             self.output.emit(encode_committables(comms, self._key, self.sink.committable_serializer()))
 
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         state = pack_writer_state(self.sink, self.writer.snapshot_state(checkpoint_id))
         return OperatorSnapshot(operator={"writer": state})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from sluice.checkpoint.state_files import CheckpointFileTransfer
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.config.job import JobConfig
 from sluice.events import AlignmentMode
@@ -25,6 +26,7 @@ from sluice.runtime.partitioners import (
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.task import Task, TaskGateway
 from sluice.runtime.task_spec import TaskSpec
+from sluice.state.factory import state_backend_for
 from sluice.state.keygroups import key_group_range
 
 __all__ = ["build_task", "make_partitioner"]
@@ -62,8 +64,20 @@ def build_task(
     :class:`~sluice.runtime.task_spec.TaskSpec`, and the :class:`Task` that runs it."""
     kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
     ops = [node.factory() for node in vertex.chain]
+    backend = state_backend_for(cfg.state_backend)  # one per process: its memory is shared
+    files = CheckpointFileTransfer(storage)
     ctxs = [
-        OperatorContext(node.name, index, vertex.parallelism, job.max_parallelism, kgr, cfg.job_id, attempt)
+        OperatorContext(
+            node.name,
+            index,
+            vertex.parallelism,
+            job.max_parallelism,
+            kgr,
+            cfg.job_id,
+            attempt,
+            state_backend=backend,
+            state_files=files,
+        )
         for node in vertex.chain
     ]
     writers: dict[tuple[int, str | None], list[RecordWriter]] = {}

@@ -33,6 +33,7 @@ from sluice.checkpoint.coordinator import (
 )
 from sluice.checkpoint.global_commit import GlobalCommitQueue
 from sluice.checkpoint.history import highest_id
+from sluice.checkpoint.shared_state import recover_shared_state
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.config.job import JobConfig
 from sluice.errors import CheckpointFailureReason, SluiceError
@@ -172,18 +173,24 @@ class JobAttempt:
         prior = highest_id(self.storage)
         next_id = max(next_id, prior + 1, self.checkpoint_floor + 1)
         restored = (r.checkpoint_id, r.path) if r is not None and "savepoint-" not in r.path else None
+        key = self.cfg.checkpoint.resolved_key()
         self.coordinator = CheckpointCoordinator(
             self.cfg.checkpoint,
             CoordinatedTasks(self.tasks, source_tasks, self.enumerators, self.lock),
             CoordinatorServices(
                 self.storage,
                 job_info,
-                codec=MetadataCodec.for_job(self.job, self.cfg.checkpoint.resolved_key()),
+                codec=MetadataCodec.for_job(self.job, key),
                 global_commits=self.global_commits,
                 on_fatal=lambda exc: self.failed(None, exc),
                 on_cleanup_failure=self._cleanup_failed,
             ),
             ResumePoint(next_id, restored, committed_upto=r.checkpoint_id if r is not None else 0),
+        )
+        # before the first checkpoint: shared files of the retained checkpoints counted, orphans deleted
+        in_place = r is not None and not r.foreign and restored is not None
+        recover_shared_state(
+            self.coordinator.store, key, (r.checkpoint_id, r.shared_refs()) if in_place and r else None
         )
         self.sources.start(r)
         self.coordinator.start()

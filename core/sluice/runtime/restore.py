@@ -9,7 +9,8 @@ from sluice.checkpoint.channel_state import read_ipc
 from sluice.checkpoint.codec import from_metadata, open_envelope, read_commit_groups, verify_metadata
 from sluice.checkpoint.global_commit import CommitGroups
 from sluice.checkpoint.payload import decode_task_state
-from sluice.checkpoint.storage import METADATA, CheckpointStorage
+from sluice.checkpoint.state_files import keyed_is_empty, localize, refs_of
+from sluice.checkpoint.storage import METADATA, CheckpointStorage, same_folder
 from sluice.errors import RestoreError, SluiceError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.operators.committables import unpack_pending
@@ -18,7 +19,9 @@ from sluice.runtime.task_spec import TaskRestore
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Sink
 from sluice.source import SourceSplit
-from sluice.state.keygroups import key_group_range
+from sluice.state.canonical import handle_range
+from sluice.state.keygroups import KeyGroupRange, key_group_range
+from sluice.state.shared_registry import SharedRef
 
 __all__ = ["RestoredCheckpoint"]
 
@@ -39,6 +42,8 @@ class RestoredCheckpoint:
     metadata: dict[str, Any]
     tasks: list[_OldTask] = field(default_factory=list)
     drop_channel_state: bool = False
+    #: it is not in this job's folder: its keyed state files are read where it is, never reused or deleted
+    foreign: bool = False
 
     @classmethod
     def load(
@@ -57,6 +62,7 @@ class RestoredCheckpoint:
         verify_metadata(meta, key, f"{path}/{METADATA}")
         try:
             rc = cls(int(meta["checkpoint_id"]), path, meta, drop_channel_state=drop_channel_state)
+            rc.foreign = not same_folder(path.rsplit("/", 1)[0], storage.job_dir())
             handles = [(task, handle.get("path")) for task, handle in meta["tasks"].items()]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RestoreError(f"{path}/{METADATA} is corrupt (not checkpoint metadata: {exc!r})") from None
@@ -88,7 +94,7 @@ class RestoredCheckpoint:
         uids |= {u for u, groups in (self.metadata.get("global_committables") or {}).items() if groups}
         for t in self.tasks:
             for uid, st in t.payload["operators"].items():
-                if st.get("keyed") or not _empty(st.get("operator")):
+                if not keyed_is_empty(st.get("keyed")) or not _empty(st.get("operator")):
                     uids.add(uid)
         return uids
 
@@ -148,12 +154,8 @@ class RestoredCheckpoint:
         kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
         for node in vertex.chain:
             olds = self._tasks_of(node.uid)
-            keyed: dict[int, bytes] = {}
-            for t in olds:
-                for kg, blob in t.payload["operators"][node.uid]["keyed"].items():
-                    if kg in kgr:
-                        keyed[kg] = blob
-            r.keyed[node.uid] = keyed
+            keyed = [self._keyed_handle(node.uid, t) for t in olds]
+            r.keyed[node.uid] = [h for h in keyed if h is not None and _overlaps(handle_range(h), kgr)]
             op_states = [t.payload["operators"][node.uid]["operator"] for t in olds]
             if node.state_distribution == "union":
                 r.operator[node.uid] = op_states
@@ -162,6 +164,27 @@ class RestoredCheckpoint:
         if not self.drop_channel_state:
             self._channel_state(job, vertex, index, r)
         return r
+
+    def _keyed_handle(self, uid: str, task: _OldTask) -> dict[str, Any] | None:
+        """The keyed state handle operator ``uid`` of an old subtask left (paths made absolute when the
+        checkpoint is not in this job's folder)."""
+        handle = task.payload["operators"][uid].get("keyed")
+        if keyed_is_empty(handle):
+            return None
+        if not isinstance(handle, dict) or "format" not in handle:
+            raise RestoreError(
+                f"checkpoint {self.path} holds keyed state of {uid!r} in the format of sluice before state "
+                "backends (pickled key groups), which this sluice does not restore; start the job without "
+                "this checkpoint (--restore none)"
+            )
+        if self.foreign:
+            kind = "savepoint" if self.metadata.get("kind") == "savepoint" else "chk"
+            return localize(handle, self.path, f"{kind}-{self.checkpoint_id}")
+        return handle
+
+    def shared_refs(self) -> list[SharedRef]:
+        """The shared files this checkpoint's keyed state references (as its metadata lists them)."""
+        return refs_of(self.metadata.get("tasks", {}).values())
 
     def _channel_state(self, job: JobGraph, vertex: JobVertex, index: int, r: TaskRestore) -> None:
         first = vertex.chain[0].uid
@@ -238,6 +261,10 @@ def _read_state(storage: CheckpointStorage, checkpoint: str, file: str) -> tuple
         return storage.retrying("read task state", storage.read_file, where), where
     except FileNotFoundError:
         raise RestoreError(f"checkpoint {checkpoint}: state file {where} is missing") from None
+
+
+def _overlaps(a: KeyGroupRange, b: KeyGroupRange) -> bool:
+    return max(a.start, b.start) < min(a.end, b.end)
 
 
 def _empty(value: Any) -> bool:

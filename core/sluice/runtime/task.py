@@ -211,7 +211,7 @@ class Task:
         if r is not None:
             self._fault("restore")
         for op in self.operators:
-            keyed = r.keyed.get(op.name, {}) if r else {}
+            keyed = r.keyed.get(op.name, []) if r else []
             states = r.operator.get(op.name, []) if r else []
             op.initialize_state(keyed, states)
         for op in self.operators:

@@ -30,7 +30,8 @@ class TaskRestore:
     """What a subtask restores from a checkpoint (already redistributed for its index)."""
 
     checkpoint_id: int
-    keyed: dict[str, dict[int, bytes]] = field(default_factory=dict)  # node uid -> key group -> blob
+    #: node uid -> the keyed state handles of the old subtasks whose key groups overlap this one's
+    keyed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     operator: dict[str, list[Any]] = field(default_factory=dict)  # node uid -> operator states
     #: batches to process before any new input (input channel state), per input index
     replay_input: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)

@@ -89,8 +89,11 @@ class StateBackendConfig(_Frozen):
             None: ``local_dir``.
         memory: bytes (or ``"512 mb"``) RocksDB may use per operator subtask's process share: the block
             cache, with the write buffers charged to it (``state.backend.rocksdb.memory.fixed-per-slot``).
-        write_buffer_ratio: the part of ``memory`` write buffers may take
+        write_buffer_ratio: the part of RocksDB's share of ``memory`` write buffers may take
             (``state.backend.rocksdb.memory.write-buffer-ratio``).
+        write_cache_ratio: the part of ``memory`` for the RocksDB backend's write-back cache of entries
+            (hot keys read and written as Python bytes, written to RocksDB at checkpoints and when the cache
+            is full; ``state.backend.rocksdb.memory.write-cache-ratio``); 0 turns it off.
     """
 
     type: Literal["hashmap", "rocksdb"] = "hashmap"
@@ -102,6 +105,7 @@ class StateBackendConfig(_Frozen):
     local_recovery_dir: str | None = None
     memory: int = 256 << 20
     write_buffer_ratio: float = 0.5
+    write_cache_ratio: float = 0.25
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -122,6 +126,8 @@ class StateBackendConfig(_Frozen):
             raise bad("memory", f"at least {MIN_MEMORY >> 20} mb", self.memory)
         if not 0 < self.write_buffer_ratio < 1:
             raise bad("write_buffer_ratio", "a number between 0 and 1 (exclusive)", self.write_buffer_ratio)
+        if not 0 <= self.write_cache_ratio < 1:
+            raise bad("write_cache_ratio", "a number from 0 (no cache) to below 1", self.write_cache_ratio)
         if not self.changelog_materialize_interval > 0:
             raise bad("changelog_materialize_interval", "a duration > 0", self.changelog_materialize_interval)
         for option in ("local_dir", "local_recovery_dir"):
@@ -199,6 +205,7 @@ STATE_KEYS: dict[str, tuple[str, Any]] = {
     "taskmanager.state.local.root-dirs": ("local_recovery_dir", _text),
     "state.backend.rocksdb.memory.fixed-per-slot": ("memory", parse_memory_size),
     "state.backend.rocksdb.memory.write-buffer-ratio": ("write_buffer_ratio", _float),
+    "state.backend.rocksdb.memory.write-cache-ratio": ("write_cache_ratio", _float),
 }
 
 

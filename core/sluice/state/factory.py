@@ -6,6 +6,7 @@ recovery (outermost) around changelog around hashmap or RocksDB, and the transfe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from sluice.state.config import StateBackendConfig
@@ -13,7 +14,7 @@ from sluice.state.keygroups import KeyGroupRange
 from sluice.state.spi import KeyedStateBackend, StateBackend
 from sluice.state.transfer import FileTransfer
 
-__all__ = ["LayeredStateBackend", "create_state_backend"]
+__all__ = ["LayeredStateBackend", "create_state_backend", "state_backend_for"]
 
 
 def create_state_backend(config: StateBackendConfig) -> StateBackend:
@@ -72,3 +73,20 @@ class LayeredStateBackend(StateBackend):
 
             keyed = LocalRecoveryKeyedStateBackend(keyed, store)
         return keyed
+
+
+_PROCESS_BACKENDS: dict[str, StateBackend] = {}
+_PROCESS_LOCK = threading.Lock()
+
+
+def state_backend_for(config: StateBackendConfig) -> StateBackend:
+    """The state backend of ``config`` in this process, made once: every operator subtask the process hosts
+    (a thread of the in-process runtime, a Spark slot) shares it, so RocksDB's memory budget (block cache,
+    write buffer manager) is one per process and backend configuration. The configuration travels with the
+    job; a backend's native resources are made where it runs, never pickled."""
+    key = config.model_dump_json()
+    with _PROCESS_LOCK:
+        backend = _PROCESS_BACKENDS.get(key)
+        if backend is None:
+            backend = _PROCESS_BACKENDS[key] = create_state_backend(config)
+        return backend

@@ -14,16 +14,19 @@ serializer is refused.
 from __future__ import annotations
 
 import datetime
+import operator
 import pickle
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from itertools import pairwise, repeat
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
 from sluice.errors import ConfigError
+from sluice.state.keycodec import rows_as_bytes
 
 __all__ = [
     "ArrowIpcSerializer",
@@ -45,6 +48,8 @@ class StateSerializer(ABC):
 
     id: str
     arrow_type: pa.DataType | None = None
+    #: the bytes of every encoded value, if they all have one width (else None)
+    width: int | None = None
 
     @abstractmethod
     def encode(self, value: Any) -> bytes:
@@ -85,6 +90,7 @@ class PrimitiveSerializer(StateSerializer):
         self.arrow_type = arrow_type
         self._struct = struct.Struct(">" + fmt) if fmt else None
         self._np = np.dtype(">" + {"q": "i8", "d": "f8", "i": "i4", "?": "u1"}[fmt]) if fmt else None
+        self.width = self._np.itemsize if self._np is not None else None
         self._unit = arrow_type.unit if pa.types.is_timestamp(arrow_type) else None
 
     def _plain(self, value: Any) -> Any:
@@ -113,28 +119,64 @@ class PrimitiveSerializer(StateSerializer):
         return v
 
     def encode_array(self, values: pa.Array) -> list[bytes | None]:
-        if self._np is None or values.null_count:
-            return super().encode_array(values)
+        if self._np is None:
+            return _byte_strings(values)
+        n = len(values)
         plain = values.cast(pa.int64()) if self._unit is not None else values
         if pa.types.is_date32(self.arrow_type):
             plain = values.cast(pa.int32())
-        raw = np.asarray(plain.to_numpy(zero_copy_only=False)).astype(self._np).tobytes()
-        w = self._np.itemsize
-        return [raw[i : i + w] for i in range(0, len(raw), w)]
+        if values.null_count:
+            plain = plain.fill_null(False if pa.types.is_boolean(plain.type) else 0)
+        nums = np.asarray(plain.to_numpy(zero_copy_only=False)).astype(self._np)
+        out = cast("list[bytes | None]", rows_as_bytes(nums.view(np.uint8).reshape(n, self._np.itemsize)))
+        if values.null_count:
+            for i in np.flatnonzero(~np.asarray(values.is_valid().to_numpy(zero_copy_only=False))).tolist():
+                out[i] = None
+        return out
 
     def decode_array(self, data: Sequence[bytes | None]) -> pa.Array:
-        if self._np is None or any(d is None for d in data):
-            if self._np is None:
-                return pa.array([None if d is None else self.decode(d) for d in data], type=self.arrow_type)
-            return super().decode_array(data)
-        nums = np.frombuffer(b"".join(data), dtype=self._np).astype(self._np.newbyteorder("="))  # type: ignore[arg-type]
+        if self._np is None:
+            binary = pa.array(data, pa.large_binary() if _large(self.arrow_type) else pa.binary())
+            return binary if binary.type == self.arrow_type else binary.cast(self.arrow_type)
+        n = len(data)
+        mask = None
+        if None in data:
+            present = np.fromiter(map(operator.is_not, data, repeat(None)), dtype=bool, count=n)
+            nums = np.zeros(n, dtype=self._np.newbyteorder("="))
+            nums[present] = np.frombuffer(b"".join(filter(None, data)), dtype=self._np)  # values are never empty
+            mask = ~present
+        else:
+            nums = np.frombuffer(b"".join(data), dtype=self._np).astype(self._np.newbyteorder("="))  # type: ignore[arg-type]
         if self._unit is not None:
-            return pa.array(nums.astype(np.int64), pa.int64()).cast(self.arrow_type)
+            return pa.array(nums.astype(np.int64), pa.int64(), mask=mask).cast(self.arrow_type)
         if pa.types.is_date32(self.arrow_type):
-            return pa.array(nums.astype(np.int32), pa.int32()).cast(self.arrow_type)
+            return pa.array(nums.astype(np.int32), pa.int32(), mask=mask).cast(self.arrow_type)
         if pa.types.is_boolean(self.arrow_type):
-            return pa.array(nums.astype(bool), self.arrow_type)
-        return pa.array(nums, self.arrow_type)
+            return pa.array(nums.astype(bool), self.arrow_type, mask=mask)
+        return pa.array(nums, self.arrow_type, mask=mask)
+
+
+def _large(t: pa.DataType) -> bool:
+    return bool(pa.types.is_large_string(t) or pa.types.is_large_binary(t))
+
+
+def _byte_strings(values: pa.Array) -> list[bytes | None]:
+    """The bytes (UTF-8 for strings) of every value of a string or binary array, None for a null: sliced
+    out of the array's data buffer by its offsets."""
+    arr = values.cast(pa.large_binary())
+    n = len(arr)
+    if not n:
+        return []
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = data_buf[lo:hi].to_pybytes() if data_buf is not None else b""
+    bounds = (offsets - lo).tolist()
+    out: list[bytes | None] = [data[a:b] for a, b in pairwise(bounds)]
+    if arr.null_count:
+        for i in np.flatnonzero(~np.asarray(arr.is_valid().to_numpy(zero_copy_only=False))).tolist():
+            out[i] = None
+    return out
 
 
 class StructSerializer(StateSerializer):

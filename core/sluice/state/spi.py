@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from sluice.errors import ConfigError
 from sluice.state.config import StateBackendConfig
-from sluice.state.keycodec import encode_keys
+from sluice.state.keycodec import encode_keys, encode_keys_fixed, rows_as_bytes
 from sluice.state.keygroups import KeyGroupRange, hash_columns, key_groups
 from sluice.state.transfer import FileTransfer
 
@@ -97,22 +97,38 @@ class KeyBatch:
     Attributes:
         keys: each row's key as stable bytes (:mod:`sluice.state.keycodec`).
         key_groups: each row's key group (int64 NumPy array).
+        fixed: the same encoded keys as an ``(n, width)`` uint8 matrix when they all have one width (int,
+            float, bool or date key columns without nulls), else None: backends build storage keys from it
+            with NumPy.
     """
 
-    __slots__ = ("key_groups", "keys")
+    __slots__ = ("_keys", "fixed", "key_groups")
 
-    def __init__(self, keys: list[bytes], key_groups: np.ndarray) -> None:
-        self.keys = keys
+    def __init__(self, keys: list[bytes] | None, key_groups: np.ndarray, fixed: np.ndarray | None = None) -> None:
+        if keys is None and fixed is None:
+            raise ValueError("KeyBatch needs the encoded keys or their fixed-width matrix")
+        self._keys = keys
         self.key_groups = key_groups
+        self.fixed = fixed
+
+    @property
+    def keys(self) -> list[bytes]:
+        """Each row's key as stable bytes (made from :attr:`fixed` on first use)."""
+        if self._keys is None:
+            assert self.fixed is not None
+            self._keys = rows_as_bytes(self.fixed)
+        return self._keys
 
     @classmethod
     def of(cls, columns: Sequence[pa.Array | pa.ChunkedArray], max_parallelism: int) -> KeyBatch:
         """The keys of one or more key columns (the same encoding and key groups as per-key access)."""
         arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
-        return cls(encode_keys(arrays), key_groups(hash_columns(arrays), max_parallelism))
+        groups = key_groups(hash_columns(arrays), max_parallelism)
+        fixed = encode_keys_fixed(arrays)
+        return cls(None, groups, fixed) if fixed is not None else cls(encode_keys(arrays), groups)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.key_groups)
 
 
 class BatchValueState(ABC):
@@ -157,8 +173,9 @@ class StatePaths:
         return f"shared/{self.owner}/{name}"
 
     def private(self, checkpoint_id: int, name: str, savepoint: bool = False) -> str:
-        """A file of one checkpoint (or savepoint) only, deleted with it."""
-        return f"{'sp' if savepoint else 'chk'}-{checkpoint_id}/{self.owner}/{name}"
+        """A file of one checkpoint (or savepoint) only, in its folder (``chk-<n>``, ``savepoint-<n>``):
+        deleted with it, and a savepoint's folder holds all of its files."""
+        return f"{'savepoint' if savepoint else 'chk'}-{checkpoint_id}/{self.owner}/{name}"
 
 
 class KeyedStateBackend(ABC):

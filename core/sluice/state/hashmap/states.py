@@ -7,10 +7,13 @@ map entry).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
+from sluice.state.keycodec import rows_as_bytes
 from sluice.state.meta import RegisteredState
 from sluice.state.spi import BatchValueState, KeyBatch
 
@@ -208,20 +211,40 @@ class HeapMapState(_Handle):
 
 
 class HeapBatchValueState(BatchValueState):
-    """Batch-wise access to a value state of the hashmap backend (dict operations per key)."""
+    """Batch-wise access to a value state of the hashmap backend: the batch grouped by key group, one bulk
+    dict operation per group (per key where a TTL or a null needs it)."""
 
     def __init__(self, backend: HashMapKeyedStateBackend, reg: RegisteredState) -> None:
         self._be = backend
         self._reg = reg
         self._tables = backend.tables_of(reg.name)
         self._tick = reg.ttl is not None and reg.ttl.cleanup_in_background
+        self._last: tuple[KeyBatch, _Groups] | None = None  # the last batch, grouped
 
     def _cleanup(self, keys: KeyBatch) -> None:
         if self._tick:
             self._be.background_cleanup(self._reg, len(keys))
 
+    def _grouped(self, keys: KeyBatch) -> _Groups:
+        last = self._last
+        if last is not None and last[0] is keys:  # a get, then a put of the same batch
+            return last[1]
+        groups = _Groups(keys)
+        self._last = (keys, groups)
+        return groups
+
     def get(self, keys: KeyBatch) -> pa.Array:
         self._cleanup(keys)
+        if self._reg.ttl is not None:
+            return self._get_ttl(keys)
+        g, tables = self._grouped(keys), self._tables
+        out: list[Any] = []
+        for kg, a, b in g.groups:
+            t = tables.get(kg)
+            out.extend(repeat(None, b - a) if t is None else map(t.data.get, g.keys[a:b]))
+        return pa.array(out, type=self._reg.serializer.arrow_type).take(g.inverse())
+
+    def _get_ttl(self, keys: KeyBatch) -> pa.Array:
         tables, reg, out = self._tables, self._reg, []
         now = self._be.clock() if reg.ttl is not None else 0
         for kb, kg in zip(keys.keys, keys.key_groups.tolist(), strict=True):
@@ -243,6 +266,19 @@ class HeapBatchValueState(BatchValueState):
 
         self._cleanup(keys)
         tables, reg = self._tables, self._reg
+        if reg.ttl is None and not values.null_count:
+            g = self._grouped(keys)
+            vs = values.take(pa.array(g.order)).to_pylist()
+            for kg, a, b in g.groups:
+                t = tables.get(kg)
+                if t is None:
+                    t = tables[kg] = Table()
+                t.writable().update(zip(g.keys[a:b], vs[a:b], strict=True))
+                if t.owned is not None:
+                    t.owned.update(g.keys[a:b])
+                if t.dirty is not None:
+                    t.dirty.update(g.keys[a:b])
+            return
         expiry = reg.expiry(self._be.clock()) if reg.ttl is not None else None
         for kb, kg, v in zip(keys.keys, keys.key_groups.tolist(), values.to_pylist(), strict=True):
             t = tables.get(kg)
@@ -261,3 +297,26 @@ class HeapBatchValueState(BatchValueState):
             t = tables.get(kg)
             if t is not None:
                 t.delete(kb)
+
+
+class _Groups:
+    """A batch's keys in key-group order (stable: a repeated key keeps its order) and each key group's
+    ``(key group, start, end)`` in that order."""
+
+    __slots__ = ("groups", "keys", "order")
+
+    def __init__(self, batch: KeyBatch) -> None:
+        kgs = batch.key_groups
+        self.order = np.argsort(kgs, kind="stable")
+        ordered = kgs[self.order]
+        cuts = (np.flatnonzero(np.diff(ordered)) + 1).tolist() if len(ordered) else []
+        starts, ends = [0, *cuts], [*cuts, len(ordered)]
+        self.groups = [(int(ordered[a]), a, b) for a, b in zip(starts, ends, strict=True) if b > a]
+        fixed = batch.fixed
+        self.keys = rows_as_bytes(fixed[self.order]) if fixed is not None else [batch.keys[i] for i in self.order.tolist()]
+
+    def inverse(self) -> pa.Array:
+        """Where each row of the batch is in key-group order."""
+        where = np.empty_like(self.order)
+        where[self.order] = np.arange(len(self.order))
+        return pa.array(where)

@@ -1,8 +1,9 @@
 """The RocksDB keyed backend: one embedded RocksDB (rocksdict, raw bytes, no WAL) per operator subtask.
 
 Entries are laid out ``key group | state | key | namespace | user key`` (:mod:`sluice.state.keycodec`), so
-a key group is a contiguous key range: rescaling clips or ingests ranges. Snapshots are in
-:mod:`~sluice.state.rocksdb.snapshot`, restores in :mod:`~sluice.state.rocksdb.restore`.
+a key group is a contiguous key range: rescaling clips or ingests ranges. Point reads and writes go through
+a write-back cache (:mod:`~sluice.state.rocksdb.cache`) that is written back before every scan and snapshot.
+Snapshots are in :mod:`~sluice.state.rocksdb.snapshot`, restores in :mod:`~sluice.state.rocksdb.restore`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sluice.state.meta import (
     resolve,
     unpack_expiry,
 )
+from sluice.state.rocksdb.cache import EntryCache
 from sluice.state.rocksdb.resources import RocksResources, rocksdict_module
 from sluice.state.rocksdb.snapshot import CanonicalExport, IncrementalSnapshot
 from sluice.state.rocksdb.states import (
@@ -72,6 +74,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._wo = resources.write_options()
         self._db_path = os.path.join(root, "db")
         self.db: Any = self._open(self._db_path)
+        resources.attach()
+        self._attached = True
+        #: point reads and writes (a write-back cache when the memory budget gives it a share)
+        self.cache = EntryCache(lambda: self.db, self._wo, resources.write_cache_share)
         self._registered: dict[str, RegisteredState] = {}
         self._handles: dict[str, Any] = {}
         self.restored_meta: dict[str, StateMeta] = {}
@@ -81,9 +87,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._uploads: dict[int, dict[str, FileRef]] = {}  # checkpoint id -> its SST files
         self._cleanup_cursor = b""
         self._accesses = 0
-        #: with change capture on (changelog checkpoints): every entry written since the last checkpoint,
-        #: its last value (None: deleted)
-        self.change_log: dict[bytes, bytes | None] | None = None
+
+    @property
+    def change_log(self) -> dict[bytes, bytes | None] | None:
+        """With change capture on (changelog checkpoints): every entry written since the last checkpoint,
+        its last value (None: deleted); kept by the write-back cache, which every write goes through."""
+        return self.cache.log
+
+    @change_log.setter
+    def change_log(self, log: dict[bytes, bytes | None] | None) -> None:
+        self.cache.log = log
 
     # -- the database ---------------------------------------------------------------------------------
     def _open(self, path: str) -> Any:
@@ -97,6 +110,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Close the database, let ``fill`` write a new folder, open it."""
         self.db.close()
         self.db = None  # a restore that fails leaves the backend closed
+        self.cache.clear()
         shutil.rmtree(self._db_path, ignore_errors=True)
         fill(self._db_path)
         self.db = self._open(self._db_path)
@@ -107,31 +121,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """The storage key of the current key and namespace in state ``sid``."""
         return self.kg_prefixes[self._kg] + sid + self._key_bytes + namespace_part(self._namespace)
 
+    def get(self, key: bytes) -> bytes | None:
+        """Read one entry (None: absent)."""
+        return self.cache.get(key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Read entries (the cache's misses with one multi-get)."""
+        return self.cache.get_many(keys)
+
     def put(self, key: bytes, value: bytes) -> None:
         """Write one entry."""
-        self.db.put(key, value, self._wo)
-        if self.change_log is not None:
-            self.change_log[key] = value
+        self.cache.put(key, value)
 
     def delete(self, key: bytes) -> None:
         """Delete one entry."""
-        self.db.delete(key, self._wo)
-        if self.change_log is not None:
-            self.change_log[key] = None
+        self.cache.put(key, None)
 
     def write_many(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """Write entries in one write batch (a None value deletes)."""
-        if self.change_log is not None:
-            entries = list(entries)
-            self.change_log.update(entries)
-        wb = rocksdict_module().WriteBatch(raw_mode=True)
-        for k, v in entries:
-            if v is None:
-                wb.delete(k)
-            else:
-                wb.put(k, v)
-        if len(wb):
-            self.db.write(wb, self._wo)
+        """Write entries (a None value deletes; a key repeated keeps its last value)."""
+        self.cache.write(entries)
+
+    def flush(self) -> None:
+        """Write the cache's dirty entries and the memtables to disk."""
+        self.cache.flush()
+        self.db.flush()
 
     def put_many(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
         """Write entries in one write batch."""
@@ -153,7 +166,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             it.next()
 
     def scan(self, lo: bytes, hi: bytes, strip: int) -> Iterator[tuple[bytes, bytes]]:
-        """:meth:`scan_db` over this backend's database."""
+        """:meth:`scan_db` over this backend's database (the cache written back first)."""
+        self.cache.flush()
         return self.scan_db(self.db, lo, hi, strip)
 
     # -- handles --------------------------------------------------------------------------------------
@@ -218,7 +232,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         now, removed, seen = self.clock(), 0, 0
         rewrites: list[tuple[bytes, bytes | None]] = []
         start = self._cleanup_cursor
-        for key, value in self.scan(start, b"\xff\xff\xff", 0):
+        for key, value in self.scan(start, b"\xff\xff\xff", 0):  # the cache written back first
             seen += 1
             if seen > max_entries:
                 self._cleanup_cursor = key
@@ -248,7 +262,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
         folder = os.path.join(self.root, f"{'sp' if savepoint else 'chk'}-{checkpoint_id}")
         shutil.rmtree(folder, ignore_errors=True)
-        self.db.flush()
+        self.flush()
         rocksdict_module().Checkpoint(self.db).create_checkpoint(folder)
         if savepoint:
             return CanonicalExport(self, folder, checkpoint_id, self.state_meta(), dict(self._registered), self.clock())
@@ -287,10 +301,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         from sluice.state.rocksdb.restore import restore_handles
 
         self.restored_meta.update(merged_meta(handles))
+        self.cache.clear()
         restore_handles(self, handles)
         self._timers.forget()
 
     def dispose(self) -> None:
+        self.cache.clear()
+        if self._attached:
+            self._attached = False
+            self.resources.detach()
         try:
             if self.db is not None:
                 self.db.close()
@@ -317,7 +336,9 @@ class RocksDBStateBackend(StateBackend):
     def resources(self) -> RocksResources:
         """The memory this backend's instances share in this process."""
         if self._resources is None:
-            self._resources = RocksResources(self.config.memory, self.config.write_buffer_ratio)
+            self._resources = RocksResources(
+                self.config.memory, self.config.write_buffer_ratio, self.config.write_cache_ratio
+            )
         return self._resources
 
     def create_keyed_backend(

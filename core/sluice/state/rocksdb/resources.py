@@ -1,8 +1,10 @@
 """rocksdict, imported lazily, and the memory one state backend's RocksDB instances share in a process.
 
-The budget (``StateBackendConfig.memory``) is one LRU block cache; the write buffers (memtables) of every
-instance are charged to it through one write buffer manager (``write_buffer_ratio`` of the budget), and
-index and filter blocks live in the cache too, so the budget bounds what RocksDB holds in memory however
+The budget (``StateBackendConfig.memory``) is split in two. ``write_cache_ratio`` of it is the write-back
+cache of entries in front of RocksDB (:mod:`sluice.state.rocksdb.cache`), shared equally by the instances
+alive in the process. The rest is one LRU block cache; the write buffers (memtables) of every instance are
+charged to it through one write buffer manager (``write_buffer_ratio`` of RocksDB's part), and index and
+filter blocks live in the cache too, so the budget bounds what RocksDB and the cache hold in memory however
 many key groups, states or instances there are (as Flink's ``state.backend.rocksdb.memory.fixed-per-slot``).
 """
 
@@ -32,17 +34,21 @@ def rocksdict_module() -> Any:
 class RocksResources:
     """A block cache and a write buffer manager shared by the RocksDB instances of one state backend."""
 
-    def __init__(self, memory: int, write_buffer_ratio: float) -> None:
+    def __init__(self, memory: int, write_buffer_ratio: float, write_cache_ratio: float = 0.0) -> None:
         rd = rocksdict_module()
         self.memory = memory
-        self.cache = rd.Cache(memory)
-        self.write_buffers = int(memory * write_buffer_ratio)
+        #: bytes of the write-back caches of all instances together
+        self.write_cache = int(memory * write_cache_ratio)
+        self.block_cache = memory - self.write_cache
+        self.cache = rd.Cache(self.block_cache)
+        self.write_buffers = int(self.block_cache * write_buffer_ratio)
         # allow_stall: writes wait for a flush when the write buffers are full, so a slow disk or a busy CPU
         # delays writes instead of letting memtables grow past the budget
         self.write_buffer_manager = rd.WriteBufferManager.new_write_buffer_manager_with_cache(
             self.write_buffers, True, self.cache
         )
         self._lock = threading.Lock()
+        self._instances = 0
 
     def options(self) -> Any:
         """Options for one instance: raw bytes, the shared cache and write buffer manager, no WAL files kept."""
@@ -70,6 +76,20 @@ class RocksResources:
         w = rd.WriteOptions()
         w.disable_wal = True
         return w
+
+    def attach(self) -> None:
+        """An instance now shares the write-back cache budget."""
+        with self._lock:
+            self._instances += 1
+
+    def detach(self) -> None:
+        """An instance was disposed."""
+        with self._lock:
+            self._instances = max(0, self._instances - 1)
+
+    def write_cache_share(self) -> int:
+        """The bytes one instance's write-back cache may hold now (0: no cache)."""
+        return self.write_cache // max(1, self._instances)
 
     def usage(self) -> int:
         """Bytes the block cache holds now (write buffers included)."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
+from sluice.state.keycodec import rows_as_bytes
 from sluice.state.meta import RegisteredState, pack_expiry, unpack_expiry
 from sluice.state.spi import BatchValueState, KeyBatch
 
@@ -71,7 +73,7 @@ class RocksValueState(_Handle):
     def value(self) -> Any:
         """The value for the current key, or the descriptor's default."""
         k = self._key()
-        raw = self._be.db.get(k)
+        raw = self._be.get(k)
         if raw is None:
             return self._reg.default
         reg = self._reg
@@ -103,7 +105,7 @@ class RocksListState(_Handle):
     def get(self) -> list[Any]:
         """A copy of the list (empty if none)."""
         k = self._key()
-        raw = self._be.db.get(k)
+        raw = self._be.get(k)
         if not raw:
             return []
         reg = self._reg
@@ -127,7 +129,7 @@ class RocksListState(_Handle):
         new = self._encode(values)
         if new:
             k = self._key()
-            self._be.put(k, (self._be.db.get(k) or b"") + new)
+            self._be.put(k, (self._be.get(k) or b"") + new)
 
     def update(self, values: Iterable[Any]) -> None:
         """Replace the list (an empty one clears it)."""
@@ -163,7 +165,7 @@ class RocksMapState(_Handle):
         """The value of ``key``, or ``default``."""
         assert self._reg.key_serializer is not None
         k = self._key() + self._reg.key_serializer.encode(key)
-        raw = self._live(k, self._be.db.get(k))
+        raw = self._live(k, self._be.get(k))
         return default if raw is None else self._reg.serializer.decode(raw)
 
     def put(self, key: Any, value: Any) -> None:
@@ -222,21 +224,45 @@ _MISSING = object()
 
 
 class RocksBatchValueState(BatchValueState):
-    """Batch-wise access to a value state of the RocksDB backend: one multi-get, one write batch."""
+    """Batch-wise access to a value state of the RocksDB backend: the cache, then one multi-get of its
+    misses; writes into the cache (or one sorted write batch without a cache)."""
 
     def __init__(self, backend: RocksDBKeyedStateBackend, reg: RegisteredState) -> None:
         self._be = backend
         self._reg = reg
+        self._last: tuple[KeyBatch, list[bytes], np.ndarray | None] | None = None  # the last batch's keys
 
-    def _keys(self, keys: KeyBatch) -> list[bytes]:
+    def _keys(self, keys: KeyBatch) -> tuple[list[bytes], np.ndarray | None]:
+        """The storage keys of a batch and, when they were sorted (fixed-width keys without a cache: RocksDB
+        reads and writes sorted keys faster), the rows in their order (a stable sort)."""
         if self._reg.ttl is not None and self._reg.ttl.cleanup_in_background:
             self._be.background_cleanup(self._reg, len(keys))
-        pfx, sid = self._be.kg_prefixes, self._reg.sid
-        return [pfx[kg] + sid + kb + b"\x00\x00" for kg, kb in zip(keys.key_groups.tolist(), keys.keys, strict=True)]
+        last = self._last
+        if last is not None and last[0] is keys:  # a get, then a put of the same batch
+            return last[1], last[2]
+        sid = self._reg.sid
+        fixed = keys.fixed
+        order = None
+        if fixed is not None:
+            # key group (u16) | state | key | empty namespace (u16 0), for every row at once
+            n, width = fixed.shape
+            rows = np.zeros((n, 2 + len(sid) + width + 2), dtype=np.uint8)
+            rows[:, :2] = keys.key_groups.astype(">u2").view(np.uint8).reshape(n, 2)
+            rows[:, 2 : 2 + len(sid)] = np.frombuffer(sid, dtype=np.uint8)
+            rows[:, 2 + len(sid) : 2 + len(sid) + width] = fixed
+            if not self._be.cache.enabled:
+                order = np.argsort(rows.view(f"S{rows.shape[1]}").ravel(), kind="stable")
+                rows = rows[order]
+            out = rows_as_bytes(rows)
+        else:
+            pfx = self._be.kg_prefixes
+            out = [pfx[kg] + sid + kb + b"\x00\x00" for kg, kb in zip(keys.key_groups.tolist(), keys.keys, strict=True)]
+        self._last = (keys, out, order)
+        return out, order
 
     def get(self, keys: KeyBatch) -> pa.Array:
-        ks = self._keys(keys)
-        raw: list[bytes | None] = self._be.db.get(ks) if ks else []
+        ks, order = self._keys(keys)
+        raw = self._be.cache.get_many(ks, ordered=order is not None)
         reg = self._reg
         if reg.ttl is not None:
             now, expired, refresh = self._be.clock(), [], []
@@ -256,15 +282,25 @@ class RocksBatchValueState(BatchValueState):
             self._be.delete_many(expired)
             self._be.put_many(refresh)
             raw = out
-        return reg.serializer.decode_array(raw)
+        values = reg.serializer.decode_array(raw)
+        if order is None:
+            return values
+        where = np.empty_like(order)
+        where[order] = np.arange(len(order))
+        return values.take(pa.array(where))
 
     def put(self, keys: KeyBatch, values: pa.Array) -> None:
-        ks = self._keys(keys)
+        ks, order = self._keys(keys)
+        if order is not None:
+            values = values.take(pa.array(order))
         data = self._reg.serializer.encode_array(values)
         if self._reg.ttl is not None:
             head = pack_expiry(self._reg.expiry(self._be.clock()))
             data = [None if d is None else head + d for d in data]
-        self._be.write_many(zip(ks, data, strict=True))
+        width = self._reg.serializer.width
+        nbytes = len(ks) * (len(ks[0]) + width + (8 if self._reg.ttl else 0)) if width and keys.fixed is not None and ks else None
+        self._be.cache.put_many(ks, data, ordered=order is not None, nbytes=nbytes)
 
     def delete(self, keys: KeyBatch) -> None:
-        self._be.delete_many(self._keys(keys))
+        ks, order = self._keys(keys)
+        self._be.cache.put_many(ks, [None] * len(ks), ordered=order is not None)
