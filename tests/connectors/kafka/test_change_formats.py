@@ -14,7 +14,7 @@ from sluice.connectors.kafka import KafkaSource
 from sluice.connectors.kafka.formats import FORMATS, Decoded, Messages, make_decoder
 from sluice.errors import ConfigError
 
-from tests.kafka.change_events import (
+from tests.connectors.kafka.change_events import (
     DBZ_ENVELOPE,
     DBZ_KEY,
     USER,
@@ -23,8 +23,8 @@ from tests.kafka.change_events import (
     event,
     json_key,
 )
-from tests.kafka.fakes import FakeMessage
-from tests.kafka.registry_server import RecordedSchemaRegistry, avro_wire
+from tests.connectors.kafka.fakes import FakeMessage
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_wire
 
 C, U, D, R = (int(o) for o in (Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ))
 

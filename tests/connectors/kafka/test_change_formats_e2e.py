@@ -19,9 +19,9 @@ from sluice.errors import BadRecordError, JobFailedError
 from sluice.sinks.files import FileSink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
-from tests.kafka.change_events import DBZ_ENVELOPE, DBZ_KEY, connect_json, event, json_key
-from tests.kafka.registry_server import RecordedSchemaRegistry, avro_wire
-from tests.kafka.test_formats_e2e import pipeline, stops
+from tests.connectors.kafka.change_events import DBZ_ENVELOPE, DBZ_KEY, connect_json, event, json_key
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_wire
+from tests.connectors.kafka.test_formats_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka
