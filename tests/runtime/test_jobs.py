@@ -76,6 +76,7 @@ def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of
     )
 
 
+@spark_in_soak
 def test_cancel_then_resume_at_another_parallelism_keeps_keyed_state(tmp_path, runtime: str) -> None:
     src = GeneratorSource(num_splits=4, records_per_split=600, batch_size=20, rows_per_second=500)
     ref_dir = tmp_path / "ref"
