@@ -118,7 +118,7 @@ def test_sink_templates_run_against_kafka_and_postgres(template: str, broker, to
 
     from confluent_kafka import Producer
 
-    from tests.kafka_sink.reader import read_topic
+    from tests.sinks.kafka.reader import read_topic
 
     t, out = topic(1), topic(2)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})

@@ -28,11 +28,11 @@ from sluice.testing.conformance import SinkTarget
 from sluice.testing.conformance.sink_harness import SinkAttempt
 from sluice.testing.faults import FaultInjector
 
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry
+from tests.connectors.kafka.test_formats_units import EVENT_V1, ORDER_V1
 from tests.faults.shapes import record
-from tests.kafka.registry_server import RecordedSchemaRegistry
-from tests.kafka.test_formats_units import EVENT_V1, ORDER_V1
 from tests.kafka_broker import TansuBroker
-from tests.kafka_sink.reader import HEADER, read_committed, read_topic
+from tests.sinks.kafka.reader import HEADER, read_committed, read_topic
 
 pytestmark = pytest.mark.kafka
 
