@@ -24,7 +24,7 @@ from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.changes import OP, ORDER, Op, with_keys
 from sluice.connectors.generator import GeneratorSource
 
-from tests.tables.helpers import Target
+from tests.sinks.tables.helpers import Target
 
 SPLITS = 2
 

@@ -47,8 +47,8 @@ from sluice.sinks.iceberg.upsert import pyiceberg_upsert
 from sluice.sinks.tables.changes import Op, change_table
 
 from benchmarks.upsert_e2e import upsert_vs_append
-from tests.tables.helpers import Target
-from tests.tables.upserts import Upserts
+from tests.sinks.tables.helpers import Target
+from tests.sinks.tables.upserts import Upserts
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("kind", pa.string()), ("ts", pa.int64())]

@@ -3,7 +3,7 @@ changes per key, several in one checkpoint) into a DeltaSink and an IcebergSink 
 crash at every point a checkpoint passes, a restore, a rescale; on the in-process and the Spark runtime, on
 a local folder and on moto's S3.
 
-Each scenario compares the table with a reference computed apart from the sink (tests/tables/cdc.py: the
+Each scenario compares the table with a reference computed apart from the sink (tests/sinks/tables/cdc.py: the
 whole stream applied to a dict in source order) and reads back every table version: each is the stream
 applied up to a cut of per-split prefixes (a checkpoint's source offsets), and the checkpoint ids the
 versions record strictly increase (none applied twice). Faults count only when they fired; staged change
@@ -25,9 +25,9 @@ from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 
 from tests.faults.plans import _first
 from tests.faults.shapes import record
-from tests.tables.cdc import Stream, check_versions, pipeline, table_state, version_states
-from tests.tables.conftest import s3_target_of
-from tests.tables.helpers import Target, completed
+from tests.sinks.tables.cdc import Stream, check_versions, pipeline, table_state, version_states
+from tests.sinks.tables.conftest import s3_target_of
+from tests.sinks.tables.helpers import Target, completed
 
 SINKS = ("delta", "iceberg")
 #: the points a checkpoint of an upsert job passes: while writing, while (asynchronously) merging the
