@@ -1,49 +1,17 @@
-"""State backends, measured at the keyed-backend level (issue 24; the Kafka job comes with the runtime
-integration).
+"""The backend-level part of ``benchmarks/state_backends.py``: the keyed backends driven directly (no job,
+no Kafka), a batch-wise keyed count over int64 keys, 1% of the keys changed per checkpoint. Its figures go
+into the RESULT under ``backend_*`` keys; the job-level figures are in :mod:`_state_job`.
 
-A keyed count: batches of int64 keys from a growing key space, each batch read (multi-get), incremented
-and written back (write batch); between checkpoints ~1% of the keys change. Measured in one run:
-
-* ``incremental_upload_fraction``: RocksDB incremental, bytes one checkpoint uploads / the checkpoint's
-  full size, median over checkpoints at 1% change (full checkpoints: 1.0 by construction);
-* ``checkpoint_growth``: checkpoint duration (synchronous + asynchronous part) at 10x the keys / at 1x, for
-  RocksDB incremental (``checkpoint_growth``) and the hashmap backend (``hashmap_checkpoint_growth``);
-* ``rocksdb_vs_hashmap``: throughput of the same batch-wise counting on RocksDB / on hashmap, 100k keys, 500k
-  records (2M in the full run), the timed part ending with a checkpoint's synchronous part (RocksDB: the
-  write-back cache's dirty entries written, memtables flushed, native checkpoint); the best of two runs
-  each, alternated. Also with the write-back cache off (``rocksdb_vs_hashmap_no_cache``) and with a cache
-  that holds about a quarter of the keys (``rocksdb_vs_hashmap_small_cache``: 16 MiB budget), and the same
-  ratios on process CPU time (``*_cpu``: less at the mercy of other work on a shared machine);
-* ``state_mb`` / ``rss_mb``: a child process writes RocksDB state (random 200-byte values) with a 64 MiB
-  memory budget; its peak resident memory against the state's size on disk;
-* ``changelog_upload_fraction``: RocksDB with changelog checkpoints, bytes one checkpoint uploads / the
-  full state (the materialization's files), median over checkpoints at 1% change, a background
-  materialization before every 5th checkpoint (``changelog_upload_fraction_mean`` averages them in; the
-  hashmap backend's figures under ``hashmap_changelog_upload_fraction``);
-* ``local_vs_remote_restore``: restore time of a RocksDB subtask (incremental) from its local copy (local
-  recovery) / from checkpoint storage on S3 (a moto server in this process, through a small boto3 transfer
-  written for the benchmark: the job's S3 checkpoint storage is adapted to the state layer with the
-  runtime integration); ``local_vs_folder_restore`` the same against checkpoint storage in a local folder
-  (``_changelog``: with changelog checkpoints).
-
-Not measured here (it needs the keyed Kafka job on the runtime): vs_quix; null in RESULT with the reason
-under ``not_measured``.
-
-    python benchmarks/state_backends.py [--quick]
-
-The last line is ``RESULT {json}``.
+* incremental and changelog upload fractions, checkpoint duration growth (``incremental_run``,
+  ``changelog_run``); restore from a local copy / from S3 on moto (``restore_times``); throughput of the
+  batch-wise count with the write-back cache on, off and small (``throughput``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -223,135 +191,34 @@ def throughput(kind: str, keys: int, records: int, rng: np.random.Generator, **o
     return records / wall, records / cpu
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from the parent that
-    forked it)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def large_state(target_mb: int, memory: str) -> dict[str, Any]:
-    """(Child process.) Write ``target_mb`` of RocksDB state under a memory budget; peak RSS and state size."""
-    rng = np.random.default_rng(1)
-    with tempfile.TemporaryDirectory(dir=os.environ.get("SLUICE_BENCH_DIR")) as root:
-        be = backend("rocksdb", root, memory=memory)
-        state = be.batch_state(PAYLOAD)
-        value_size, batch, written = 200, 20_000, 0
-        key = 0
-        start = time.perf_counter()
-        while written < target_mb << 20:
-            values = pa.array([bytes(rng.bytes(value_size)) for _ in range(batch)], pa.binary())
-            state.put(be.key_batch([pa.array(np.arange(key, key + batch, dtype=np.int64))]), values)
-            key += batch
-            written += batch * (value_size + 20)
-        be.flush()  # type: ignore[attr-defined]
-        probe = be.key_batch([pa.array(rng.integers(0, key, size=10_000, dtype=np.int64))])
-        found = state.get(probe).null_count == 0
-        on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
-        seconds = time.perf_counter() - start
-        be.dispose()
-    rss_mb = peak_rss_mb()
-    return {"state_mb": on_disk / (1 << 20), "rss_mb": rss_mb, "keys": key, "seconds": seconds, "all_found": found}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes)")
-    parser.add_argument("--large-state", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--memory", default="64 mb", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.large_state:
-        print(json.dumps(large_state(args.large_state, args.memory)))
-        return
-    rng = np.random.default_rng(7)
-    small = 100_000 if args.quick else 300_000
-    rounds = 5 if args.quick else 9
-    result: dict[str, Any] = {"quick": args.quick}
-
+def backend_level(quick: bool, rng: np.random.Generator) -> dict[str, Any]:
+    """The backend-level figures, keys prefixed ``backend_``."""
+    small = 100_000 if quick else 300_000
+    rounds = 5 if quick else 9
+    result: dict[str, Any] = {}
     inc_1x = incremental_run("rocksdb", small, rounds, rng)
     inc_10x = incremental_run("rocksdb", small * 10, rounds, rng)
-    heap_1x = incremental_run("hashmap", small, rounds, rng)
-    heap_10x = incremental_run("hashmap", small * 10, rounds, rng)
-    print(f"rocksdb incremental: upload fraction {inc_1x['fraction']:.3f} at {small} keys, {inc_10x['fraction']:.3f} at {small * 10}")
-    print(f"checkpoint duration rocksdb {inc_1x['duration'] * 1000:.0f} -> {inc_10x['duration'] * 1000:.0f} ms, "
-          f"hashmap {heap_1x['duration'] * 1000:.0f} -> {heap_10x['duration'] * 1000:.0f} ms")  # fmt: skip
-    result["incremental_upload_fraction"] = round(inc_10x["fraction"], 4)
-    result["incremental_upload_fraction_small"] = round(inc_1x["fraction"], 4)
-    result["checkpoint_growth"] = round(inc_10x["duration"] / inc_1x["duration"], 2)
-    result["hashmap_checkpoint_growth"] = round(heap_10x["duration"] / heap_1x["duration"], 2)
-    result["checkpoint_ms"] = {"rocksdb_1x": round(inc_1x["duration"] * 1000, 1), "rocksdb_10x": round(inc_10x["duration"] * 1000, 1),
-                               "hashmap_1x": round(heap_1x["duration"] * 1000, 1), "hashmap_10x": round(heap_10x["duration"] * 1000, 1)}  # fmt: skip
-
+    print(f"[backend] rocksdb incremental: upload fraction {inc_1x['fraction']:.3f} at {small} keys, {inc_10x['fraction']:.3f} "
+          f"at {small * 10}; checkpoint {inc_1x['duration'] * 1000:.0f} -> {inc_10x['duration'] * 1000:.0f} ms", flush=True)  # fmt: skip
+    result["backend_incremental_upload_fraction"] = round(inc_10x["fraction"], 4)
+    result["backend_checkpoint_growth"] = round(inc_10x["duration"] / inc_1x["duration"], 2)
     log_rocks = changelog_run("rocksdb", small * 10, rounds * 2, rng)
-    log_heap = changelog_run("hashmap", small, rounds * 2, rng)
-    print(f"changelog: upload fraction rocksdb {log_rocks['fraction']:.4f} (mean with materializations {log_rocks['mean']:.4f}) "
-          f"at {small * 10} keys, hashmap {log_heap['fraction']:.4f} ({log_heap['mean']:.4f}) at {small}; checkpoint "
-          f"{log_rocks['duration'] * 1000:.0f} ms / {log_heap['duration'] * 1000:.0f} ms")  # fmt: skip
-    result["changelog_upload_fraction"] = round(log_rocks["fraction"], 4)
-    result["changelog_upload_fraction_mean"] = round(log_rocks["mean"], 4)
-    result["hashmap_changelog_upload_fraction"] = round(log_heap["fraction"], 4)
-    result["hashmap_changelog_upload_fraction_mean"] = round(log_heap["mean"], 4)
-    result["changelog_checkpoint_ms"] = {"rocksdb": round(log_rocks["duration"] * 1000, 1), "hashmap": round(log_heap["duration"] * 1000, 1)}
-
+    print(f"[backend] rocksdb changelog: upload fraction {log_rocks['fraction']:.4f} (mean with materializations "
+          f"{log_rocks['mean']:.4f}) at {small * 10} keys", flush=True)  # fmt: skip
+    result["backend_changelog_upload_fraction"] = round(log_rocks["fraction"], 4)
     s3, server = s3_transfer()
     try:
-        restores = {
-            "incremental": restore_times(small * 10, 3, False),
-            "changelog": restore_times(small * 10, 3, True),
-            "incremental_s3": restore_times(small * 10, 3, False, s3),
-        }
+        r = restore_times(small * 10, 3, False, s3)
     finally:
         server.stop()
-    for name, r in restores.items():
-        print(f"restore of {r['state_mb']:.0f} MiB rocksdb {name}: local copy {r['local'] * 1000:.0f} ms, checkpoint storage "
-              f"{r['remote'] * 1000:.0f} ms")  # fmt: skip
-    result["local_vs_remote_restore"] = round(restores["incremental_s3"]["local"] / restores["incremental_s3"]["remote"], 3)
-    result["local_vs_folder_restore"] = round(restores["incremental"]["local"] / restores["incremental"]["remote"], 3)
-    result["local_vs_folder_restore_changelog"] = round(restores["changelog"]["local"] / restores["changelog"]["remote"], 3)
-    result["restore_ms"] = {f"{n}_{w}": round(r[w] * 1000, 1) for n, r in restores.items() for w in ("local", "remote")}
-
-    records = 500_000 if args.quick else 2_000_000
-    variants: dict[str, tuple[str, dict[str, Any]]] = {
-        "hashmap": ("hashmap", {}),
-        "rocksdb": ("rocksdb", {}),
-        "rocksdb_no_cache": ("rocksdb", {"write_cache_ratio": 0.0}),
-        "rocksdb_small_cache": ("rocksdb", {"memory": "16 mb"}),
-    }
-    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    print(f"[backend] restore of {r['state_mb']:.0f} MiB: local copy {r['local'] * 1000:.0f} ms, S3 {r['remote'] * 1000:.0f} ms", flush=True)
+    result["backend_local_vs_remote_restore"] = round(r["local"] / r["remote"], 3)
+    records = 500_000 if quick else 2_000_000
+    rates: dict[str, list[tuple[float, float]]] = {"hashmap": [], "rocksdb": []}
     for _ in range(2):  # alternated: the machine is shared
-        for name, (kind, options) in variants.items():
-            rates[name].append(throughput(kind, small, records, rng, **options))
-    best = {k: max(r[0] for r in v) for k, v in rates.items()}
-    best_cpu = {k: max(r[1] for r in v) for k, v in rates.items()}
-    print("batch-wise keyed count (k rec/s, wall / cpu): " + ", ".join(
-        f"{k} {best[k] / 1e3:.0f} / {best_cpu[k] / 1e3:.0f}" for k in variants))  # fmt: skip
-    result["throughput_rec_s"] = {k: round(v) for k, v in best.items()}
-    result["throughput_cpu_rec_s"] = {k: round(v) for k, v in best_cpu.items()}
-    result["rocksdb_vs_hashmap"] = round(best["rocksdb"] / best["hashmap"], 3)
-    for name in ("rocksdb_no_cache", "rocksdb_small_cache"):
-        result[f"{name.replace('rocksdb', 'rocksdb_vs_hashmap')}"] = round(best[name] / best["hashmap"], 3)
-    for name in ("rocksdb", "rocksdb_no_cache", "rocksdb_small_cache"):
-        result[f"{name.replace('rocksdb', 'rocksdb_vs_hashmap')}_cpu"] = round(best_cpu[name] / best_cpu["hashmap"], 3)
-
-    target = 1024 if args.quick else 4096
-    child = subprocess.run(
-        [sys.executable, __file__, "--large-state", str(target), "--memory", args.memory],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    large = json.loads(child.stdout.strip().splitlines()[-1])
-    print(f"large state: {large['state_mb']:.0f} MiB on disk ({large['keys']} keys) with peak RSS {large['rss_mb']:.0f} MiB "
-          f"(memory budget {args.memory}), {large['seconds']:.0f} s, every probed key found: {large['all_found']}")  # fmt: skip
-    result["state_mb"] = round(large["state_mb"])
-    result["rss_mb"] = round(large["rss_mb"])
-    result["state_to_rss"] = round(large["state_mb"] / large["rss_mb"], 2)
-    result["memory_budget"] = args.memory
-    result["vs_quix"] = None
-    result["not_measured"] = {"vs_quix": "needs the keyed Kafka job on the runtime (phase 2)"}
-    print("RESULT " + json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
+        for kind in rates:
+            rates[kind].append(throughput(kind, small, records, rng))
+    best = {k: max(x[0] for x in v) for k, v in rates.items()}
+    print(f"[backend] batch-wise keyed count: hashmap {best['hashmap'] / 1e3:.0f} k rec/s, rocksdb {best['rocksdb'] / 1e3:.0f} k rec/s", flush=True)
+    result["backend_rocksdb_vs_hashmap"] = round(best["rocksdb"] / best["hashmap"], 3)
+    return result
