@@ -13,6 +13,7 @@ import pytest
 
 from tests.faults.shapes import KEYED_SHAPES, SCENARIO_LOG
 from tests.kafka_broker import TansuBroker
+from tests.postgres_server import PostgresServer
 from tests.sinks.conftest import MotoS3, _free_port
 
 _names = itertools.count()
@@ -45,6 +46,22 @@ def broker() -> Iterator[TansuBroker]:
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server from Debian's package (initdb in a temporary folder, max_prepared_transactions
+    raised, 127.0.0.1 at a free port); fails (does not skip) if it cannot start."""
+    with PostgresServer() as pg:
+        yield pg
+
+
+@pytest.fixture
+def killable_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, for fault tests: ``kill()`` is ``pg_ctl stop -m immediate`` (a
+    crash), ``start()`` brings it back (recovering from its WAL). Fails (never skips) if it cannot start."""
+    with PostgresServer() as pg:
+        yield pg
 
 
 @pytest.fixture

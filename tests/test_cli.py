@@ -36,7 +36,7 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
     assert r.exit_code == 1 and "exists" in r.output
     r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
-    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-parquet, sink, source" in r.output
+    assert r.exit_code == 1 and "allowed: generator-to-parquet, kafka-to-delta, kafka-to-iceberg, kafka-to-kafka, kafka-to-parquet, kafka-to-postgres, sink, source" in r.output
 
 
 def test_new_lists_job_and_plugin_templates() -> None:
@@ -109,6 +109,41 @@ def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_pat
     assert sorted(rows.column("id").to_pylist()) == [i for i in range(40) if i != 7]
     dead = pyarrow.dataset.dataset(str(tmp_path / "dead-letters"), format="json").to_table()
     assert dead.num_rows == 1 and dead.column("offset").to_pylist() == [40]
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("template", ["kafka-to-kafka", "kafka-to-postgres"])
+def test_sink_templates_run_against_kafka_and_postgres(template: str, broker, topic, postgres, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from confluent_kafka import Producer
+
+    from tests.kafka_sink.reader import read_topic
+
+    t, out = topic(1), topic(2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
+    for i in range(30):  # one record per produce batch: tansu's LATEST offset is then right (broker_quirks)
+        event = {"id": i % 25, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i}
+        producer.produce(t, json.dumps(event).encode(), partition=0)
+        producer.flush(10)
+    monkeypatch.chdir(tmp_path)
+    conninfo = postgres.new_database()
+    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest",
+           "OUTPUT_TOPIC": out, "POSTGRES_CONNINFO": conninfo}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    invoke("new", "sink-job", "--template", template)
+    out_text = invoke("run", "sink_job.py", "--runtime", "local")
+    assert "finished after 1 attempt(s)" in out_text
+    valid = [i for i in range(30) if i != 7]
+    if template == "kafka-to-kafka":
+        records = read_topic(broker, out)
+        assert sorted(json.loads(r.value)["amount"] for r in records) == [float(i) for i in valid]  # type: ignore[arg-type]
+        assert all(r.key == json.loads(r.value)["kind"].encode() for r in records)  # type: ignore[arg-type]
+    else:  # upsert by id: ids 0..4 came twice, the later event wins
+        rows = postgres.query("SELECT id, amount FROM events ORDER BY id", conninfo=conninfo)
+        assert rows == [(i, float(i + 25 if i < 5 else i)) for i in range(25) if i != 7]
+        assert "pg-test-secret" not in out_text
 
 
 def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:

@@ -14,7 +14,10 @@ from tests.connectors.cases import (  # noqa: F401 - fixtures
     file_sink_s3,
     generator_source,
     iceberg_table,
+    kafka_sink,
     kafka_source,
+    postgres_append,
+    postgres_upsert,
     test_sink,
     test_sink_global,
 )

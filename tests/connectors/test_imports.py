@@ -23,6 +23,7 @@ ALLOWED = (
     "sluice.keys",
     "sluice.io",
     "sluice.connectors",
+    "sluice.changes",  # the change model: a leaf the change formats share with the upsert sinks
 )
 
 

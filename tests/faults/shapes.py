@@ -36,6 +36,11 @@ from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
 SCENARIO_LOG: list[dict[str, Any]] = []
 
+#: sinks a shape can write to besides the test sink and the tables, by ``sink`` name: (make the sink that
+#: writes the output of folder ``out``, read back the rows it committed there); tests/faults/external.py
+#: registers the Kafka and PostgreSQL sinks
+EXTERNAL_SINKS: dict[str, tuple[Callable[[str], Sink[Any]], Callable[[str], list[tuple[Any, ...]]]]] = {}
+
 
 def record(
     family: str,
@@ -194,6 +199,8 @@ class Build:
         return self.scale or drawn
 
     def sink(self) -> Sink[Any]:
+        if self.sink_kind in EXTERNAL_SINKS:
+            return EXTERNAL_SINKS[self.sink_kind][0](self.out)
         if self.sink_kind != "test":
             return table_target(self.sink_kind, self.out).sink()
         return TwoPhaseCommitTestSink(self.out, global_commit=self.global_commit)
@@ -210,6 +217,8 @@ def committed_rows(sink: str, out: str) -> list[tuple[Any, ...]]:
     """What a reader sees: the test sink's committed files, or the table's current version."""
     if sink == "test":
         return rows_of(read_committed(out))
+    if sink in EXTERNAL_SINKS:
+        return EXTERNAL_SINKS[sink][1](out)
     return rows_of(table_target(sink, out).read())
 
 

@@ -115,9 +115,10 @@ def test_each_reader_decodes_with_its_own_copy(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"format": KeyedCounts}, r"format must be one of \('raw', 'json', 'csv', 'avro'\) or a decoder"),
+        ({"format": KeyedCounts}, r"format must be one of \('raw', 'json', 'csv', 'avro', 'debezium-json', 'debezium-avro', 'upsert-json', "
+         r"'upsert-avro'\) or a decoder"),
         ({"format": KeyedCounts(), "schema": KV}, "schema applies to the named formats"),
-        ({"format": KeyedCounts(), "schema_registry": "http://r:8081"}, "schema_registry applies to format 'avro' or 'json'"),
+        ({"format": KeyedCounts(), "schema_registry": "http://r:8081"}, "schema_registry applies to format 'avro' or 'debezium-avro' or 'json' or 'upsert-avro' or 'upsert-json'"),
         ({"format": KeyedCounts(), "avro_schema": '"string"'}, "avro_schema applies to format 'avro'"),
     ],
 )
@@ -155,7 +156,7 @@ def test_a_named_format_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -
     assert out.batches[0].to_pydict() == {"key": ["z"], "n": [7], "deleted": [False]}
     with pytest.raises(ConfigError, match="format 'keyed' has the schema"):
         KafkaSource("localhost:9092", "t", format="keyed", schema=pa.schema([("x", pa.int8())])).validate()
-    with pytest.raises(ConfigError, match="schema_registry applies to format 'avro' or 'json' or 'keyed'"):
+    with pytest.raises(ConfigError, match="schema_registry applies to format 'avro' or 'debezium-avro' or 'json' or 'keyed' or 'upsert-avro'"):
         KafkaSource("localhost:9092", "t", format="csv", schema_registry="http://r:8081").validate()
 
 

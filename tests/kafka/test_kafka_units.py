@@ -177,7 +177,7 @@ def test_idle_partition_is_left_out() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"format": "xml"}, r"format must be one of \('raw', 'json', 'csv', 'avro'\)"),
+        ({"format": "xml"}, r"format must be one of \('raw', 'json', 'csv', 'avro', 'debezium-json', 'debezium-avro', 'upsert-json', 'upsert-avro'\)"),
         ({"on_bad_record": "skip"}, r"on_bad_record must be one of \('fail', 'dead_letter'\)"),
         ({"poll_timeout_ms": 500}, "poll_timeout_ms must be an integer in 0..50"),
         ({"batch_size": 0}, "batch_size must be an integer >= 1"),
@@ -189,7 +189,7 @@ def test_idle_partition_is_left_out() -> None:
         ({"consumer_config": {"no.such.setting": 1}}, "consumer_config: .*no.such.setting"),
         ({"format": "raw", "schema": SCHEMA}, "apply to formats 'json', 'csv' and 'avro'"),
         ({"format": "avro"}, "format 'avro' needs schema_registry .* or avro_schema"),
-        ({"format": "csv", "schema_registry": "http://r:8081"}, "schema_registry applies to format 'avro' or 'json'"),
+        ({"format": "csv", "schema_registry": "http://r:8081"}, "schema_registry applies to format 'avro' or 'debezium-avro' or 'json'"),
         ({"format": "avro", "schema_registry": "ftp://r"}, r"schema_registry url must be http\(s\)://host"),
         ({"format": "avro", "avro_schema": '{"type": "recrod"}'}, "avro_schema: not a valid Avro schema"),
         (

@@ -21,7 +21,6 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
@@ -31,6 +30,8 @@ from typing import Any, TypeVar
 
 import tenacity
 
+from sluice.checkpoint.paths import CHECKPOINT_DIR as _DIR
+from sluice.checkpoint.paths import parse_checkpoint_uri, same_folder
 from sluice.errors import RestoreError, StorageError
 
 __all__ = [
@@ -45,7 +46,6 @@ log = logging.getLogger("sluice.checkpoint")
 T = TypeVar("T")
 
 METADATA = "_metadata"
-_DIR = re.compile(r"^(chk|savepoint)-(\d+)$")
 #: file system errors a retry may cure: I/O errors, timeouts, stale or busy handles, a lost network mount
 _TRANSIENT_ERRNOS = {
     getattr(errno, name)
@@ -387,26 +387,3 @@ def _remove(path: str) -> None:
         pass
     except OSError as exc:
         log.warning("could not remove %s: %s", path, exc)
-
-
-def same_folder(a: str, b: str) -> bool:
-    """Whether two checkpoint storage paths name the same folder (local paths resolved)."""
-
-    def norm(p: str) -> str:
-        p = p.rstrip("/")
-        if "://" in p and not p.startswith("file://"):
-            return p
-        return os.path.realpath(p.removeprefix("file://"))
-
-    return norm(a) == norm(b)
-
-
-def parse_checkpoint_uri(uri: str) -> tuple[str, str, str]:
-    """Split ``<base>/<job-id>/chk-<n>`` into (base, job id, checkpoint dir name)."""
-    trimmed = uri.rstrip("/")
-    parts = trimmed.rsplit("/", 2)
-    if len(parts) != 3 or not _DIR.match(parts[2]):
-        raise RestoreError(
-            f"{uri!r} is not a checkpoint path (expected <base>/<job-id>/chk-<n> or savepoint-<n>)"
-        )
-    return parts[0], parts[1], parts[2]

@@ -22,6 +22,7 @@ POINTS = (
     "process",  # a task processes a batch from an input channel
     "source",  # a source reader emitted a batch
     "align",  # a barrier arrived and the task is still aligning
+    "pre_commit",  # a sink writer's pre-commit is half done (data written, not yet durable or prepared)
     "snapshot_to_ack",  # state uploaded, acknowledgement not yet sent
     "complete_to_commit",  # checkpoint complete, sink has not committed yet
     "global_commit",  # checkpoint complete (metadata written), its global commit not yet done

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, SkipValidation, model_validator
+from pydantic import BaseModel, Field, SkipValidation, model_validator
 from sluice.config import _Frozen
 from sluice.connectors.kafka.config import (
     DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
@@ -135,6 +135,14 @@ class KafkaSourceOptions(_Frozen):
         SkipValidation,
         convert(lambda v: dict(v) if isinstance(v, Mapping) else v),
     ] = None
+    format_options: Annotated[
+        dict[str, Any] | None,
+        SkipValidation,
+        _must("a dict of the format's options or None", lambda v: v is None or isinstance(v, dict)),
+        convert(
+            lambda v: dict(v) if isinstance(v, Mapping) else v.model_dump() if isinstance(v, BaseModel) else v
+        ),
+    ] = None
     schema_sample_size: _Count0 = 1000
     include_metadata: _Flag = False
     csv_delimiter: Annotated[
@@ -212,7 +220,7 @@ class KafkaSourceOptions(_Frozen):
 
     def _check_format(self) -> None:
         takes = self.named_format.takes if self.named_format is not None else frozenset()
-        for option in ("schema_registry", "avro_schema"):
+        for option in ("schema_registry", "avro_schema", "format_options"):
             if getattr(self, option) is not None and option not in takes:
                 raise ConfigError(
                     f"KafkaSource: {option} applies to format {format_names(option)} (got {self.format!r})"

@@ -44,8 +44,9 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         topic_pattern: a regular expression matched against whole topic names (instead of ``topics``);
             matching topics created while the job runs are picked up by discovery.
         format: ``"raw"`` (columns key, value, headers, topic, partition, offset, timestamp), ``"json"``
-            (one object per value), ``"csv"`` (one row per value, no header), ``"avro"`` (the registry
-            :data:`~sluice.connectors.kafka.formats.FORMATS`), or a decoder of your own: an object with
+            (one object per value), ``"csv"`` (one row per value, no header), ``"avro"``, the change formats
+            ``"debezium-json"``, ``"debezium-avro"``, ``"upsert-json"``, ``"upsert-avro"`` (change batches of
+            :mod:`sluice.changes`; the registry :data:`~sluice.connectors.kafka.formats.FORMATS`), or a decoder of your own: an object with
             ``decode_messages(messages) -> Decoded`` (:class:`~sluice.connectors.kafka.formats.Decoder`),
             copied for each reader.
         schema: Arrow schema of the decoded values: unknown fields are dropped, missing ones are null. If
@@ -57,6 +58,10 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         avro_schema: Avro schema (JSON text or dict). Without a registry: the writer schema of plain Avro
             values (required). With one: the reader schema every schema id is resolved to (default: the
             newest id seen).
+        format_options: options of the change formats (``debezium-json``, ``debezium-avro``, ``upsert-json``,
+            ``upsert-avro``): key columns, tombstones, extra columns (docs/kafka.md, "Change formats"); a
+            dict or a :class:`~sluice.connectors.kafka.formats.change_options.DebeziumOptions` /
+            ``UpsertOptions``.
         schema_sample_size: json/csv without a schema: records per partition the enumerator samples at
             start to infer the schema (0: each reader infers from its first batch).
         include_metadata: json/csv: add ``_key``, ``_topic``, ``_partition``, ``_offset``, ``_timestamp``.
@@ -112,6 +117,7 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         schema: pa.Schema | None = None,
         schema_registry: str | SchemaRegistry | None = None,
         avro_schema: str | Mapping[str, Any] | None = None,
+        format_options: Mapping[str, Any] | None = None,
         schema_sample_size: int = 1000,
         include_metadata: bool = False,
         csv_delimiter: str = ",",

@@ -117,11 +117,14 @@ class _MemoryCommitter(Committer[str]):
 
 
 class _DataSource(Source):
-    """The case's data for a sink check: split ``i`` is what subtask ``i`` writes, one batch per poll."""
+    """The case's data for a sink check: split ``i`` is what subtask ``i`` writes, one batch per poll. A
+    reader ends its input only once ``linger`` checkpoints completed in its attempt, so a crash armed at a
+    checkpoint's completion fires however fast the sink writes."""
 
     name = "conformance-data"
 
-    def __init__(self, case: SinkCase) -> None:
+    def __init__(self, case: SinkCase, linger: int = 0) -> None:
+        self.linger = linger
         self.batches = {
             i: [b for r in range(1, case.rounds + 1) for b in case.data(r)[i]] for i in range(case.parallelism)
         }
@@ -172,6 +175,7 @@ class _DataEnumerator(SplitEnumerator):
 class _DataReader(SourceReader):
     def __init__(self, src: _DataSource) -> None:
         self.src, self.splits, self.no_more = src, {}, False  # type: ignore[var-annotated]
+        self.completed = 0
 
     def add_splits(self, splits: list[SourceSplit]) -> None:
         self.splits.update((s.split_id, SourceSplit(s.split_id, s.position, s.end)) for s in splits)
@@ -185,10 +189,14 @@ class _DataReader(SourceReader):
                 output.emit(self.src.batches[int(s.split_id)][s.position])
                 s.position += 1
                 return InputStatus.MORE_AVAILABLE
-        return InputStatus.END_OF_INPUT if self.no_more else InputStatus.NOTHING_AVAILABLE
+        done = self.no_more and self.completed >= self.src.linger
+        return InputStatus.END_OF_INPUT if done else InputStatus.NOTHING_AVAILABLE
 
     def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
         return [SourceSplit(s.split_id, s.position, s.end) for s in self.splits.values()]
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed += 1
 
 
 def _run(pipeline: Pipeline, faults: FaultInjector, what: str) -> None:
@@ -254,7 +262,7 @@ def check_sink_in_a_job(case: SinkCase, crash_after: int = 1) -> None:
             checkpoint={"interval": 0.05, "storage": storage},
             restart=FixedDelayRestart(attempts=5, delay=0),
         )
-        p.source(_DataSource(case)).sink(t.sink, name="sink-under-test")
+        p.source(_DataSource(case, linger=crash_after + 1)).sink(t.sink, name="sink-under-test")
         what = "a job that crashed between a checkpoint's completion and its commit"
         try:
             _run(p, FaultInjector(point="complete_to_commit", after=crash_after), what)

@@ -18,25 +18,42 @@ from sluice.connectors.kafka.formats.base import (
     FormatOptions,
     ValueDecoder,
 )
+from sluice.connectors.kafka.formats.change_options import DebeziumOptions, UpsertOptions
 from sluice.connectors.kafka.formats.csv import CsvFormat
+from sluice.connectors.kafka.formats.debezium import DebeziumAvroFormat, DebeziumJsonFormat
 from sluice.connectors.kafka.formats.json import JsonFormat
 from sluice.connectors.kafka.formats.messages import Messages
 from sluice.connectors.kafka.formats.raw import RawFormat
+from sluice.connectors.kafka.formats.upsert import UpsertAvroFormat, UpsertJsonFormat
 
 __all__ = [
     "FORMATS",
+    "DebeziumOptions",
     "Decoded",
     "Decoder",
     "Format",
     "FormatOptions",
     "Messages",
+    "UpsertOptions",
     "ValueDecoder",
     "format_names",
     "make_decoder",
 ]
 
 #: every named format, in the order error messages list them
-FORMATS: dict[str, Format] = {f.name: f for f in (RawFormat(), JsonFormat(), CsvFormat(), AvroFormat())}
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        RawFormat(),
+        JsonFormat(),
+        CsvFormat(),
+        AvroFormat(),
+        DebeziumJsonFormat(),
+        DebeziumAvroFormat(),
+        UpsertJsonFormat(),
+        UpsertAvroFormat(),
+    )
+}
 
 
 def format_names(option: str | None = None) -> str:

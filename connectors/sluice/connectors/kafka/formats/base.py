@@ -140,6 +140,8 @@ class FormatOptions(Protocol):
     @property
     def avro_schema(self) -> str | Mapping[str, Any] | None: ...
     @property
+    def format_options(self) -> Mapping[str, Any] | None: ...
+    @property
     def csv_delimiter(self) -> str: ...
     @property
     def include_metadata(self) -> bool: ...
@@ -155,7 +157,8 @@ class Format(ABC):
     Attributes:
         name: the ``format=`` name.
         takes: the options beyond ``schema`` and ``include_metadata`` this format reads
-            (``"schema_registry"``, ``"avro_schema"``); the source refuses them for formats that do not.
+            (``"schema_registry"``, ``"avro_schema"``, ``"format_options"``); the source refuses them for
+            formats that do not.
     """
 
     name: ClassVar[str]
