@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,9 +123,15 @@ def restores(bootstrap: str, topic: str, ends: dict[int, int], rounds: int) -> d
             # the last checkpoint taken while the task ran (later ones reference its final state's files as
             # copies the coordinator made, of which the subtask has no local copy)
             latest = str(max((c for c in first.checkpoints if keyed_stats(c)["full"]), key=lambda c: c.checkpoint_id).path)
+            # a restored job's own last checkpoint retires the local copies it does not reference: each
+            # local restore starts from the local folder as the first job left it
+            local = os.path.join(root, "local")
+            shutil.copytree(local, f"{local}-kept", symlinks=True)
             times: dict[str, list[float]] = {"local": [], "remote": []}
             for _ in range(rounds):
                 for where in times:
+                    shutil.rmtree(local)
+                    shutil.copytree(f"{local}-kept", local, symlinks=True)
                     run = run_job(bootstrap, topic, ends, config("rocksdb", root, local_recovery=where == "local"),
                                   "s3://checkpoints/job", interval=None, restore=latest, **options)  # fmt: skip
                     took = run.gauge("state_restore_s")
