@@ -1,6 +1,6 @@
 """Exactly-once into Kafka and PostgreSQL under crashes at every lifecycle point, a restore at another
 parallelism, and on the Spark runtime (slots killed with SIGKILL): the committed output (the topic read per
-tests/kafka_sink/reader.py, the table's rows) equals a failure-free run of the same shape into the test sink.
+tests/sinks/kafka/reader.py, the table's rows) equals a failure-free run of the same shape into the test sink.
 
 Crash points: while processing, between a pre-commit and its acknowledgement, between a checkpoint's
 completion and its commit, in the middle of a commit (Kafka: records sent, transaction open; PostgreSQL:

@@ -13,7 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SINKS = ROOT / "sinks"
 IO = ROOT / "core" / "sluice" / "io"
 #: what a sink may import of the core
-SINK_ALLOWED = ("sluice.sink", "sluice.serializers", "sluice.errors", "sluice.config", "sluice.io", "sluice.sinks")
+SINK_ALLOWED = (
+    "sluice.sink",
+    "sluice.serializers",
+    "sluice.errors",
+    "sluice.config",
+    "sluice.io",
+    "sluice.changes",  # the change model: a leaf the upsert sinks share with the change formats
+    "sluice.sinks",
+)
 
 
 def _name(base: Path, path: Path) -> str:

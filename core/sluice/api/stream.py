@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.api.dedup_joins import DedupJoinMethods
 from sluice.errors import ConfigError, GraphError
 from sluice.functions import KeyedProcessFunction
 from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, Partitioning
@@ -21,7 +22,11 @@ from sluice.operators.stateless import (
     MapOperator,
     PassThroughOperator,
 )
+from sluice.operators.windows.spec import Duration, Session, Sliding, Tumbling, WindowAssigner
 from sluice.sink import Sink
+
+if TYPE_CHECKING:
+    from sluice.api.windowed import WindowedStream
 
 __all__ = ["KeyedStream", "Stream"]
 
@@ -43,8 +48,11 @@ class GraphBuilder(Protocol):
     ) -> LogicalNode: ...
 
 
-class Stream:
+class Stream(DedupJoinMethods):
     """A stream of record batches produced by one node of a pipeline (optionally one of its side outputs).
+
+    Stateful steps beyond ``key_by(...).process``: ``deduplicate``, ``join_latest`` and ``interval_join``
+    (:class:`~sluice.api.dedup_joins.DedupJoinMethods`).
 
     ``schema`` is the stream's Arrow schema where the job knows it before it runs (a source that declares
     it, then filters, exchanges, unions and operators given ``schema=``); sinks check it at build time.
@@ -190,7 +198,7 @@ class Stream:
 
 
 class KeyedStream:
-    """A stream partitioned by key: follow with ``process`` or ``reduce``."""
+    """A stream partitioned by key: follow with ``process``, ``reduce`` or ``window(...).aggregate(...)``."""
 
     def __init__(self, stream: Stream, key: KeySelector) -> None:
         self.stream = stream
@@ -227,3 +235,37 @@ class KeyedStream:
     ) -> Stream:
         """Running reduction per key, ``fn(acc, row) -> acc``; emits the updated value for every input row."""
         return self.process(ReduceFunction(fn), name=name or "reduce", parallelism=parallelism)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        time: str | None = None,
+        processing_time: bool = False,
+        allowed_lateness: Duration = 0,
+    ) -> WindowedStream:
+        """Cut each key's records into windows (``Tumbling``, ``Sliding`` or ``Session`` from
+        :mod:`sluice.windows`) by the event-time column ``time`` (int64 ms or a timestamp; windows close as
+        the watermark passes their end) or by ``processing_time``; follow with ``.aggregate(...)``.
+
+        ``allowed_lateness``: how long after a window's end records still update its result (docs/windows.md).
+        """
+        from sluice.api.windowed import window_of
+
+        return window_of(self, assigner, time, processing_time, allowed_lateness)
+
+    def tumbling_window(self, size: Duration, *, time: str | None = None, processing_time: bool = False,
+                        allowed_lateness: Duration = 0) -> WindowedStream:
+        """``window(Tumbling(size), ...)``."""
+        return self.window(Tumbling(size), time=time, processing_time=processing_time, allowed_lateness=allowed_lateness)
+
+    def sliding_window(self, size: Duration, slide: Duration, *, time: str | None = None,
+                       processing_time: bool = False, allowed_lateness: Duration = 0) -> WindowedStream:
+        """``window(Sliding(size, slide), ...)`` (hopping windows)."""
+        return self.window(Sliding(size, slide), time=time, processing_time=processing_time,
+                           allowed_lateness=allowed_lateness)
+
+    def session_window(self, gap: Duration, *, time: str | None = None, processing_time: bool = False,
+                       allowed_lateness: Duration = 0) -> WindowedStream:
+        """``window(Session(gap), ...)``."""
+        return self.window(Session(gap), time=time, processing_time=processing_time, allowed_lateness=allowed_lateness)

@@ -301,6 +301,8 @@ class Task:
         t0 = time.monotonic() if self.io is not None else 0.0
         status = self.reader.poll_next(self._source_output)
         if status is InputStatus.END_OF_INPUT:
+            if self.status is TaskStatus.RUNNING:  # bounded input: event time runs to its end (as Flink)
+                self._source_output.emit_watermark(MAX_WATERMARK)
             self._end_input()
             return True
         if status is InputStatus.NOTHING_AVAILABLE:

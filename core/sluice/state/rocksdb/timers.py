@@ -72,7 +72,9 @@ class RocksDBTimerService(TimerService):
             if head is None or head > upto:
                 continue
             prefix = self._prefix(domain, kg)
-            found = list(self._be.scan(prefix, prefix + encode_timestamp(upto + 1), len(prefix)))
+            # the end of event time (2**63 - 1) has no successor timestamp: scan to the end of the prefix
+            stop = successor(prefix) if upto >= _SIGN - 1 else prefix + encode_timestamp(upto + 1)
+            found = list(self._be.scan(prefix, stop, len(prefix)))
             self._be.delete_many([prefix + rest for rest, _ in found])
             due.extend(Timer(ts, kg, key, ns) for ts, key, ns in (decode_timer(rest, 0) for rest, _ in found))
             self._heads.pop((domain, kg), None)
