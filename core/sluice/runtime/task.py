@@ -213,7 +213,10 @@ class Task:
         for op in self.operators:
             keyed = r.keyed.get(op.name, []) if r else []
             states = r.operator.get(op.name, []) if r else []
+            t0 = time.perf_counter()
             op.initialize_state(keyed, states)
+            if keyed:  # how long restoring the operator's keyed state took (local copy or checkpoint storage)
+                op.ctx.gauge("state_restore_s", time.perf_counter() - t0)
         for op in self.operators:
             op.open()
         if self.reader is not None:
