@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sluice.connectors.kafka import KafkaSource
 from sluice.connectors.kafka.formats import Messages, make_decoder
 
-from tests.kafka.change_events import DBZ_ENVELOPE, DBZ_KEY, connect_json, event, json_key
-from tests.kafka.fakes import FakeMessage
-from tests.kafka.registry_server import RecordedSchemaRegistry, avro_wire
+from tests.connectors.kafka.change_events import DBZ_ENVELOPE, DBZ_KEY, connect_json, event, json_key
+from tests.connectors.kafka.fakes import FakeMessage
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_wire
 
 
 def customer(i: int) -> dict[str, Any]:

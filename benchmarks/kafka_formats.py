@@ -1,6 +1,6 @@
 """Kafka -> Parquet with Avro (schema registry) against JSON, in one run; and the decoders alone.
 
-Starts a tansu broker and the recorded schema registry of the tests (tests/kafka/registry_server.py),
+Starts a tansu broker and the recorded schema registry of the tests (tests/connectors/kafka/registry_server.py),
 produces ``--messages`` order records twice into 4 partitions -- as JSON text and as Avro in the Confluent
 wire format (schema id 1) -- and measures on the same data:
 
@@ -45,8 +45,8 @@ from sluice.connectors.kafka.formats.avro import AvroDecoder
 from sluice.connectors.kafka.formats.avro_schema import AvroSchema, read_records
 from sluice.connectors.kafka.formats.json import JsonDecoder
 
-from tests.kafka.registry_server import RecordedSchemaRegistry, avro_wire
-from tests.kafka.test_formats_units import ORDER_V1
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_wire
+from tests.connectors.kafka.test_formats_units import ORDER_V1
 
 PARTITIONS = 4
 SCHEMA = pa.schema(

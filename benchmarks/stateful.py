@@ -9,8 +9,7 @@ on that topic, one after another, each reading it whole into Parquet files:
   sum("amount"), max("amount"))`` (``--backend`` hashmap or rocksdb), its result checked against pyarrow's
   ``group_by`` over the produced events;
 * ``keyed_process``: the same aggregation as a ``KeyedProcessFunction`` (today's per-key model: map state of
-  window start -> [count, sum, max] and an event-time timer per key and window; its last window never fires:
-  the end of a bounded input sends it no final watermark);
+  window start -> [count, sum, max] and an event-time timer per key and window);
 * ``quix``: Quix Streams (benchmark extra ``bench``) ``tumbling_window(1 min).agg(Count, Sum, Max).final()``
   into its local Parquet sink, at-least-once, state in local RocksDB without changelog topics (tansu does
   not report the topic configuration Quix derives them from); its rate is the events over the time from
@@ -18,7 +17,10 @@ on that topic, one after another, each reading it whole into Parquet files:
   whose times include their start).
 
 Ratios: ``window_vs_stateless`` (target >= 0.6), ``window_vs_quix`` (>= 10), ``window_vs_keyed_process``
-(>= 5). The last line is ``RESULT {json}``.
+(>= 5). Then, in the same run, ``benchmarks/stateful_dedup_join.py`` (its own topics: deduplication needs
+10M distinct keys, the join 1M dimension rows; ``--quick`` passed on) adds ``dedup_vs_stateless`` and
+``join_vs_stateless`` (targets >= 0.5) against its own stateless baseline; ``--no-dedup-join`` skips it.
+The last line is ``RESULT {json}``.
 
 Usage: python benchmarks/stateful.py [--quick] [--messages 2000000] [--keys 100000] [--backend hashmap]
 (Quix needs ``pip install -e ".[bench]"``, best in a venv of its own: it pins older confluent-kafka.)
@@ -30,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -174,11 +177,6 @@ def check(kind: str, out: Path, expected: pa.Table) -> None:
             raise RuntimeError(f"stateless: committed {got.num_rows} rows, expected {expected.num_rows}")
         return
     ref = reference(expected)
-    if kind == "keyed_process":
-        # a bounded input's end sends no final watermark to a KeyedProcessFunction: its last window's timers
-        # never fire (the window operator fires every window when its input ends)
-        last = pc.max(ref.column("window_start"))
-        ref = ref.filter(pc.less(ref.column("window_start"), last))
     key = ["user", "window_start"]
     g = got.select([*key, "count", "sum_amount", "max_amount"]).sort_by([(k, "ascending") for k in key])
     r = ref.select([*key, "user_count", "amount_sum", "amount_max"]).sort_by([(k, "ascending") for k in key])
@@ -251,6 +249,7 @@ def main() -> None:
     ap.add_argument("--parallelism", type=int, default=1)
     ap.add_argument("--backend", choices=["hashmap", "rocksdb"], default="hashmap")
     ap.add_argument("--quick", action="store_true", help="200k events over 10k keys")
+    ap.add_argument("--no-dedup-join", action="store_true", help="skip benchmarks/stateful_dedup_join.py")
     args = ap.parse_args()
     if args.quick:
         args.messages, args.keys = 200_000, 10_000
@@ -288,7 +287,21 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if not args.no_dedup_join:
+        result.update(dedup_join(args.quick))
     print("RESULT " + json.dumps(result))
+
+
+def dedup_join(quick: bool) -> dict[str, Any]:
+    """Run benchmarks/stateful_dedup_join.py (its output passed through) and return its RESULT's ratios."""
+    script = Path(__file__).with_name("stateful_dedup_join.py")
+    run = subprocess.run(
+        [sys.executable, str(script), *(["--quick"] if quick else [])], capture_output=True, text=True, check=True
+    )
+    print(run.stdout, end="", flush=True)
+    found = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    keys = ("dedup_vs_stateless", "join_vs_stateless", "dedup_vs_stateless_cpu", "join_vs_stateless_cpu")
+    return {k: found[k] for k in keys} | {"dedup_join_events_per_s": found["events_per_s"]}
 
 
 if __name__ == "__main__":

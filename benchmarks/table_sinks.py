@@ -43,7 +43,7 @@ from sluice.sinks.files import FileSink
 from sluice.sinks.tables import RewritePolicy
 
 from tests.kafka_broker import TansuBroker
-from tests.tables.helpers import Target
+from tests.sinks.tables.helpers import Target
 
 SCHEMA = pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("kind", pa.string()), ("amount", pa.float64()), ("payload", pa.string())])
 TOPIC = "tables-bench"

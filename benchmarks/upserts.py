@@ -14,11 +14,16 @@ Reports, per format, the commit time of each checkpoint and its median (``delta_
 median time of sluice's Iceberg merge of the first checkpoint's changes / that of pyiceberg's ``delete`` +
 ``upsert`` (in one transaction) of the same changes, each into its own copy of one table (registered from the
 same metadata), alternating over ``--rounds`` rounds (target <= 0.1). The Delta and the Iceberg table are
-compared after every checkpoint, and sluice's and pyiceberg's result in every round. Last line:
-``RESULT {json}``.
+compared after every checkpoint, and sluice's and pyiceberg's result in every round.
+
+``upsert_vs_append`` (per format, and the lower of the two): end-to-end throughput of a change-data job into
+the sink in upsert mode, 10 s checkpoints, / the same job appending the same events
+(benchmarks/upsert_e2e.py; ``--e2e-events``, ``--e2e-keys``; ``--e2e-only`` skips the merge figures,
+``--skip-e2e`` this one). Target >= 0.5. Last line: ``RESULT {json}``.
 
 Usage: python benchmarks/upserts.py [--rows 10000000] [--changes 100000] [--checkpoints 3] [--files 10]
-       [--hot 1.0] [--rounds 3] [--skip-pyiceberg]
+       [--hot 1.0] [--rounds 3] [--skip-pyiceberg] [--e2e-events 4000000] [--e2e-keys 500000]
+       [--e2e-interval 10] [--e2e-only | --skip-e2e]
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sluice.sinks.iceberg.upsert import pyiceberg_upsert
 from sluice.sinks.tables.changes import Op, change_table
 
-from tests.tables.helpers import Target
-from tests.tables.upserts import Upserts
+from benchmarks.upsert_e2e import upsert_vs_append
+from tests.sinks.tables.helpers import Target
+from tests.sinks.tables.upserts import Upserts
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("kind", pa.string()), ("ts", pa.int64())]
@@ -182,11 +188,25 @@ def main() -> None:
     ap.add_argument("--hot", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-pyiceberg", action="store_true")
+    ap.add_argument("--e2e-events", type=int, default=4_000_000)
+    ap.add_argument("--e2e-keys", type=int, default=500_000, help="keys per split")
+    ap.add_argument("--e2e-interval", type=float, default=10.0)
+    ap.add_argument("--e2e-batch", type=int, default=10_000)
+    ap.add_argument("--e2e-only", action="store_true")
+    ap.add_argument("--skip-e2e", action="store_true")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sluice-upserts-bench-"))
     try:
-        sets = change_sets(args.rows, args.changes, args.checkpoints, args.hot)
         result: dict[str, Any] = {}
+        if not args.skip_e2e:
+            e2e = upsert_vs_append(root, args.e2e_events, args.e2e_keys, args.e2e_interval, args.e2e_batch)
+            result["e2e"] = e2e
+            result["upsert_vs_append"] = min(e2e["delta"]["upsert_vs_append"], e2e["iceberg"]["upsert_vs_append"])
+            result.update(e2e_events=args.e2e_events, e2e_keys=args.e2e_keys, e2e_interval=args.e2e_interval)
+        if args.e2e_only:
+            print("RESULT " + json.dumps(result))
+            return
+        sets = change_sets(args.rows, args.changes, args.checkpoints, args.hot)
         for kind in ("delta", "iceberg"):
             result[kind] = run_format(kind, root, args, sets)
             shutil.rmtree(root / kind, ignore_errors=True)

@@ -14,6 +14,7 @@ import pytest
 from tests.faults.shapes import KEYED_SHAPES, SCENARIO_LOG
 from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
+from tests.runtimes import BOTH
 from tests.sinks.conftest import MotoS3, _free_port
 
 _names = itertools.count()
@@ -35,6 +36,15 @@ def spark() -> Iterator[Any]:
     sc = spark_context(SPARK_SLOTS)
     yield sc
     sc.stop()
+
+
+@pytest.fixture(params=BOTH)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """Each runtime in turn, for job tests that must hold on both (tests/runtimes.py): ``"spark"`` runs on
+    the session's SparkContext (the ``spark`` fixture, started once), ``"local"`` in-process."""
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

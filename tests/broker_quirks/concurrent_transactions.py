@@ -58,7 +58,7 @@ def main(trials: int = 100) -> None:
     print(f"  read_committed ListOffsets stuck at 0 after all commits returned: {stuck} trial(s)")
     print(f"  acknowledged commits whose offsets were never applied: {lost}")
     print("Kafka: 0 and 0. Workaround (tests): read with read_uncommitted to each partition's fetch end and decide")
-    print("  what was committed from the sink's lineage header (tests/kafka_sink/reader.py).")
+    print("  what was committed from the sink's lineage header (tests/sinks/kafka/reader.py).")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.cluster.standalone import Proc, StandaloneCluster
-from tests.kafka.helpers import json_values
+from tests.connectors.kafka.helpers import json_values
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import FINAL
 

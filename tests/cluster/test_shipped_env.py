@@ -3,7 +3,7 @@ from the package index), packed by ``sluice package``, submitted with the line i
 run the unpacked archive's Python and sluice, not the driver's virtualenv (nor this checkout's).
 
 Slow (installs every dependency into a new virtualenv and ships a ~200 MB archive), so ``-m cluster``
-only; tests/test_package.py is the cheap half in the default run.
+only; tests/cli/test_package.py is the cheap half in the default run.
 """
 
 from __future__ import annotations

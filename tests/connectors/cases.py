@@ -25,11 +25,11 @@ from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
 from tests.kafka_broker import TansuBroker
-from tests.kafka_sink.reader import HEADER
-from tests.kafka_sink.reader import read_committed as read_kafka_committed
 from tests.postgres_server import PostgresServer
 from tests.sinks.conftest import MotoS3
-from tests.tables.helpers import Target
+from tests.sinks.kafka.reader import HEADER
+from tests.sinks.kafka.reader import read_committed as read_kafka_committed
+from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
 SOURCE_CASES = ["generator_source", "kafka_source"]
@@ -195,7 +195,7 @@ def iceberg_table(tmp_path: Path) -> SinkCase:
 
 @pytest.fixture
 def kafka_sink(broker: TansuBroker) -> SinkCase:
-    """Exactly-once into a 3-partition topic; read back per tests/kafka_sink/reader.py (the kit's crash in the
+    """Exactly-once into a 3-partition topic; read back per tests/sinks/kafka/reader.py (the kit's crash in the
     middle of a commit leaves an aborted transaction, which tansu delivers to read_committed readers). Staged
     records live in the checkpoint: nothing is staged on the broker between transactions.
 

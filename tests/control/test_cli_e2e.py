@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.connectors.kafka.helpers import produce_json
 from tests.control.conftest import sluice, sluice_json, wait_for
-from tests.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
 pytestmark = pytest.mark.kafka

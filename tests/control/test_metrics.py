@@ -20,8 +20,8 @@ from sluice.control.progress import summary_line
 from sluice.sinks.testing import TwoPhaseCommitTestSink
 from sluice.testing import FaultInjector
 
+from tests.connectors.kafka.helpers import produce_json
 from tests.control.conftest import wait_for
-from tests.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
 ROOT = Path(__file__).resolve().parents[2]

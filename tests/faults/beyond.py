@@ -3,7 +3,7 @@ each sees, waiting for conditions, leftovers, and the scenario log.
 
 The input is the generator source's (ids ``0 .. splits * per_split - 1``, each once), slowed to a rate so a
 fault lands while the job runs; whatever happens, the committed output is compared with it. Sinks: the file
-sink (Parquet), Delta and Iceberg (tests/tables/helpers.py), all on a local folder unless S3 is asked for.
+sink (Parquet), Delta and Iceberg (tests/sinks/tables/helpers.py), all on a local folder unless S3 is asked for.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sluice.sinks.files import FileSink
 from tests.faults.contract import missing
 from tests.faults.shapes import record
 from tests.sinks.conftest import read_visible
-from tests.tables.helpers import Target
+from tests.sinks.tables.helpers import Target
 
 __all__ = [
     "SINKS",

@@ -2,7 +2,7 @@
 
 A shape's output folder names its output: a topic (3 partitions) on the session's tansu broker, a table in a
 database of the session's PostgreSQL server. The Kafka sink tags records with its lineage header so the rows
-it committed are read per tests/kafka_sink/reader.py (tansu delivers aborted transactions' records to
+it committed are read per tests/sinks/kafka/reader.py (tansu delivers aborted transactions' records to
 read_committed readers).
 """
 
@@ -16,8 +16,8 @@ from sluice.sink import Sink
 
 from tests.faults.shapes import EXTERNAL_SINKS, rows_of
 from tests.kafka_broker import TansuBroker
-from tests.kafka_sink.reader import HEADER, read_committed
 from tests.postgres_server import PostgresServer
+from tests.sinks.kafka.reader import HEADER, read_committed
 
 __all__ = ["use_kafka", "use_postgres"]
 

@@ -209,8 +209,8 @@ class Build:
 
 
 def table_target(kind: str, out: str) -> Any:
-    """The Delta or Iceberg table a shape's sink writes under ``out`` (tests/tables/helpers.py)."""
-    from tests.tables.helpers import Target
+    """The Delta or Iceberg table a shape's sink writes under ``out`` (tests/sinks/tables/helpers.py)."""
+    from tests.sinks.tables.helpers import Target
 
     return Target(kind, out, {}, out)
 

@@ -1,6 +1,6 @@
 """Exactly-once into Kafka and PostgreSQL under crashes at every lifecycle point, a restore at another
 parallelism, and on the Spark runtime (slots killed with SIGKILL): the committed output (the topic read per
-tests/kafka_sink/reader.py, the table's rows) equals a failure-free run of the same shape into the test sink.
+tests/sinks/kafka/reader.py, the table's rows) equals a failure-free run of the same shape into the test sink.
 
 Crash points: while processing, between a pre-commit and its acknowledgement, between a checkpoint's
 completion and its commit, in the middle of a commit (Kafka: records sent, transaction open; PostgreSQL:
@@ -29,11 +29,20 @@ pytestmark = pytest.mark.faults
 
 POINTS = {
     "kafka": ("process", "snapshot_to_ack", "complete_to_commit", "commit", "final_checkpoint"),
-    "postgres": ("process", "snapshot_to_ack", "complete_to_commit", "commit", "pre_commit", "final_checkpoint"),
+    "postgres": (
+        "process",
+        "snapshot_to_ack",
+        "complete_to_commit",
+        "commit",
+        "pre_commit",
+        "final_checkpoint",
+    ),
 }
 POINTS["postgres_upsert"] = POINTS["postgres"]
 #: (sink, scenario) of the default run: every point of each sink at least once
-FAST_CASES = [(s, i) for s in ("kafka", "postgres") for i in range(10)] + [("postgres_upsert", i) for i in range(6)]
+FAST_CASES = [(s, i) for s in ("kafka", "postgres") for i in range(10)] + [
+    ("postgres_upsert", i) for i in range(6)
+]
 SOAK = 150
 
 
@@ -53,7 +62,9 @@ def sink_hits(shape: str, seed: int, sink: str) -> dict[str, int]:
     with tempfile.TemporaryDirectory(prefix=f"sluice-hits-{sink}-") as d:
         run = run_shape(SHAPE[shape], seed, counter, sink=sink, directory=d)
     assert run.error is None, run.error
-    assert tuple(run.rows) == reference(shape, seed), f"{shape} into {sink}: output differs from the test sink's"
+    assert tuple(run.rows) == reference(shape, seed), (
+        f"{shape} into {sink}: output differs from the test sink's"
+    )
     return dict(counter.hits)
 
 
@@ -100,7 +111,9 @@ def test_crash_then_restore_at_another_parallelism(sink: str, i: int, tmp_path: 
     faults = FaultInjector(point="complete_to_commit", after=0)
     first = run_shape(SHAPE[shape], seed, faults, attempts=0, directory=str(tmp_path), scale=rng.choice([3, 4]),
                       sink=sink)  # fmt: skip
-    assert first.error is not None and faults.all_fired, f"{shape}: the first run did not crash ({faults.fired})"
+    assert first.error is not None and faults.all_fired, (
+        f"{shape}: the first run did not crash ({faults.fired})"
+    )
     second = run_shape(SHAPE[shape], seed, None, directory=str(tmp_path), scale=rng.choice([1, 2]),
                        restore="latest", sink=sink)  # fmt: skip
     label = f"{shape} into {sink} seed={seed} fired={faults.fired}"
@@ -128,10 +141,39 @@ def test_spark_slot_killed(sink: str, point: str, after: int, spark: Any, tmp_pa
     shape, seed = "keyed", 2
     expected = reference(shape, seed)
     faults = SparkFaultInjector([SlotCrash(point, after, attempt=0, slot=0, how="kill")])
-    run = run_shape(SHAPE[shape], seed, faults, runtime="spark", sink=sink, directory=str(tmp_path), attempts=4)
+    run = run_shape(
+        SHAPE[shape], seed, faults, runtime="spark", sink=sink, directory=str(tmp_path), attempts=4
+    )
     fired = len(faults.fired) == 1
     if fired:
         record(f"sink-{sink}-spark", point, shape, "aligned", True, 1, run.rows, expected)
     assert run.error is None, run.error
     assert fired, f"the crash did not fire: {faults.fired}"
     check_exactly_once(f"{shape} into {sink} on Spark, {point}", run.rows, expected)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    "sink",
+    [
+        "postgres",
+        pytest.param("kafka", marks=pytest.mark.soak),
+        pytest.param("postgres_upsert", marks=pytest.mark.soak),
+    ],
+)
+def test_crash_then_restore_on_spark_at_another_parallelism(sink: str, spark: Any, tmp_path: Path) -> None:
+    """As above, the restore on the Spark runtime: its slots commit what writer subtasks of the crashed run
+    (a parallelism that no longer exists) pre-committed."""
+    shape, seed, _, _ = scenario(2)
+    expected = reference(shape, seed)
+    faults = FaultInjector(point="complete_to_commit", after=0)
+    first = run_shape(SHAPE[shape], seed, faults, attempts=0, directory=str(tmp_path), scale=3, sink=sink)
+    assert first.error is not None and faults.all_fired, (
+        f"{shape}: the first run did not crash ({faults.fired})"
+    )
+    second = run_shape(SHAPE[shape], seed, None, runtime="spark", directory=str(tmp_path), scale=2,
+                       restore="latest", sink=sink, attempts=4)  # fmt: skip
+    label = f"{shape} into {sink} seed={seed}, restored on Spark"
+    assert second.error is None, f"{label}: {second.error}"
+    record(f"sink-{sink}-rescale-spark", 0, shape, "aligned", True, 1, second.rows, expected)
+    check_exactly_once(label, second.rows, expected)

@@ -24,6 +24,7 @@ from sluice import FixedDelayRestart, JobClient, Pipeline
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.files import FileSink
 
+from tests.connectors.kafka.helpers import produce_json
 from tests.faults.beyond import (
     SINKS,
     UNHANDLED_THREAD_ERRORS_FAIL,
@@ -34,7 +35,6 @@ from tests.faults.beyond import (
     wait_until,
 )
 from tests.faults.contract import OVER_LIMIT, checkpoint_config, kafka_options, missing
-from tests.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import read_visible
 

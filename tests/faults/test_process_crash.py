@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.connectors.kafka.helpers import produce_json
 from tests.faults.shapes import record
-from tests.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import FINAL, MotoS3, read_visible, s3_keys
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.api.dedup_joins import DedupJoinMethods
 from sluice.errors import ConfigError, GraphError
 from sluice.functions import KeyedProcessFunction
 from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, Partitioning
@@ -47,8 +48,11 @@ class GraphBuilder(Protocol):
     ) -> LogicalNode: ...
 
 
-class Stream:
+class Stream(DedupJoinMethods):
     """A stream of record batches produced by one node of a pipeline (optionally one of its side outputs).
+
+    Stateful steps beyond ``key_by(...).process``: ``deduplicate``, ``join_latest`` and ``interval_join``
+    (:class:`~sluice.api.dedup_joins.DedupJoinMethods`).
 
     ``schema`` is the stream's Arrow schema where the job knows it before it runs (a source that declares
     it, then filters, exchanges, unions and operators given ``schema=``); sinks check it at build time.

@@ -20,12 +20,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.state.handles import persisted_bytes, total_bytes
 from sluice.state.shared_registry import SharedRef, shared_refs
 
 __all__ = [
     "CheckpointFileTransfer",
     "FinishedKeyedState",
-    "ack_shared", "is_absolute", "keyed_is_empty", "localize", "refs_of"]
+    "ack_shared", "is_absolute", "keyed_is_empty", "keyed_sizes", "localize", "refs_of"]
 
 
 def is_absolute(path: str) -> bool:
@@ -81,6 +82,17 @@ def ack_shared(keyed_handles: Iterable[Any]) -> list[list[Any]]:
     """What an acknowledgement says of the shared files its keyed state handles reference:
     ``[[path, placeholder], ...]`` (plain data, paths relative to the job's folder)."""
     return [[r.path, r.placeholder] for r in shared_refs(h for h in keyed_handles if h)]
+
+
+def keyed_sizes(keyed_handles: Iterable[Any]) -> dict[str, int]:
+    """What a subtask's checkpoint statistics say of its keyed state: ``keyed_bytes``, everything its
+    handles reference (what a restore reads), and ``keyed_persisted_bytes``, what this checkpoint wrote (the
+    files it uploaded, not the ones it reuses from earlier checkpoints, and state inline in the task file)."""
+    handles = [h for h in keyed_handles if h]
+    return {
+        "keyed_bytes": sum(total_bytes(h) for h in handles),
+        "keyed_persisted_bytes": sum(persisted_bytes(h) for h in handles),
+    }
 
 
 def refs_of(handles: Iterable[dict[str, Any]]) -> list[SharedRef]:

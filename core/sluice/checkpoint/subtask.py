@@ -29,7 +29,7 @@ import pyarrow as pa
 from sluice.checkpoint.channel_state import ChannelState, ChannelStateRecorder
 from sluice.checkpoint.payload import encode_task_state
 from sluice.checkpoint.snapshot import OperatorSnapshot
-from sluice.checkpoint.state_files import ack_shared
+from sluice.checkpoint.state_files import ack_shared, keyed_sizes
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.events import (
     AlignmentMode,
@@ -315,6 +315,7 @@ class SubtaskCheckpointing:
                     "switched": p.switched,
                     "inflight_bytes": p.channel_state.nbytes,
                     "state_bytes": len(data),
+                    **keyed_sizes(keyed),
                 },
             }
             self._responder.acknowledge(task_id, cid, handle)

@@ -9,10 +9,13 @@
   stage) and how ``Stream.sink`` expands into them; :mod:`~sluice.operators.committables` - commits with
   retries, and how committables and writer state are stored.
 
+* :mod:`~sluice.operators.dedup` - deduplication within a horizon (keep the first, or the last by a column);
+  :mod:`~sluice.operators.joins` - the enrichment (latest row per key) and interval joins, two-input
+  operators; :mod:`~sluice.operators.batchwise` - their helpers over whole batches.
+
 Stateful operators to come go beside them, one module per family: windows (``operators/windows.py``:
 Arrow partial aggregates per key group, key and window, fired by the watermark through the keyed backend's
-timers),
-deduplication (``operators/dedup.py``) and joins (``operators/joins.py``), each keyed, working on whole
+timers). Like deduplication and the joins, each is keyed, working on whole
 batches with batch-wise state access (ARCHITECTURE.md section 4b): ``ctx.create_keyed_backend(uid)`` in
 ``setup``, ``backend.key_batch(columns)`` and ``backend.batch_state(descriptor)`` per batch, the backend's
 snapshot as ``OperatorSnapshot(keyed=...)``, its restore in ``initialize_state``, checkpoint notifications

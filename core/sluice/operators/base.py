@@ -66,11 +66,12 @@ class OperatorContext:
     #: temporary folder, for operators run outside a job)
     state_files: FileTransfer | None = None
 
-    def create_keyed_backend(self, uid: str) -> KeyedStateBackend:
+    def create_keyed_backend(self, uid: str, clock: Callable[[], int] | None = None) -> KeyedStateBackend:
         """A keyed state backend for operator ``uid`` in this subtask, over the key groups it owns: per-key
         and batch-wise state access (:meth:`~sluice.state.spi.KeyedStateBackend.batch_state`), timers, and
         snapshots the subtask's checkpoints carry (``OperatorSnapshot.keyed``). The operator disposes of it
-        when it closes."""
+        when it closes. ``clock`` (ms) is the time state TTL follows (default: processing time; an operator
+        whose state expires in event time passes its watermark)."""
         import hashlib
         import re
         import tempfile
@@ -83,7 +84,7 @@ class OperatorContext:
         files = self.state_files or LocalFileTransfer(tempfile.mkdtemp(prefix="sluice-state-"))
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", uid)[:64]
         owner = f"{safe}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}-{self.subtask}"
-        return backend.create_keyed_backend(owner, self.key_groups, self.max_parallelism, files)
+        return backend.create_keyed_backend(owner, self.key_groups, self.max_parallelism, files, clock)
 
     def metric(self, name: str, increment: int = 1) -> None:
         """Add ``increment`` to the counter ``name``."""

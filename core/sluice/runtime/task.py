@@ -213,7 +213,10 @@ class Task:
         for op in self.operators:
             keyed = r.keyed.get(op.name, []) if r else []
             states = r.operator.get(op.name, []) if r else []
+            t0 = time.perf_counter()
             op.initialize_state(keyed, states)
+            if keyed:  # how long restoring the operator's keyed state took (local copy or checkpoint storage)
+                op.ctx.gauge("state_restore_s", time.perf_counter() - t0)
         for op in self.operators:
             op.open()
         if self.reader is not None:
@@ -298,6 +301,8 @@ class Task:
         t0 = time.monotonic() if self.io is not None else 0.0
         status = self.reader.poll_next(self._source_output)
         if status is InputStatus.END_OF_INPUT:
+            if self.status is TaskStatus.RUNNING:  # bounded input: event time runs to its end (as Flink)
+                self._source_output.emit_watermark(MAX_WATERMARK)
             self._end_input()
             return True
         if status is InputStatus.NOTHING_AVAILABLE:

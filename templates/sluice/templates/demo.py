@@ -29,7 +29,7 @@ import click
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined, unused-ignore]
 from sluice.errors import SluiceError
 from sluice.templates.broker import LocalBroker, TansuNotFoundError
 

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined, unused-ignore]  # needed on 2.16, not 2.12
 from sluice.connectors.kafka.errors import KafkaSourceError
 from sluice.connectors.kafka.offsets import (
     KafkaSplit,
@@ -53,8 +53,8 @@ class BrokerOffsetLookup:
         }
 
     def watermarks(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, tuple[int, int]]:
-        low = self._list(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
-        high = self._list(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        low = self._list(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call, unused-ignore]
+        high = self._list(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call, unused-ignore]
         return {tp: (low[tp], high[tp]) for tp in tps}
 
     def committed(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int | None]:

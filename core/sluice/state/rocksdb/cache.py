@@ -19,6 +19,7 @@ batched. Either way, what a reader sees is the same (tested with random operatio
 from __future__ import annotations
 
 import operator
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, islice, repeat
 from typing import Any
@@ -154,16 +155,20 @@ class EntryCache:
         """Write straight to RocksDB in write batches, sorted by key (stable: a repeated key keeps its last
         value)."""
         if not ordered and len(keys) > 1:
-            order = _order(keys)
-            keys, values = [keys[i] for i in order], [values[i] for i in order]
+            pick = operator.itemgetter(*_order(keys))  # a tuple of the items in that order, built in C
+            keys, values = pick(keys), pick(values)
         rd = rocksdict_module()
         for at in range(0, len(keys), _CHUNK):
             wb = rd.WriteBatch(raw_mode=True)
-            for k, v in zip(keys[at : at + _CHUNK], values[at : at + _CHUNK], strict=True):
-                if v is None:
-                    wb.delete(k)
-                else:
-                    wb.put(k, v)
+            ks, vs = keys[at : at + _CHUNK], values[at : at + _CHUNK]
+            if None in vs:
+                for k, v in zip(ks, vs, strict=True):
+                    if v is None:
+                        wb.delete(k)
+                    else:
+                        wb.put(k, v)
+            else:  # no deletes: one put per entry without a Python loop
+                deque(map(wb.put, ks, vs), maxlen=0)
             self._db().write(wb, self._wo)
 
     # -- write-back and eviction ----------------------------------------------------------------------

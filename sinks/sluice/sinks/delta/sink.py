@@ -11,7 +11,9 @@ from sluice.sinks.delta.committer import DeltaCommitter, app_id
 from sluice.sinks.delta.format import DeltaFormat
 from sluice.sinks.delta.options import DeltaSinkOptions
 from sluice.sinks.delta.table import check_partitioning, check_schema, create_table, open_table
+from sluice.sinks.delta.upsert import upsert_committer
 from sluice.sinks.options import Option
+from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.sink import TableSink
@@ -44,7 +46,12 @@ class DeltaSink(TableSink):
         rewrite: a RewritePolicy (or dict, or True for the defaults) for a background ``optimize`` that merges
             older small files; None = off.
         compression: Parquet compression of data files.
-        commit_retries: how often delta-rs retries a commit that lost a race against another writer.
+        commit_retries: how often delta-rs retries a commit that lost a race against another writer (upsert
+            mode: how often a merge that lost a race runs again).
+        mode: ``"append"`` (rows are appended) or ``"upsert"`` (the stream carries change batches,
+            :mod:`sluice.changes`: per checkpoint they are collapsed to the last change per key and applied as
+            one ``MERGE`` carrying the checkpoint's app transaction; see ``docs/tables.md``).
+        keys: upsert mode: the key columns; none given, those the stream's schema names (a change format's).
         table_name: the table's name in its metadata when the sink creates it.
         configuration: Delta table properties when the sink creates it.
         name: the sink operator's name.
@@ -71,6 +78,8 @@ class DeltaSink(TableSink):
         commit_retries: int = 15,
         table_name: str | None = None,
         configuration: dict[str, str | None] | None = None,
+        mode: str = "append",
+        keys: Sequence[str] | str = (),
         name: str = "delta-sink",
     ) -> None:
         self.options = DeltaSinkOptions.of(
@@ -85,21 +94,30 @@ class DeltaSink(TableSink):
             commit_retries=commit_retries,
             table_name=table_name,
             configuration=configuration,
+            mode=mode,
+            keys=keys,
             name=name,
         )
 
     def __repr__(self) -> str:  # never shows credentials
-        return f"DeltaSink({self.path!r}, partition_by={self.partition_by})"
+        return f"DeltaSink({self.path!r}, partition_by={self.partition_by}, mode={self.mode!r})"
 
     def validate_schema(self, schema: pa.Schema) -> None:
-        """At build time: the partition columns are in the stream, with types Delta can partition by."""
-        check_partitioning(self.options, schema)
+        """At build time: the partition columns are in the stream, with types Delta can partition by (upsert
+        mode: the stream is a change stream with the key columns)."""
+        check_partitioning(self.options, self.row_schema(schema))
 
     def table_format(self) -> TableFormat:
         return DeltaFormat(self.options)
 
+    def change_storage(self) -> Storage:
+        options = self.options
+        return lambda schema: options.filesystem()
+
     # -- Sink SPI --------------------------------------------------------------------------------------
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[TableFile] | None:
+        if self.upserts:
+            return upsert_committer(self.options, ctx)
         return DeltaCommitter(self.options, ctx)
 
     def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:

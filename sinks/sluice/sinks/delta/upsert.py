@@ -15,6 +15,7 @@ Everything here imports ``deltalake`` lazily (the ``sluice-etl[delta]`` extra).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,14 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import tenacity
-from sluice.sink import CommitOutcome
+from sluice.sink import CommitOutcome, GlobalCommitterContext
+from sluice.sinks.tables.change_committer import ChangeCommitter
 from sluice.sinks.tables.changes import OP, ORDER, Op, check_changes
 from sluice.sinks.tables.errors import TableSchemaError
+from sluice.sinks.tables.rewrite import BackgroundRewriter
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
+    from sluice.sinks.delta.options import DeltaSinkOptions
 
-__all__ = ["DeltaUpsert"]
+__all__ = ["DeltaUpsert", "upsert_committer"]
 
 log = logging.getLogger("sluice.sinks.delta")
 
@@ -64,6 +68,10 @@ class DeltaUpsert:
     partition_by: tuple[str, ...] = ()
     conflict_attempts: int = 10
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_keys(self, keys: Sequence[str]) -> DeltaUpsert:
+        """This engine merging on ``keys``."""
+        return dataclasses.replace(self, keys=tuple(keys))
 
     def open(self) -> DeltaTable | None:
         """The table, or None if there is none yet."""
@@ -189,11 +197,9 @@ class DeltaUpsert:
         if changed or (new and self.schema_mode != "merge"):
             raise TableSchemaError(
                 f"DeltaSink {self.path}: the changes' columns do not fit the table's: "
-                + (f"types differ: {changed}" if changed else "")
-                + (
-                    f"; new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"
-                    if new
-                    else ""
+                + "; ".join(
+                    ([f"types differ: {changed}"] if changed else [])
+                    + ([f"new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"] if new else [])
                 )
             )
         if new:
@@ -215,3 +221,36 @@ class DeltaUpsert:
 def key_predicate(keys: Sequence[str]) -> str:
     """The merge's join predicate on ``keys`` (target ``t``, source ``s``)."""
     return " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+
+
+def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> ChangeCommitter:
+    """The global committer of a DeltaSink in upsert mode: one merge per checkpoint (with the background
+    ``optimize`` of ``options.rewrite``, whose conflicts the merge survives by running again)."""
+    from sluice.sinks.delta.committer import app_id
+    from sluice.sinks.delta.rewrite import rewrite_small_files
+
+    engine = DeltaUpsert(
+        options.path,
+        tuple(options.keys),
+        app_id(ctx.job_id, ctx.sink_uid),
+        options.delta_storage_options(),
+        schema_mode=options.schema_mode,
+        partition_by=tuple(options.partition_by),
+        conflict_attempts=max(1, options.commit_retries),
+        metadata={"sluice.job-id": ctx.job_id, "sluice.sink-uid": ctx.sink_uid},
+    )
+    rewriter: BackgroundRewriter | None = None
+    if options.rewrite is not None:
+        policy = options.rewrite
+        rewriter = BackgroundRewriter(
+            f"DeltaSink {options.path}", policy, lambda: rewrite_small_files(options, policy), ctx.metric
+        )
+    return ChangeCommitter(
+        f"DeltaSink {options.path}",
+        engine,
+        options.filesystem,
+        options.keys,
+        ctx,
+        on_commit=rewriter.committed if rewriter is not None else None,
+        on_close=rewriter.close if rewriter is not None else None,
+    )

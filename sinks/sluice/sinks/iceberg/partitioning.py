@@ -1,5 +1,6 @@
-"""Iceberg partition specs from the sink's ``partition_by``: ``"col"`` (identity) or ``"<transform>(col)"``,
-checked against the stream's schema.
+"""Iceberg partition specs from the sink's ``partition_by``: ``"col"`` (identity), ``"<transform>(col)"`` or
+``"bucket(n, col)"`` (a hash of the column into ``n`` buckets: what an upsert table's key is best partitioned
+by), checked against the stream's schema.
 
 Imports ``pyiceberg`` lazily (the ``sluice-etl[iceberg]`` extra)."""
 
@@ -14,8 +15,8 @@ from sluice.errors import ConfigError
 
 __all__ = ["TRANSFORMS", "parse_partition", "partition_fields"]
 
-#: partition transforms ``partition_by`` accepts: ``"col"`` (identity) or ``"<transform>(col)"``
-TRANSFORMS = ("identity", "year", "month", "day", "hour")
+#: partition transforms ``partition_by`` accepts: ``"col"`` (identity), ``"<transform>(col)"``, ``"bucket(n, col)"``
+TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket")
 #: the Iceberg types each transform takes (identity: any primitive type)
 _TAKES = {
     "identity": "any primitive type",
@@ -23,22 +24,25 @@ _TAKES = {
     "month": "date, timestamp, timestamptz",
     "day": "date, timestamp, timestamptz",
     "hour": "timestamp, timestamptz",
+    "bucket": "int, long, decimal, date, time, timestamp, string, uuid, binary",
 }
-_SPEC = re.compile(r"^(?:(?P<t>[a-z]+)\((?P<c>[^()]+)\)|(?P<plain>[^()]+))$")
+_SPEC = re.compile(r"^(?:(?P<t>[a-z]+)\((?:(?P<n>\d+)\s*,\s*)?(?P<c>[^(),]+)\)|(?P<plain>[^(),]+))$")
 
 
 def parse_partition(entry: str) -> tuple[str, str]:
-    """``(transform, column)`` of a ``partition_by`` entry; ConfigError naming the allowed transforms."""
+    """``(transform, column)`` of a ``partition_by`` entry (transform as Iceberg spells it: ``"bucket[16]"``);
+    ConfigError naming the allowed transforms."""
     m = _SPEC.match(entry.strip()) if isinstance(entry, str) else None
     transform, column = (
         (m.group("t") or "identity", (m.group("c") or m.group("plain")).strip()) if m else ("", "")
     )
-    if not m or transform not in TRANSFORMS:
+    buckets = m.group("n") if m else None
+    if not m or transform not in TRANSFORMS or (transform == "bucket") != (buckets is not None) or buckets == "0":
         raise ConfigError(
             f"IcebergSink: partition_by entry {entry!r} must be a column or one of "
-            f"{', '.join(t + '(col)' for t in TRANSFORMS)}"
+            f"{', '.join(t + '(col)' for t in TRANSFORMS if t != 'bucket')}, bucket(n, col) with n >= 1"
         )
-    return transform, column
+    return (f"bucket[{int(buckets)}]" if buckets else transform), column
 
 
 def partition_fields(partition_by: Sequence[str], schema: Any) -> list[Any]:
@@ -63,12 +67,13 @@ def partition_fields(partition_by: Sequence[str], schema: Any) -> list[Any]:
                 f"IcebergSink: partition_by column {column!r} is not in the stream ({schema.column_names})"
             ) from None
         t = parse_transform(transform)
+        kind = transform.split("[", 1)[0]
         if not t.can_transform(source.field_type):
             raise ConfigError(
                 f"IcebergSink: partition_by {entry!r}: column {column!r} has type {source.field_type}, "
-                f"which {transform} cannot take ({transform} takes {_TAKES[transform]}); cast the column "
+                f"which {kind} cannot take ({kind} takes {_TAKES[kind]}); cast the column "
                 "upstream or choose another transform"
             )
-        name = column if transform == "identity" else f"{column}_{transform}"
+        name = column if transform == "identity" else f"{column}_{kind}"
         fields.append(PartitionField(source.field_id, 1000 + i, t, name))
     return fields

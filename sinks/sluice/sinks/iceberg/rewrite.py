@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sluice.sinks.iceberg.catalog import load_catalog
 from sluice.sinks.iceberg.layout import data_file, file_stats
+from sluice.sinks.iceberg.merge import conform
 from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.tables.files import TableFile, write_parquet
 from sluice.sinks.tables.rewrite import RewritePolicy
@@ -34,6 +35,8 @@ def rewrite_small_files(
     options: IcebergSinkOptions, policy: RewritePolicy, lock: threading.Lock, attempts: int = 5
 ) -> int:
     """Merge every partition holding at least ``policy.min_files`` small files; returns files replaced."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
     table = load_catalog(options).load_table(options.table)
     groups: dict[tuple[int, Any], list[Any]] = {}
     for task in table.scan().plan_files():
@@ -42,13 +45,16 @@ def rewrite_small_files(
             groups.setdefault((f.spec_id, f.partition), []).append(f)
     location = table.location().rstrip("/")
     fs, root = arrow_filesystem(location, options.storage_options)
+    stored = schema_to_pyarrow(table.schema())
     replaced = 0
     for files in groups.values():
         if len(files) < policy.min_files:
             continue
         files = files[: max(policy.min_files, _fitting(files, policy.target_size))]
         rel = [f.file_path[len(location) + 1 :] for f in files]
-        rows = pa.concat_tables([pq.read_table(f"{root}/{r}", filesystem=fs) for r in rel])
+        # files written before a column was added, by a merge or by another writer differ in columns, field
+        # metadata or nullability: each is read as the table's current schema
+        rows = pa.concat_tables([conform(pq.read_table(f"{root}/{r}", filesystem=fs), stored) for r in rel])
         merged_rel = f"{rel[0].rsplit('/', 1)[0]}/rewrite-{uuid.uuid4().hex}.parquet"
         meta = write_parquet(fs, f"{root}/{merged_rel}", rows, options.compression)
         merged = TableFile(

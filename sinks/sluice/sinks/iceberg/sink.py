@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,9 @@ from sluice.sinks.iceberg.format import IcebergFormat
 from sluice.sinks.iceberg.layout import max_committed_checkpoint
 from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.iceberg.partitioning import parse_partition, partition_fields
+from sluice.sinks.iceberg.upsert_sink import staging_storage, upsert_committer
 from sluice.sinks.options import Option
+from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.sink import TableSink
@@ -41,7 +44,7 @@ class IcebergSink(TableSink):
             the (local) ``warehouse`` folder.
         warehouse: the warehouse location (a local folder or ``s3://bucket/prefix``).
         partition_by: partition fields: a column (identity) or ``year(col)``, ``month(col)``, ``day(col)``,
-            ``hour(col)``.
+            ``hour(col)``, ``bucket(n, col)`` (a hash of the column into ``n`` buckets).
         schema: the table's Arrow schema: creates (or checks) the table before the job starts. Without it the
             first batch's schema creates it.
         schema_mode: ``"strict"`` or ``"merge"`` (new columns are added to the table's schema by the first
@@ -53,6 +56,11 @@ class IcebergSink(TableSink):
         rewrite: a RewritePolicy (or dict, or True) for a background rewrite of older small files; None = off.
         compression: Parquet compression of data files.
         table_properties: Iceberg table properties when the sink creates the table.
+        mode: ``"append"`` (rows are appended) or ``"upsert"`` (the stream carries change batches,
+            :mod:`sluice.changes`: per checkpoint they are collapsed to the last change per key and applied as
+            one copy-on-write overwrite snapshot; partition by ``bucket(n, key)`` so that a merge rewrites few
+            files; see ``docs/tables.md``).
+        keys: upsert mode: the key columns; none given, those the stream's schema names (a change format's).
         name: the sink operator's name.
     """
 
@@ -79,6 +87,8 @@ class IcebergSink(TableSink):
         rewrite: RewritePolicy | dict[str, Any] | bool | None = None,
         compression: str = "zstd",
         table_properties: dict[str, str] | None = None,
+        mode: str = "append",
+        keys: Sequence[str] | str = (),
         name: str = "iceberg-sink",
     ) -> None:
         self.options = IcebergSinkOptions.of(
@@ -94,14 +104,18 @@ class IcebergSink(TableSink):
             rewrite=rewrite,
             compression=compression,
             table_properties=table_properties,
+            mode=mode,
+            keys=keys,
             name=name,
         )
 
     def __repr__(self) -> str:  # never shows credentials
-        return f"IcebergSink({self.table!r}, partition_by={self.partition_by})"
+        return f"IcebergSink({self.table!r}, partition_by={self.partition_by}, mode={self.mode!r})"
 
     def validate_schema(self, schema: pa.Schema) -> None:
-        """At build time: every partition field's column is in the stream, with a type its transform takes."""
+        """At build time: every partition field's column is in the stream, with a type its transform takes
+        (upsert mode: the stream is a change stream with the key columns)."""
+        schema = self.row_schema(schema)
         missing = [c for c in (parse_partition(e)[1] for e in self.partition_by) if c not in schema.names]
         if missing:
             raise ConfigError(
@@ -112,8 +126,13 @@ class IcebergSink(TableSink):
     def table_format(self) -> TableFormat:
         return IcebergFormat(self.options)
 
+    def change_storage(self) -> Storage:
+        return functools.partial(staging_storage, self.options)
+
     # -- Sink SPI --------------------------------------------------------------------------------------
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[TableFile] | None:
+        if self.upserts:
+            return upsert_committer(self.options, ctx)
         return IcebergCommitter(self.options, ctx)
 
     def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:

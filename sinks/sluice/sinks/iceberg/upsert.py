@@ -25,6 +25,7 @@ more: a Python filter expression per key, iceberg-python #2159).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import re
@@ -102,6 +103,10 @@ class IcebergUpsert:
     def __post_init__(self) -> None:
         self._run = run_token()
         self._seq = itertools.count()
+
+    def with_keys(self, keys: Sequence[str]) -> IcebergUpsert:
+        """This engine merging on ``keys`` (sharing its lock)."""
+        return dataclasses.replace(self, keys=tuple(keys))
 
     def committed(self) -> int:
         """The highest checkpoint of the job and sink the table holds (0 if none, or no table yet)."""
@@ -201,11 +206,9 @@ class IcebergUpsert:
         if changed or (new and self.schema_mode != "merge"):
             raise TableSchemaError(
                 f"Iceberg table {table.name()}: the changes' columns do not fit the table's: "
-                + (f"types differ: {changed}" if changed else "")
-                + (
-                    f"; new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"
-                    if new
-                    else ""
+                + "; ".join(
+                    ([f"types differ: {changed}"] if changed else [])
+                    + ([f"new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"] if new else [])
                 )
             )
         if not new:

@@ -5,12 +5,14 @@ The table-format part is a :class:`ChangeEngine` (:class:`~sluice.sinks.delta.up
 :class:`~sluice.sinks.iceberg.upsert.IcebergUpsert`). Before the attempt's first commit the committer deletes
 staged change files no commit will read (:func:`~sluice.sinks.tables.changes.remove_orphaned_changes`) and,
 if the engine writes files of its own, those of merges whose commit never landed. After a merge landed (or
-was found in the table) the checkpoint's staged files are deleted.
+was found in the table) the checkpoint's staged files are deleted. Given no key columns, the committer takes
+them from the staged files' schema metadata (:func:`sluice.changes.keys_of`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from sluice.errors import CommitError, ConfigError
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
+from sluice.sinks.tables.change_writer import resolve_keys
 from sluice.sinks.tables.changes import delete_staged, read_staged, remove_orphaned_changes
 from sluice.sinks.tables.errors import TableLineageError
 from sluice.sinks.tables.files import TableFile
@@ -38,6 +41,9 @@ class ChangeEngine(Protocol):
     ) -> CommitOutcome:
         """Merge ``changes``; ``ALREADY_COMMITTED`` if the table holds the checkpoint."""
 
+    def with_keys(self, keys: Sequence[str]) -> ChangeEngine:
+        """This engine merging on ``keys``."""
+
 
 class ChangeCommitter(GlobalCommitter[TableFile]):
     """Commits each checkpoint's staged changes as one merge (on the coordinator).
@@ -46,10 +52,11 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
         name: the sink and table, for messages (``"DeltaSink s3://lake/t"``).
         engine: the table format's merge.
         storage: the table location's file system and root path, or None if there is no table yet.
-        keys: the key columns.
+        keys: the key columns (empty: taken from the staged files' schema metadata).
         ctx: the global committer's context.
         on_commit: called after each merge that landed (e.g. to count commits for a background rewrite).
         remove_orphans: deletes files of the engine's merges whose commit never landed (Iceberg).
+        on_close: called when the committer closes (e.g. to stop a background rewrite).
     """
 
     def __init__(
@@ -61,8 +68,10 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
         ctx: GlobalCommitterContext,
         on_commit: Callable[[], None] | None = None,
         remove_orphans: Callable[[], int] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self.name, self.engine, self.keys, self.ctx, self.on_commit = name, engine, list(keys), ctx, on_commit
+        self.on_close = on_close
         self._storage = storage
         self._tried: set[int] = set()
         located = storage()
@@ -103,8 +112,17 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
             delete_staged(fs, root, committables)
             return CommitOutcome.ALREADY_COMMITTED
         self._tried.add(checkpoint_id)
+        if not self.keys:
+            self.keys = resolve_keys((), committables[0].schema)
+            self.engine = self.engine.with_keys(self.keys)
+        started = time.perf_counter()
         changes = read_staged(fs, root, committables, self.keys)
+        read = time.perf_counter()
         outcome = self.engine.apply(checkpoint_id, changes, self.ctx.fault_hook)
+        log.info(
+            "%s: checkpoint %d: %d changes read in %.2f s, merged in %.2f s (%s)",
+            self.name, checkpoint_id, changes.num_rows, read - started, time.perf_counter() - read, outcome.value,
+        )
         if outcome is CommitOutcome.RETRY_LATER:
             return outcome
         if outcome is CommitOutcome.COMMITTED:
@@ -113,3 +131,7 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
         if outcome is CommitOutcome.COMMITTED and self.on_commit is not None:
             self.on_commit()
         return outcome
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()

@@ -1,11 +1,14 @@
 """The writer and compactor stages of a table sink in upsert mode: changes collapsed and staged per checkpoint.
 
 A :class:`ChangeWriter` buffers change batches (:mod:`sluice.sinks.tables.changes`); when the buffer grows
-past ``collapse_rows`` it collapses it in place (collapsing is associative: the order column travels with
-the rows), so memory holds about one row per key. At pre-commit it collapses what it holds and writes one
+past ``collapse_rows`` (and twice what its last collapse left) it collapses it in place (collapsing is
+associative: the order column travels with the rows), so memory holds at most about two rows per key. At pre-commit it collapses what it holds and writes one
 staged change file. With the compactor stage (keyed by ``""``: one compactor subtask sees every writer's
 file of a checkpoint), a :class:`ChangeCompactor` merges them into one collapsed file in the asynchronous
 part of the checkpoint, so the global commit reads one file.
+
+Given no key columns, both take them from the data's schema metadata (:func:`sluice.changes.keys_of`: a
+change format names them there).
 """
 
 from __future__ import annotations
@@ -14,13 +17,26 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from sluice.changes import keys_of
 from sluice.sink import Compactor, SinkContext, SinkWriter
-from sluice.sinks.tables.changes import check_changes, collapse, read_staged, stage_changes
+from sluice.sinks.tables.changes import ChangeError, check_changes, collapse, read_staged, stage_changes
 from sluice.sinks.tables.files import TableFile, data_file_name, run_token
 
-__all__ = ["ChangeCompactor", "ChangeWriter"]
+__all__ = ["ChangeCompactor", "ChangeWriter", "Storage", "resolve_keys"]
 
-Storage = Callable[[], tuple[pafs.FileSystem, str]]
+#: the table location's file system and root path; given the changes' schema (the table may not exist yet)
+Storage = Callable[[pa.Schema | None], tuple[pafs.FileSystem, str]]
+
+
+def resolve_keys(keys: Sequence[str], schema: pa.Schema) -> list[str]:
+    """``keys``, or (when empty) the key columns ``schema``'s metadata names; ChangeError if neither has any."""
+    resolved = list(keys) or list(keys_of(schema))
+    if not resolved:
+        raise ChangeError(
+            "an upsert sink was given no keys= and the changes' schema names none: give the sink keys=[...] "
+            "or read with a change format that names them (sluice.changes.with_keys)"
+        )
+    return resolved
 
 
 class ChangeWriter(SinkWriter[TableFile]):
@@ -28,10 +44,11 @@ class ChangeWriter(SinkWriter[TableFile]):
 
     Args:
         storage: the table location's file system and root path (resolved at the first pre-commit).
-        keys: the key columns.
+        keys: the key columns (empty: taken from the first batch's schema metadata).
         ctx: the subtask's context.
         compression: Parquet compression of staged files.
-        collapse_rows: collapse the buffer in place once it holds more rows than this.
+        collapse_rows: collapse the buffer in place once it holds more rows than this (and than twice what
+            the last collapse left: memory holds at most about twice the live keys).
     """
 
     def __init__(
@@ -48,19 +65,24 @@ class ChangeWriter(SinkWriter[TableFile]):
         self._checked: set[pa.Schema] = set()
         self._buffer: list[pa.Table] = []
         self._rows = 0
+        self._limit = collapse_rows
         self._run = run_token()
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
         if batch.schema not in self._checked:
+            self.keys = resolve_keys(self.keys, batch.schema)
             check_changes(batch.schema, self.keys)
             self._checked.add(batch.schema)
         self._buffer.append(pa.Table.from_batches([batch]))
         self._rows += batch.num_rows
-        if self._rows > self.collapse_rows:
+        if self._rows > self._limit:
             collapsed = self._collapsed()
             self._buffer, self._rows = [collapsed], collapsed.num_rows
+            # many live keys collapse to about as many rows: wait for as many new rows again before the next
+            # collapse, or every batch would sort the whole buffer again
+            self._limit = max(self.collapse_rows, 2 * collapsed.num_rows)
 
     def _collapsed(self) -> pa.Table:
         return collapse(pa.concat_tables(self._buffer, promote_options="permissive"), self.keys)
@@ -69,9 +91,9 @@ class ChangeWriter(SinkWriter[TableFile]):
         if not self._buffer:
             return []
         changes = self._collapsed()
-        self._buffer, self._rows = [], 0
+        self._buffer, self._rows, self._limit = [], 0, self.collapse_rows
         if self._resolved is None:
-            self._resolved = self.storage()
+            self._resolved = self.storage(changes.schema)
         fs, root = self._resolved
         name = data_file_name(
             self.ctx.job_id, checkpoint_id, self.ctx.subtask, self.ctx.attempt, 0, self._run
@@ -109,9 +131,10 @@ class ChangeCompactor(Compactor[TableFile]):
 
     def _merge(self, checkpoint_id: int, files: list[TableFile]) -> list[TableFile]:
         if self._resolved is None:
-            self._resolved = self.storage()
+            self._resolved = self.storage(files[0].schema)
         fs, root = self._resolved
         self.ctx.fault_hook("compaction")
+        self.keys = resolve_keys(self.keys, files[0].schema)
         changes = read_staged(fs, root, files, self.keys)
         self._seq += 1
         name = data_file_name(

@@ -114,9 +114,13 @@ def collapse(changes: pa.Table, keys: Sequence[str], order: Sequence[str] = (ORD
         [*(changes.column(k).take(by_order) for k in keys), pa.array(np.arange(n, dtype=np.int64))],
         names=[*names, "pos"],
     )
-    last = ranked.group_by(names).aggregate([("pos", "max")]).column("pos_max")
-    out = changes.take(by_order.take(last))
-    return out.sort_by([(k, "ascending") for k in keys])
+    picked = by_order.take(ranked.group_by(names).aggregate([("pos", "max")]).column("pos_max"))
+    # sort the picked positions by key first, so the (wide) rows are taken once
+    by_key = pc.sort_indices(
+        pa.table([changes.column(k).take(picked) for k in keys], names=names),
+        sort_keys=[(n, "ascending") for n in names],
+    )
+    return changes.take(picked.take(by_key))
 
 
 def upserts_and_deletes(collapsed: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -147,10 +151,13 @@ def stage_changes(
 
 def read_staged(fs: pafs.FileSystem, root: str, files: Sequence[TableFile], keys: Sequence[str]) -> pa.Table:
     """The staged changes of ``files`` (of one or several checkpoints, from any writer subtasks) collapsed
-    to the last change per key, ordered by checkpoint, then source order.
+    to the last change per key, ordered by checkpoint, then source order (one file is read as it is: each
+    was written collapsed).
 
     Files of different schemas (a column added upstream) are unified: a column a file lacks reads as nulls.
     """
+    if len(files) == 1:  # a writer's or the compactor's file: collapsed already, one row per key, by key
+        return pq.read_table(f"{root}/{files[0].path}", filesystem=fs)
     tables = []
     for f in files:
         t = pq.read_table(f"{root}/{f.path}", filesystem=fs)

@@ -11,9 +11,11 @@ from sluice.errors import ConfigError
 from sluice.sinks.options import SinkOptions
 from sluice.sinks.tables.rewrite import RewritePolicy, rewrite_policy
 
-__all__ = ["SCHEMA_MODES", "TableSinkOptions"]
+__all__ = ["MODES", "SCHEMA_MODES", "TableSinkOptions"]
 
 SCHEMA_MODES = ("strict", "merge")
+#: ``append``: rows are appended; ``upsert``: change batches (:mod:`sluice.changes`) are merged by key
+MODES = ("append", "upsert")
 
 
 class TableSinkOptions(SinkOptions):
@@ -35,6 +37,8 @@ class TableSinkOptions(SinkOptions):
     compaction: bool = True
     rewrite: RewritePolicy | None = None
     compression: str = ""
+    mode: str = "append"
+    keys: list[str] = Field(default_factory=list)
 
     @classmethod
     def check(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -55,10 +59,28 @@ class TableSinkOptions(SinkOptions):
         schema = v["table_schema"]
         if schema is not None and not isinstance(schema, pa.Schema):
             raise ConfigError(f"{cls.KIND}: schema must be a pyarrow.Schema (got {type(schema).__name__})")
+        cls._check_mode(v)
         if not isinstance(v["compaction"], bool):
             raise ConfigError(f"{cls.KIND}: compaction must be True or False (got {v['compaction']!r})")
         cls.check_partitioning(v)
         return v
+
+    @classmethod
+    def _check_mode(cls, v: dict[str, Any]) -> None:
+        if v["mode"] not in MODES:
+            raise ConfigError(f"{cls.KIND}: mode must be one of {', '.join(MODES)} (got {v['mode']!r})")
+        keys = v["keys"]
+        keys = [keys] if isinstance(keys, str) else list(keys or ())
+        if not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
+            raise ConfigError(f"{cls.KIND}: keys must be distinct column names (got {v['keys']!r})")
+        if keys and v["mode"] != "upsert":
+            raise ConfigError(f"{cls.KIND}: keys is for mode='upsert' only (got mode={v['mode']!r})")
+        schema = v["table_schema"]
+        if keys and isinstance(schema, pa.Schema):
+            missing = [k for k in keys if k not in schema.names]
+            if missing:
+                raise ConfigError(f"{cls.KIND}: keys names column(s) {missing} not in schema ({schema.names})")
+        v["keys"] = keys
 
     @classmethod
     def check_format(cls, values: dict[str, Any]) -> None:

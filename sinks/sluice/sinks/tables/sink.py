@@ -1,6 +1,7 @@
 """The part of the Delta Lake and Iceberg sinks' ``Sink`` SPI that does not depend on the table format:
 the writer and compactor stages (:mod:`sluice.sinks.tables.writer`), fed the sink's
-:class:`~sluice.sinks.tables.writer.TableFormat`, and the options both sinks have."""
+:class:`~sluice.sinks.tables.writer.TableFormat`, or in upsert mode the change stages
+(:mod:`sluice.sinks.tables.change_writer`), and the options both sinks have."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from abc import abstractmethod
 from typing import Any
 
 import pyarrow as pa
+from sluice.changes import OP, ORDER, keys_of
+from sluice.errors import ConfigError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.options import Option
+from sluice.sinks.tables.change_writer import ChangeCompactor, ChangeWriter, Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.options import TableSinkOptions
 from sluice.sinks.tables.rewrite import RewritePolicy
@@ -39,11 +43,43 @@ class TableSink(Sink[TableFile]):
     compaction = Option[bool]()
     rewrite = Option[RewritePolicy | None]()
     compression = Option[str]()
+    mode = Option[str]()
+    keys = Option[list[str]]()
     name = Option[str]()
 
     @abstractmethod
     def table_format(self) -> TableFormat:
         """The table as the writers and compactors of one subtask see it (made from the options)."""
+
+    @abstractmethod
+    def change_storage(self) -> Storage:
+        """Upsert mode: where the writers stage change files (the table's location; the table may be created
+        from the changes' row columns)."""
+
+    @property
+    def upserts(self) -> bool:
+        """Whether the sink merges change batches by key (``mode="upsert"``)."""
+        return self.options.mode == "upsert"
+
+    def row_schema(self, schema: pa.Schema) -> pa.Schema:
+        """At build time: ``schema`` itself (append mode), or, in upsert mode, its row columns after checking
+        it is a change schema with the key columns (ConfigError naming ``keys`` otherwise)."""
+        if not self.upserts:
+            return schema
+        kind = type(self).__name__
+        keys = self.options.keys or list(keys_of(schema))
+        if not keys:
+            raise ConfigError(
+                f"{kind}: mode='upsert' needs keys=[...] (the key columns), or a change format that names them "
+                f"in the stream's schema (columns: {schema.names})"
+            )
+        missing = [c for c in (*keys, OP, ORDER) if c not in schema.names]
+        if missing:
+            raise ConfigError(
+                f"{kind}: mode='upsert' takes change batches with the key column(s) {keys} and {OP}, {ORDER} "
+                f"(sluice.changes); the stream lacks {missing} (columns: {schema.names})"
+            )
+        return pa.schema([f for f in schema if f.name not in (OP, ORDER)])
 
     def validate(self) -> None:
         """Raise ConfigError naming the wrong option and the allowed values (the options are checked when the
@@ -55,10 +91,16 @@ class TableSink(Sink[TableFile]):
         return self.options.compaction
 
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
+        if self.upserts:
+            return ChangeWriter(self.change_storage(), self.options.keys, ctx, self.options.compression)
         return TableWriter(self.table_format(), ctx)
 
     def create_compactor(self, ctx: SinkContext) -> Compactor[TableFile] | None:
-        return TableCompactor(self.table_format(), ctx) if self.options.compaction else None
+        if not self.options.compaction:
+            return None
+        if self.upserts:
+            return ChangeCompactor(self.change_storage(), self.options.keys, ctx, self.options.compression)
+        return TableCompactor(self.table_format(), ctx)
 
     def committable_serializer(self) -> SimpleVersionedSerializer[TableFile]:
         """Staged data files go into checkpoints as JSON (:mod:`sluice.sinks.tables.serializers`); the

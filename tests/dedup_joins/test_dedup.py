@@ -1,0 +1,120 @@
+"""Deduplication (``Stream.deduplicate``): output equal to a pure-Python reference over the whole input, on
+both state backends; state that expires with the horizon; a duplicate after a restore still dropped; options
+checked in one line. (Crashes: tests/dedup_joins/test_faults.py.)"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from sluice import CheckpointConfig, ConfigError, Pipeline
+from sluice.connectors.generator import GeneratorSource
+from sluice.keys import KeySelector
+from sluice.operators.dedup import DeduplicateOperator
+from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+
+from tests.dedup_joins import data
+from tests.dedup_joins.harness import Harness
+from tests.dedup_joins.shapes import SHAPE
+from tests.faults.shapes import BACKENDS, pipeline_of, rows_of
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("keep", ["first", "last"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deduplicate_equals_the_reference(backend: str, keep: str, seed: int, tmp_path: Path) -> None:
+    """Keys recurring within and beyond the horizon, several splits and parallelisms: the committed rows are
+    exactly the reference's (keep="first": each horizon's first record; "last": its greatest ``ord``)."""
+    p = pipeline_of(SHAPE[f"dedup_{keep}"], seed, str(tmp_path), backend=backend)
+    p.run(runtime="local", restore="none")
+    got, expected = rows_of(read_committed(f"{tmp_path}/out")), p.reference()  # type: ignore[attr-defined]
+    assert got == expected and len(expected) > 50
+
+
+def test_processing_time_deduplication_keeps_each_keys_first_record(tmp_path: Path) -> None:
+    """Without an event-time column the horizon is processing time: within an hour every key passes once."""
+    src = GeneratorSource(num_splits=3, records_per_split=500, batch_size=37, num_keys=61)
+    p = Pipeline("dedup-proc", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"))
+    p.source(src).deduplicate("key", within="1 h", parallelism=2).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    p.run(runtime="local", restore="none")
+    got = read_committed(f"{tmp_path}/out")
+    assert got is not None and sorted(got.column("key").to_pylist()) == list(range(61))
+
+
+def _events(ids: list[int], keys: list[tuple[str, int]], ts: list[int]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({
+        "id": ids, "a": [k[0] for k in keys], "b": [k[1] for k in keys],
+        "ts": pa.array([datetime.datetime.fromtimestamp(t / 1000, datetime.UTC) for t in ts], pa.timestamp("ms", "UTC")),
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_state_expires_with_the_horizon_and_survives_a_restore(backend: str) -> None:
+    """Two key columns, a timestamp column, a 1 s horizon: duplicates inside it are dropped, also after a
+    restore; once the watermark passes a horizon's end its state is gone and the key passes again."""
+    def make() -> DeduplicateOperator:
+        return DeduplicateOperator("dedup", KeySelector(["a", "b"]), 1000, "ts")
+
+    keys = [("x", i % 1500) for i in range(3000)]
+    first = _events(list(range(3000)), keys, [10_000 + i // 3 for i in range(3000)])  # key j: 500 ms apart
+    h = Harness(make, backend)
+    h.op.process_batch(first)
+    assert [r["id"] for r in h.out.rows()] == list(range(1500))
+    h.restart()
+    h.op.process_batch(_events([5000, 5001], [("x", 7), ("y", 7)], [10_900, 10_900]))
+    assert [r["id"] for r in h.out.rows()] == [5001], "a duplicate after the restore passed"
+    h.op.close()
+
+    h = Harness(make, backend)
+    h.op.process_batch(first)
+    assert len(h.out.rows()) == 1500
+    assert sum(1 for _ in h.op.backend.keys("horizon_start")) == 1500
+    h.op.process_watermark(11_000)  # no horizon ended yet (the latest opened at 10 499)
+    assert sum(1 for _ in h.op.backend.keys("horizon_start")) == 1500
+    h.op.process_watermark(20_000)  # every horizon ended: the cleanup scan removes them
+    assert sum(1 for _ in h.op.backend.keys("horizon_start")) == 0
+    h.op.process_batch(_events([6000, 6001], [("x", 7), ("x", 7)], [20_001, 20_002]))
+    assert [r["id"] for r in h.out.rows()] == [6000]
+    h.op.close()
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_keep_last_emits_each_horizon_when_it_closes(backend: str) -> None:
+    """keep="last": nothing before the horizon's end; then the record with the greatest ``ord`` (the later
+    on a tie), also when the best was stored before a restore; a key's next horizon closes the previous."""
+    h = Harness(lambda: DeduplicateOperator("dedup", KeySelector("k"), 100, "ts", "last", "ord"), backend)
+
+    def batch(rows: list[tuple[int, int, int, int]]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pylist([{"id": i, "k": k, "ts": t, "ord": o} for i, k, t, o in rows], schema=data.EVENTS)
+
+    h.op.process_batch(batch([(1, 1, 0, 5), (2, 1, 10, 9), (3, 2, 20, 1), (4, 1, 30, 9)]))
+    h.op.process_watermark(50)
+    assert h.out.rows() == []
+    h.restart()
+    h.op.process_batch(batch([(5, 1, 60, 7), (6, 2, 130, 0)]))  # key 2: row 6 opens the next horizon
+    assert [r["id"] for r in h.out.rows()] == [3]
+    h.op.process_watermark(100)
+    assert [r["id"] for r in h.out.rows()] == [4]
+    h.op.end_input()
+    assert [r["id"] for r in h.out.rows()] == [6]
+    h.op.close()
+
+
+def test_options_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
+    p = Pipeline("dedup-options", checkpoint=CheckpointConfig(storage=f"{tmp_path}/chk"))
+    s = p.source(GeneratorSource(num_splits=1, records_per_split=10))
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"keys": "key", "within": 0}, "deduplicate: within: must be a duration > 0"),
+        ({"keys": "key", "within": "1 h", "keep": "middle"}, "deduplicate: keep: 'middle' is not allowed (allowed: 'first', 'last')"),
+        ({"keys": "key", "within": "1 h", "keep": "last"}, "deduplicate: keep='last' needs order_by=<column>"),
+        ({"keys": "nope", "within": "1 h"}, "deduplicate: keys: column 'nope' is not in the stream"),
+        ({"keys": "key", "within": "1 h", "event_time": "when"}, "deduplicate: event_time: column 'when' is not in the stream"),
+        ({"keys": "key", "within": "ten minutes"}, "deduplicate: within: 'ten minutes' is not a duration"),
+    ]  # fmt: skip
+    for kw, message in cases:
+        with pytest.raises(ConfigError) as err:
+            s.deduplicate(**kw)
+        assert message in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -1,0 +1,200 @@
+"""A change-data job under test: a source of Arrow change batches (inserts, updates, deletes and snapshot
+reads of a few keys per split, many changes per key), a DeltaSink or IcebergSink in upsert mode, and a
+reference written apart from the code under test: the whole stream applied to a dict, change by change.
+
+Keys belong to one split, and a split's changes are read in order, so the changes of a key arrive in source
+order (as a Kafka partition's do); ``_sluice_order`` is the position in the split. The source ends its input
+only after ``LINGER_CHECKPOINTS`` completed checkpoints (tests/faults/shapes.py), so checkpoint-driven fault
+points are reached in every attempt.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from sluice import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline
+from sluice.changes import OP, ORDER, Op, with_keys
+
+from tests.faults.shapes import _Lingering
+from tests.sinks.tables.helpers import Target
+
+Row = tuple[str | None, float | None]
+State = dict[int, Row]
+
+#: keys per split: few, so a key changes many times, often several times in one checkpoint
+KEYS_PER_SPLIT = 12
+
+
+def op_of(split: int, seq: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The operation of change ``seq`` of ``split``: 20% deletes, 20% inserts, 10% reads, 50% updates."""
+    r = (seq * 2654435761 + split * 40503) % 1000 // 100
+    return np.select([r < 2, r < 4, r < 5], [int(Op.DELETE), int(Op.INSERT), int(Op.READ)], int(Op.UPDATE))
+
+
+def key_of(split: int, seq: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return split * 1000 + (seq * 7919 + split * 13) % KEYS_PER_SPLIT
+
+
+def change_rows(split: int, start: int, end: int, extra: int | None = None) -> pa.RecordBatch:
+    """Changes ``start..end`` of ``split`` (a GeneratorSource ``rows`` function). From change ``extra`` on, the
+    rows carry a new nullable column ``note`` (the source table gained a column)."""
+    seq = np.arange(start, end, dtype=np.int64)
+    ops = op_of(split, seq)
+    deleted = ops == int(Op.DELETE)
+    names = [None if d else f"s{split}-{s}" for s, d in zip(seq.tolist(), deleted.tolist(), strict=True)]
+    amounts = np.where(deleted, np.nan, (seq % 97) * 1.5 + split)
+    cols: dict[str, pa.Array] = {
+        "id": pa.array(key_of(split, seq), pa.int64()),
+        "name": pa.array(names, pa.string()),
+        "amount": pa.array(amounts, pa.float64(), mask=deleted),
+    }
+    if extra is not None and start >= extra:
+        cols["note"] = pa.array([None if d else f"note-{s}" for s, d in zip(seq.tolist(), deleted.tolist(), strict=True)], pa.string())
+    cols[OP] = pa.array(ops, pa.int8())
+    cols[ORDER] = pa.array(seq)
+    return with_keys(pa.RecordBatch.from_pydict(cols), ["id"])
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A change stream: ``splits`` splits of ``per_split`` changes each."""
+
+    splits: int
+    per_split: int
+    batch: int = 25
+    extra: int | None = None  # from this position on, batches carry the new column ``note``
+
+    def source(self, rate: float | None = None) -> Any:
+        rows = functools.partial(change_rows, extra=self.extra)
+        return _Lingering(
+            num_splits=self.splits,
+            records_per_split=self.per_split,
+            batch_size=self.batch,
+            rows=rows,
+            name="changes",
+            rows_per_second=rate,
+        )
+
+    def split_changes(self, split: int) -> list[tuple[int, int, Row]]:
+        """``(key, op, row)`` of ``split`` in source order (the reference's input, read from the batches)."""
+        b = change_rows(split, 0, self.per_split, self.extra)
+        return list(
+            zip(
+                b.column("id").to_pylist(),
+                b.column(OP).to_pylist(),
+                zip(b.column("name").to_pylist(), b.column("amount").to_pylist(), strict=True),
+                strict=True,
+            )
+        )
+
+    def final(self) -> State:
+        """The reference: every change applied to a dict, one after another, in source order."""
+        state: State = {}
+        for split in range(self.splits):
+            replay(state, self.split_changes(split))
+        return state
+
+    def prefixes(self, split: int) -> dict[frozenset[tuple[int, Row]], int]:
+        """Every state a prefix of ``split``'s changes leaves (its keys only), with the prefix's length."""
+        state: State = {}
+        out = {frozenset(): 0}
+        for n, change in enumerate(self.split_changes(split), start=1):
+            replay(state, [change])
+            out.setdefault(frozenset(state.items()), n)
+        return out
+
+
+def replay(state: State, changes: Iterable[tuple[int, int, Row]]) -> None:
+    for key, op, row in changes:
+        if op == Op.DELETE:
+            state.pop(key, None)
+        else:
+            state[key] = row
+
+
+def table_state(table: pa.Table) -> State:
+    """A table read back as ``{id: (name, amount)}``; fails on a duplicated key."""
+    if table.num_rows == 0:
+        return {}
+    ids = table.column("id").to_pylist()
+    assert len(set(ids)) == len(ids), f"{len(ids) - len(set(ids))} duplicated key(s) in the table"
+    return dict(zip(ids, zip(table.column("name").to_pylist(), table.column("amount").to_pylist(), strict=True), strict=True))
+
+
+def version_states(target: Target) -> list[tuple[int | None, State]]:
+    """Every table version (Delta log entries, Iceberg snapshots), oldest first: the checkpoint its commit
+    recorded (None: not a checkpoint's, e.g. a rewrite or the table's creation) and what a reader sees."""
+    out: list[tuple[int | None, State]] = []
+    if not target.exists():
+        return out
+    if target.kind == "delta":
+        from deltalake import DeltaTable
+
+        table = target.delta_table()
+        for v in range(table.version() + 1):
+            t = DeltaTable(f"{target.root}/table", version=v, storage_options=target._delta_options())
+            out.append((delta_txn(target, v), table_state(t.to_pyarrow_table())))
+        return out
+    table = target.iceberg_table()
+    for s in table.snapshots():
+        cid = s.summary.additional_properties.get("sluice.max-committed-checkpoint-id") if s.summary else None
+        out.append((int(cid) if cid is not None else None, table_state(table.scan(snapshot_id=s.snapshot_id).to_arrow())))
+    return out
+
+
+def delta_txn(target: Target, version: int) -> int | None:
+    """The app transaction version (the checkpoint) Delta log entry ``version`` records, read from the log
+    file itself (delta-rs's ``history()`` hangs listing moto's S3 with ``start-after``)."""
+    from sluice.sinks.tables.storage import arrow_filesystem
+
+    fs, root = arrow_filesystem(f"{target.root}/table", target.storage_options)
+    with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as f:
+        for line in f.read().decode().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                return int(action["txn"]["version"])
+    return None
+
+
+def check_versions(stream: Stream, target: Target) -> int:
+    """Assert every table version is the stream applied up to a cut (per split, a prefix of its changes: a
+    checkpoint's source offsets) and carries a checkpoint id unless it only creates or rewrites the table;
+    returns how many versions."""
+    prefixes = [stream.prefixes(s) for s in range(stream.splits)]
+    versions = version_states(target)
+    for n, (cid, state) in enumerate(versions):
+        for split in range(stream.splits):
+            part = frozenset((k, r) for k, r in state.items() if k // 1000 == split)
+            at = prefixes[split].get(part)
+            assert at is not None, (
+                f"table version {n} (checkpoint {cid}): split {split}'s keys are no prefix of its changes: {sorted(part)}"
+            )
+    return len(versions)
+
+
+def pipeline(
+    stream: Stream,
+    sink: Any,
+    directory: str,
+    *,
+    name: str = "cdc",
+    parallelism: int = 2,
+    interval: float = 0.05,
+    attempts: int = 6,
+    rate: float | None = None,
+    checkpoint: dict[str, Any] | None = None,
+) -> Pipeline:
+    """source -> sink, chained (the writers see each split's changes in source order)."""
+    p = Pipeline(
+        name,
+        checkpoint=CheckpointConfig(interval=interval, storage=f"{directory}/chk", **(checkpoint or {})),
+        restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
+    )
+    p.source(stream.source(rate), parallelism=parallelism).sink(sink, parallelism=parallelism)
+    return p
