@@ -33,6 +33,7 @@ from sluice.sink import Sink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
+from tests.faults.backends import BACKENDS as ALL_BACKENDS
 from tests.faults.backends import backend_config
 
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
@@ -261,6 +262,9 @@ def two_keyed(p: Pipeline, b: Build) -> None:
     s.key_by("k").process(RunningCount(), name="second", parallelism=b.par()).sink(b.sink())
 
 
+#: the base state backends other suites run their jobs on (hashmap, RocksDB incremental); every variant the
+#: fault shapes run on (with changelog, with local recovery) is in tests/faults/backends.py
+BACKENDS = {name: ALL_BACKENDS[name] for name in ("hashmap", "rocksdb")}
 #: the shapes with keyed state (the others run the same on every backend)
 KEYED_SHAPES = ("keyed", "union", "two_keyed")
 
