@@ -121,7 +121,8 @@ def test_a_corrupt_newest_checkpoint_is_named(tmp_path: Path, damage: str) -> No
         bad = newest / "_metadata"
         bad.write_bytes(b"\x00\xff garbage")
     else:
-        (bad,) = [f for f in newest.glob("*.state") if f.name == "0-0.state"]
+        # the state file the metadata names for subtask 0.0 (a finished subtask's: <vertex>-<index>.final.state)
+        bad = newest / json.loads((newest / "_metadata").read_bytes())["tasks"]["0.0"]["path"]
         bad.write_bytes(b"")
     with pytest.raises(RestoreError) as ei:
         bounded(tmp_path).run(runtime="local", restore="latest", control_endpoint=None)
@@ -151,7 +152,8 @@ def test_sluice_run_prints_the_refusal_as_one_line(tmp_path: Path, damage: str) 
     elif damage == "truncated metadata":
         (chks[-1] / "_metadata").write_text('{"checkpoint_id": ')
     else:
-        (chks[-1] / "0-0.state").write_bytes(b"")
+        newest = chks[-1]  # the state file its metadata names for subtask 0.0 (finished: 0-0.final.state)
+        (newest / json.loads((newest / "_metadata").read_bytes())["tasks"]["0.0"]["path"]).write_bytes(b"")
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(JOB.format(chk=str(tmp_path / "chk"), out=str(tmp_path / "out"))))
     cmd = [sys.executable, "-m", "sluice.cli", "run", str(job), "--runtime", "local"]

@@ -56,8 +56,8 @@ def test_finalize_writes_the_metadata_last_with_state_paths_relative_to_its_fold
     meta = metadata(done.directory)
     assert meta["checkpoint_id"] == 3 and meta["job_id"] == "job" and meta["kind"] == "checkpoint"
     assert meta["tasks"][str(A)]["path"] == "0-0.state"
-    assert meta["tasks"][str(B)]["path"] == "1-0.state" and "data" not in meta["tasks"][str(B)]
-    assert Path(done.directory, "1-0.state").read_bytes() == b"final state of B"
+    assert meta["tasks"][str(B)]["path"] == "1-0.final.state" and "data" not in meta["tasks"][str(B)]
+    assert Path(done.directory, "1-0.final.state").read_bytes() == b"final state of B"
     assert storage.completed() == [(3, done.directory, False)]
 
 

@@ -56,15 +56,16 @@ def _first(rng: random.Random, point: str, count: int) -> PlannedFault:
     return PlannedFault(point, rng.randint(0, max(0, min(count // share, guaranteed) - 1)))
 
 
-def _reachable(point: str, count: int) -> bool:
+def reachable(point: str, count: int) -> bool:
+    """Whether a crash can be armed at ``point``, which a failure-free run reached ``count`` times."""
     return count >= 4 if point in _SPARSE else count > 0
 
 
 def crash_plan(rng: random.Random, hits: dict[str, int], mode: str, crashes: int) -> list[PlannedFault]:
     """``crashes`` (1 or 2) crashes at points ``hits`` shows reachable in ``mode``."""
-    reachable = [p for p in MODE_POINTS[mode] if _reachable(p, hits.get(p, 0))]
-    assert reachable, f"no fault point was reached: {hits}"
-    point = rng.choice(reachable)
+    points = [p for p in MODE_POINTS[mode] if reachable(p, hits.get(p, 0))]
+    assert points, f"no fault point was reached: {hits}"
+    point = rng.choice(points)
     plan = [_first(rng, point, hits[point])]
     if crashes > 1:
         options = ["snapshot_to_ack", "final_checkpoint"]

@@ -33,6 +33,9 @@ from sluice.sink import Sink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
 
+from tests.faults.backends import BACKENDS as ALL_BACKENDS
+from tests.faults.backends import backend_config
+
 #: one entry per fault scenario, summed up at the end of the run (tests/conftest.py)
 SCENARIO_LOG: list[dict[str, Any]] = []
 
@@ -259,12 +262,9 @@ def two_keyed(p: Pipeline, b: Build) -> None:
     s.key_by("k").process(RunningCount(), name="second", parallelism=b.par()).sink(b.sink())
 
 
-#: the state backends the keyed shapes run on: the default (hashmap, full checkpoints) and RocksDB with
-#: incremental checkpoints (``Pipeline(state_backend=...)``)
-BACKENDS: dict[str, dict[str, Any] | None] = {
-    "hashmap": None,
-    "rocksdb": {"type": "rocksdb", "incremental": True, "memory": "32 mb"},
-}
+#: the base state backends other suites run their jobs on (hashmap, RocksDB incremental); every variant the
+#: fault shapes run on (with changelog, with local recovery) is in tests/faults/backends.py
+BACKENDS = {name: ALL_BACKENDS[name] for name in ("hashmap", "rocksdb")}
 #: the shapes with keyed state (the others run the same on every backend)
 KEYED_SHAPES = ("keyed", "union", "two_keyed")
 
@@ -310,7 +310,7 @@ def run_shape(
     ``directory`` reuses an earlier run's sink and checkpoints (``restore="latest"`` resumes it), ``scale``
     overrides every drawn parallelism, ``global_commit`` (default: drawn) picks the test sink's commit path,
     ``sink`` the sink: the test sink, or a Delta or Iceberg table (one global commit per checkpoint);
-    ``backend`` the state backend (:data:`BACKENDS`).
+    ``backend`` the state backend (by name: ``tests/faults/backends.py``).
     """
     args = (shape, seed, faults, mode, alignment, attempts, runtime, checkpoint, global_commit, scale)
     if directory is None:
@@ -377,7 +377,7 @@ def pipeline_of(
         ),
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
         buffers_per_channel=rng.choice([1, 2, 4]),
-        state_backend=BACKENDS[backend],
+        state_backend=backend_config(backend, d),
     )
     shape.build(p, Build(rng, f"{d}/out", scale, gc, rate, sink))
     return p

@@ -32,11 +32,12 @@ from sluice.sinks.testing import read_committed
 from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
-from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan
+from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan, reachable
 from tests.faults.shapes import (
     KEYED_SHAPES,
     SHAPE,
     SHAPES,
+    Run,
     pipeline_of,
     record,
     rows_of,
@@ -79,13 +80,13 @@ def reference(shape: str, seed: int) -> tuple[tuple[Any, ...], ...]:
 
 
 @functools.cache
-def hits(shape: str, seed: int, mode: str, backend: str = "hashmap") -> dict[str, int]:
+def hits(shape: str, seed: int, mode: str, backend: str = "hashmap", global_commit: bool | None = None) -> dict[str, int]:
     """Hits per fault point of a failure-free run in ``mode`` on ``backend`` (whose output must equal the
-    reference: the hashmap backend's, aligned)."""
+    reference: the hashmap backend's, aligned); ``global_commit`` overrides the drawn commit path."""
     counter = HitCounter()
     kw: dict[str, Any] = {"mode": "at_least_once"} if mode == "at_least_once" else {}
     al = alignment(mode, random.Random(0)) if mode in ("unaligned", "adaptive") else None
-    run = run_shape(SHAPE[shape], seed, counter, alignment=al, backend=backend, **kw)
+    run = run_shape(SHAPE[shape], seed, counter, alignment=al, backend=backend, global_commit=global_commit, **kw)
     if mode != "at_least_once":
         assert tuple(run.rows) == reference(shape, seed), f"{shape} {mode} {backend}: output differs from aligned mode"
     return dict(counter.hits)
@@ -107,10 +108,15 @@ def keyed_scenarios(start: int, count: int) -> list[int]:
     return out
 
 
-def crash_scenario(i: int, runtime: str, backend: str = "hashmap") -> None:
+def crash_scenario(i: int, runtime: str, backend: str = "hashmap", point: str | None = None) -> Run:
+    """Crash scenario ``i`` on ``runtime`` and ``backend``; ``point`` forces the first crash's point (below)."""
     shape, seed, mode, rng = scenario(i)
     expected = reference(shape, seed)
-    plan = crash_plan(rng, hits(shape, seed, mode, backend), mode, crashes=1 + (i % 3 == 0))
+    gc = True if point == "global_commit" else None
+    reached = hits(shape, seed, mode, backend, gc)
+    if point is not None and (reachable(point, reached.get(point, 0)) or point not in ("align", "channel_state")):
+        reached = {point: reached.get(point, 0)}  # align, channel_state reached too rarely: drawn as usual
+    plan = crash_plan(rng, reached, mode, crashes=1 + (i % 3 == 0))
     faults: Any
     if runtime == "spark":
         # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job (a
@@ -130,13 +136,17 @@ def crash_scenario(i: int, runtime: str, backend: str = "hashmap") -> None:
     else:
         faults = FaultInjector(plan=plan)
         armed = faults.armed
-    run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime, backend=backend)
+    run = run_shape(
+        SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime, backend=backend, global_commit=gc
+    )
     label = f"{shape} {mode} {runtime} {backend} seed={seed} plan={plan} fired={faults.fired}"
     fired = len(faults.fired) == armed
-    record("crash", i, shape, mode, fired, len(faults.fired), run.rows, expected, backend=backend)
+    at = i if point is None else (i, plan[0].point)
+    record("crash", at, shape, mode, fired, len(faults.fired), run.rows, expected, backend=backend)
     assert run.error is None, f"{label}: {run.error}"
     assert len(faults.fired) == armed, f"{label}: armed faults did not fire"
     check_exactly_once(label, run.rows, expected)
+    return run
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -26,7 +26,8 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.faults import FaultInjector
 
-from tests.faults.shapes import BACKENDS, rows_of
+from tests.faults.backends import BACKENDS, backend_config
+from tests.faults.shapes import rows_of
 
 ROCKSDB = {"type": "rocksdb", "incremental": True, "memory": "32 mb"}
 
@@ -69,7 +70,8 @@ def test_timers_and_state_survive_a_crash_on_each_backend(backend: str, tmp_path
     sessions_job(str(tmp_path / "ref"), None).run(runtime="local", restore="none")
     expected = rows_of(read_committed(f"{tmp_path}/ref/out"))
     faults = FaultInjector(point="process", after=12)
-    sessions_job(str(tmp_path / "run"), BACKENDS[backend]).run(runtime="local", restore="none", faults=faults)
+    run = str(tmp_path / "run")
+    sessions_job(run, backend_config(backend, run)).run(runtime="local", restore="none", faults=faults)
     assert faults.all_fired
     got = rows_of(read_committed(f"{tmp_path}/run/out"))
     assert got == expected and {r[1] for r in got} == set(range(7))  # (at, k, n): every key fired
@@ -87,12 +89,14 @@ def _referenced(storage: LocalCheckpointStorage) -> dict[int, set[str]]:
     return out
 
 
+@pytest.mark.parametrize("backend", ["rocksdb", "rocksdb+changelog", "hashmap+changelog"])
 def test_a_shared_file_is_deleted_exactly_when_the_last_checkpoint_using_it_is_subsumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Incremental RocksDB checkpoints share SST files; every deletion of one happens when no completed
-    checkpoint left in storage references it, and at the end the shared files are exactly those the retained
-    checkpoints reference. An orphan (an upload no completed checkpoint references) goes on restore."""
+    """Incremental RocksDB checkpoints share SST files, changelog checkpoints their materialization and
+    segments; every deletion of one happens when no completed checkpoint left in storage references it, and at
+    the end the shared files are exactly those the retained checkpoints reference. An orphan (an upload no
+    completed checkpoint references) goes on restore."""
     job = f"{tmp_path}/chk/shared"
     storage = LocalCheckpointStorage(f"{tmp_path}/chk", "shared")
     deleted: list[tuple[str, int]] = []
@@ -125,7 +129,7 @@ def test_a_shared_file_is_deleted_exactly_when_the_last_checkpoint_using_it_is_s
         p = Pipeline(
             "shared",
             checkpoint=CheckpointConfig(interval=0.1, num_retained=2, storage=f"{tmp_path}/chk"),
-            state_backend=ROCKSDB,
+            state_backend=BACKENDS[backend],
             max_parallelism=8,
         )
         p.source(src, parallelism=2).key_by("key").process(Count(), parallelism=2).sink(

@@ -139,11 +139,13 @@ class PendingCheckpoint:
         return CompletedCheckpoint(cid, directory, self.savepoint, duration, self.acks, committables)
 
     def _write_driver_state(self, storage: CheckpointStorage) -> None:
-        """Finished subtasks acknowledge with their state's bytes: the driver writes them into this folder."""
+        """Finished subtasks acknowledge with their state's bytes: the driver writes them into this folder,
+        under a name of their own: the subtask may still be writing its snapshot of this checkpoint (begun
+        before it finished) to ``<vertex>-<index>.state``, which must not replace the state acknowledged."""
         for t, h in list(self.acks.items()):
             if h.get("data") is not None:
                 path = storage.write_task_state(
-                    self.checkpoint_id, f"{t.vertex}-{t.index}.state", h["data"], self.savepoint
+                    self.checkpoint_id, f"{t.vertex}-{t.index}.final.state", h["data"], self.savepoint
                 )
                 self.acks[t] = {k: v for k, v in h.items() if k != "data"} | {"path": path}
 

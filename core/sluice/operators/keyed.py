@@ -107,6 +107,8 @@ class KeyedProcessOperator(Operator):
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         if keyed:
             self.backend.restore(keyed)
+            for name, count in self.backend.restore_metrics().items():
+                self.ctx.metric(name, count)
 
     def open(self) -> None:
         self._call(self.fn.open, self._kctx)

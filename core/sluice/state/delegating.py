@@ -92,5 +92,8 @@ class DelegatingKeyedStateBackend(KeyedStateBackend):
     def restore(self, handles: Sequence[Handle]) -> None:
         self.delegate.restore(handles)
 
+    def restore_metrics(self) -> dict[str, int]:
+        return self.delegate.restore_metrics()
+
     def dispose(self) -> None:
         self.delegate.dispose()

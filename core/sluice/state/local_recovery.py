@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -222,6 +223,7 @@ class LocalRecoveryKeyedStateBackend(DelegatingKeyedStateBackend):
         self.store = store
         self._lock = threading.Lock()
         self._records: dict[int, tuple[set[str], int]] = {}
+        self._restored: dict[str, int] = {}
 
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
         snap = self.delegate.snapshot(checkpoint_id, savepoint)
@@ -252,3 +254,22 @@ class LocalRecoveryKeyedStateBackend(DelegatingKeyedStateBackend):
         self.delegate.notify_checkpoint_aborted(checkpoint_id)
         with self._lock:
             self._records.pop(checkpoint_id, None)
+
+    def restore(self, handles: Sequence[Handle]) -> None:
+        store = self.store
+        used, missing, refused = store.used, store.missing, store.refused
+        self.delegate.restore(handles)
+        used, missing, refused = store.used - used, store.missing - missing, store.refused - refused
+        self._restored = {
+            "state.local_recovery.files_local": used,
+            "state.local_recovery.files_remote": missing + refused,
+            "state.local_recovery.files_refused": refused,
+        }
+        if used or missing or refused:
+            log.info(
+                "keyed state restored with local recovery: %d file(s) from the local copy, %d from checkpoint "
+                "storage (%d local copies refused)", used, missing + refused, refused,
+            )  # fmt: skip
+
+    def restore_metrics(self) -> dict[str, int]:
+        return {**self.delegate.restore_metrics(), **self._restored}

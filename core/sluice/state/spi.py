@@ -296,6 +296,11 @@ class KeyedStateBackend(ABC):
         """Load the key groups this subtask owns out of the handles of old subtasks (other key groups
         are left out)."""
 
+    def restore_metrics(self) -> dict[str, int]:
+        """Counters of the last :meth:`restore` (local recovery: files taken from the local copy, read from
+        checkpoint storage, local copies refused); the keyed operator adds them to the job's metrics."""
+        return {}
+
     def dispose(self) -> None:  # noqa: B027 - optional hook
         """Release resources (files, database handles)."""
 
