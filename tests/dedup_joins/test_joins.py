@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, ConfigError, GraphError, Pipeline
 from sluice.connectors.generator import GeneratorSource
-from sluice.operators.joins import LatestJoinOperator
+from sluice.operators.base import MAX_WATERMARK
+from sluice.operators.joins import IntervalJoinOperator, LatestJoinOperator
 from sluice.sinks.testing import read_committed
 
 from tests.dedup_joins import data
@@ -60,6 +61,26 @@ def test_processing_time_join_upserts_deletes_and_survives_a_restore(backend: st
     joined = {2: ("platinum", 3), 3: ("silver", 2)}
     nulls = {1: (None, None), 4: (None, None), 5: (None, None)}
     assert got == (joined if how == "inner" else {**joined, **nulls})
+    h.op.close()
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_interval_join_subtask_without_rows_takes_the_final_watermark(backend: str) -> None:
+    """A subtask that never held a row (none of its key groups had any, also after a restore of empty
+    buffers, as on a rescale) passes the end-of-input watermark on instead of reading an absent time column;
+    a restored subtask whose buffers then get rows still joins and releases them."""
+    h = Harness(lambda: IntervalJoinOperator("interval", ["cust"], ["cust"], "ts", "ts", 5, 5), backend)
+    h.op.process_watermark(MAX_WATERMARK)
+    assert h.out.watermarks == [MAX_WATERMARK] and h.out.rows() == []
+    h.restart()  # both buffers empty in the snapshot
+    h.op.process_watermark(MAX_WATERMARK)
+    assert h.out.watermarks == [MAX_WATERMARK]
+    h.restart()
+    h.op.process_batch(pa.RecordBatch.from_pydict({"id": [1], "cust": [7], "ts": [100]}), 0)
+    h.op.process_batch(pa.RecordBatch.from_pydict({"cust": [7, 7], "ts": [103, 200], "v": [1, 2]}), 1)
+    h.op.process_watermark(MAX_WATERMARK)
+    assert h.out.rows() == [{"id": 1, "cust": 7, "ts": 100, "ts_right": 103, "v": 1}]
+    assert h.out.watermarks == [MAX_WATERMARK] and not len(h.op.buffers[0]) and not len(h.op.buffers[1])
     h.op.close()
 
 

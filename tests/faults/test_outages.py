@@ -193,7 +193,7 @@ def broker_outage(
             hold(client, broker.proxy)
         elif fails_over:
             wait_until(
-                lambda: client.monitor.attempts > 1, "a failover while the broker is away", client, 30,
+                lambda: client.monitor.attempts > 1, "a failover while the broker is away", client,
                 explain=lambda: f"stalled shown: {stall_shown(client)}, {broker.proxy.stats.since(before)}",
             )  # fmt: skip
         else:

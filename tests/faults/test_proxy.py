@@ -174,8 +174,14 @@ def test_unreachable_upstream_closes_the_client_and_is_counted() -> None:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    with FaultProxy(("127.0.0.1", port)) as p, connect(p) as s:
-        assert closed_by_peer(s)
+    with FaultProxy(("127.0.0.1", port)) as p:
+        try:
+            s = connect(p)
+        except ConnectionResetError:
+            pass  # the proxy's reset came before a loaded machine returned from connect(): closed all the same
+        else:
+            with s:
+                assert closed_by_peer(s)
         wait_for(lambda: p.stats.upstream_failed == 1, "the failed upstream to be counted")
 
 

@@ -108,8 +108,10 @@ class IntervalJoinOperator(Operator):
     def process_watermark(self, timestamp: int) -> None:
         self.watermark = timestamp
         for side in (0, 1):
-            if timestamp >= self._next_expiry[side]:
-                buf = self.buffers[side]
+            buf = self.buffers[side]
+            # an empty buffer's expiry is 2**63 - 1, which the end-of-input watermark reaches; a buffer that
+            # never held a row (a subtask without rows, also after a restore) has no columns to read
+            if timestamp >= self._next_expiry[side] and len(buf):
                 t = event_ms(buf.table().column(_T), f"{self.name}: time")
                 buf.keep(t + self._bound(side) >= timestamp)
                 self._update_expiry(side)
