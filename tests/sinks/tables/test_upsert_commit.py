@@ -153,3 +153,25 @@ def test_a_checkpoint_without_changes_commits_nothing(local_target: Target) -> N
     assert committer.commit(1, []) is CommitOutcome.COMMITTED
     assert not local_target.exists()
 
+
+
+def test_a_file_a_failed_attempt_stages_after_the_first_sweep_is_deleted_at_the_next_merge(
+    local_target: Target,
+) -> None:
+    """A failed attempt's compactor can still be merging (the asynchronous part of its checkpoint outlives
+    the attempt) when the next attempt's committer sweeps orphans: its file lands after that sweep. The next
+    merge deletes it; the current attempt's file of a checkpoint not yet merged stays."""
+    from sluice.sinks.tables.changes import stage_changes
+    from sluice.sinks.tables.files import data_file_name
+
+    up = Upserts(local_target)
+    up.checkpoint(1, random_stream(random.Random(1), 20, 5))
+    committer = ChangeCommitter("test", up.engine, up.fs, up.keys, GCtx(1, 1))  # attempt 1 restored 1
+    fs, root = up.fs()
+    changes = as_table(random_stream(random.Random(2), 20, 5, 100))
+    late = stage_changes(fs, root, data_file_name("job", 2, 2, 0, 1, "0123456789ab", compacted=True), changes, 2)
+    assert (Path(root) / late.path).exists()
+    pending = stage_changes(fs, root, data_file_name("job", 4, 0, 1, 0, "0123456789ab"), changes, 4)
+    assert committer.commit(3, [up.stage(3, changes)]) is CommitOutcome.COMMITTED
+    left = [Path(p).name for p in staged_left(up)]
+    assert left == [Path(pending.path).name], "a failed attempt's late staged file survived the next merge"

@@ -5,7 +5,8 @@ The table-format part is a :class:`ChangeEngine` (:class:`~sluice.sinks.delta.up
 :class:`~sluice.sinks.iceberg.upsert.IcebergUpsert`). Before the attempt's first commit the committer deletes
 staged change files no commit will read (:func:`~sluice.sinks.tables.changes.remove_orphaned_changes`) and,
 if the engine writes files of its own, those of merges whose commit never landed. After a merge landed (or
-was found in the table) the checkpoint's staged files are deleted. Given no key columns, the committer takes
+was found in the table) the checkpoint's staged files are deleted, and so are staged files of earlier attempts
+that no commit will read: a failed attempt's subtask may still have been staging during the first sweep. Given no key columns, the committer takes
 them from the staged files' schema metadata (:func:`sluice.changes.keys_of`).
 """
 
@@ -110,6 +111,7 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
                     "or give the sink a new uid"
                 )
             delete_staged(fs, root, committables)
+            self._sweep_late_orphans(fs, root, checkpoint_id)
             return CommitOutcome.ALREADY_COMMITTED
         self._tried.add(checkpoint_id)
         if not self.keys:
@@ -128,9 +130,20 @@ class ChangeCommitter(GlobalCommitter[TableFile]):
         if outcome is CommitOutcome.COMMITTED:
             self.ctx.fault_hook("commit")  # the merge landed; the engine does not know yet
         delete_staged(fs, root, committables)
+        self._sweep_late_orphans(fs, root, checkpoint_id)
         if outcome is CommitOutcome.COMMITTED and self.on_commit is not None:
             self.on_commit()
         return outcome
+
+    def _sweep_late_orphans(self, fs: pafs.FileSystem, root: str, checkpoint_id: int) -> None:
+        """Delete staged files of earlier attempts that no commit will read, now that ``checkpoint_id``
+        merged: a subtask of a failed attempt can still be staging (a compactor merging in the asynchronous
+        part of its checkpoint) after this attempt's first sweep."""
+        if self.ctx.attempt > 0:
+            remove_orphaned_changes(
+                fs, root, self.ctx.job_id, checkpoint_id, self.ctx.restored_checkpoint_id,
+                before_attempt=self.ctx.attempt,
+            )
 
     def close(self) -> None:
         if self.on_close is not None:

@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from sluice.changes import OP, ORDER, Op, change_table
 from sluice.errors import SluiceError
-from sluice.sinks.tables.files import TableFile, parse_data_file_name, write_parquet
+from sluice.sinks.tables.files import TableFile, data_file_attempt, parse_data_file_name, write_parquet
 
 __all__ = [
     "CHANGES_DIR",
@@ -189,6 +189,7 @@ def remove_orphaned_changes(
     committed: int,
     restored: int | None,
     keep: Collection[str] | None = None,
+    before_attempt: int | None = None,
 ) -> int:
     """Delete staged change files of ``job_id`` that no commit will read; returns how many.
 
@@ -197,6 +198,9 @@ def remove_orphaned_changes(
     up to ``committed`` was applied (the merge of checkpoint n applies every staged file up to n); one after
     both ``committed`` and ``restored`` belongs to a checkpoint that never completed. Given ``keep`` (the
     paths of every staged file the restored checkpoint names), a file it does not name is deleted as well.
+    Given ``before_attempt``, only files that earlier attempts wrote are considered: the committer calls it
+    so after each merge, since a subtask of a failed attempt may still be staging (its asynchronous
+    checkpoint part outlives the attempt) after the new attempt's first sweep.
     """
     upto = max(committed, restored or 0)
     removed = 0
@@ -205,6 +209,8 @@ def remove_orphaned_changes(
         rel = info.path[len(root) :].lstrip("/")
         parsed = parse_data_file_name(rel)
         if info.type != pafs.FileType.File or parsed is None or parsed[0] != job_id:
+            continue
+        if before_attempt is not None and (data_file_attempt(rel) or 0) >= before_attempt:
             continue
         if parsed[1] <= committed or parsed[1] > upto or (keep is not None and rel not in keep):
             fs.delete_file(info.path)

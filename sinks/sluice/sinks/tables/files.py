@@ -94,6 +94,12 @@ def parse_data_file_name(name: str) -> tuple[str, int] | None:
     return (m.group("job"), int(m.group("ckpt"))) if m else None
 
 
+def data_file_attempt(name: str) -> int | None:
+    """The attempt that wrote a data file this module named, else None."""
+    m = _NAME.match(name.rsplit("/", 1)[-1])
+    return int(m.group("attempt")) if m else None
+
+
 def schema_fingerprint(schema: pa.Schema) -> str:
     return hashlib.sha1(str(schema.remove_metadata()).encode()).hexdigest()[:12]
 
