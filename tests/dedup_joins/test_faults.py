@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 from sluice.testing.faults import FaultInjector, HitCounter
-from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.dedup_joins.shapes import SHAPE, SHAPES
-from tests.faults.plans import crash_plan
+from tests.faults.plans import crash_plan, injector_for
 from tests.faults.shapes import BACKENDS, pipeline_of, record, run_shape
 from tests.faults.test_exactly_once import MODES, alignment, check_exactly_once
 
@@ -60,22 +59,7 @@ def crash_scenario(i: int, runtime: str) -> None:
     shape, seed, mode, backend, rng = scenario(i)
     expected = reference(shape, seed)
     plan = crash_plan(rng, hits(shape, seed, mode, backend), mode, crashes=1 + (i % 3 == 0))
-    faults: Any
-    if runtime == "spark":  # as tests/faults/test_exactly_once.py: slot 0, early hits, commits on the driver
-        faults = SparkFaultInjector(
-            SlotCrash(
-                "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
-                0 if f.point == "final_checkpoint" else min(f.after, 2),
-                attempt=n,
-                slot=0,
-                how=rng.choice(["kill", "raise"]),
-            )
-            for n, f in enumerate(plan)
-        )
-        armed = len(plan)
-    else:
-        faults = FaultInjector(plan=plan)
-        armed = faults.armed
+    faults, armed = injector_for(plan, runtime, rng)
     run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime, backend=backend)
     label = f"{shape} {mode} {runtime} {backend} seed={seed} plan={plan} fired={faults.fired}"
     record("crash", f"dj-{i}", shape, mode, len(faults.fired) == armed, len(faults.fired), run.rows, expected, backend=backend)

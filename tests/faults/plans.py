@@ -17,8 +17,10 @@ with data is certain once, so ``commit`` is armed at its first hit. Second fault
 from __future__ import annotations
 
 import random
+from typing import Any
 
-from sluice.testing.faults import PlannedFault
+from sluice.testing.faults import FaultInjector, PlannedFault
+from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.shapes import LINGER_CHECKPOINTS
 
@@ -87,3 +89,26 @@ def checkpoint_failure_plan(rng: random.Random, hits: dict[str, int]) -> list[Pl
     if rng.random() < 0.4:
         plan.append(PlannedFault("snapshot_to_ack", 0, rng.choice(["decline", "stall"])))
     return plan
+
+
+def injector_for(plan: list[PlannedFault], runtime: str, rng: random.Random) -> tuple[Any, int]:
+    """The fault hook that arms ``plan`` on ``runtime`` and how many faults it arms.
+
+    On Spark, slot 0 hosts subtask 0 of every vertex: early hits are armed (there are fewer than in the whole
+    job; a final checkpoint is hit once per task), and a global commit runs on the driver, where slot crashes
+    cannot reach: the crash comes before the commit instead.
+    """
+    if runtime == "spark":
+        faults = SparkFaultInjector(
+            SlotCrash(
+                "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
+                0 if f.point == "final_checkpoint" else min(f.after, 2),
+                attempt=n,
+                slot=0,
+                how=rng.choice(["kill", "raise"]),
+            )
+            for n, f in enumerate(plan)
+        )
+        return faults, len(plan)
+    injector = FaultInjector(plan=plan)
+    return injector, injector.armed

@@ -30,9 +30,8 @@ from typing import Any
 import pytest
 from sluice.sinks.testing import read_committed
 from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
-from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
-from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan, reachable
+from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan, injector_for, reachable
 from tests.faults.shapes import (
     KEYED_SHAPES,
     SHAPE,
@@ -117,25 +116,7 @@ def crash_scenario(i: int, runtime: str, backend: str = "hashmap", point: str | 
     if point is not None and (reachable(point, reached.get(point, 0)) or point not in ("align", "channel_state")):
         reached = {point: reached.get(point, 0)}  # align, channel_state reached too rarely: drawn as usual
     plan = crash_plan(rng, reached, mode, crashes=1 + (i % 3 == 0))
-    faults: Any
-    if runtime == "spark":
-        # slot 0 hosts subtask 0 of every vertex: arm early hits, there are fewer than in the whole job (a
-        # final checkpoint is hit once per task: a chain has one task in slot 0); a global commit runs on the
-        # driver, where slot crashes cannot reach: crash before the commit instead
-        faults = SparkFaultInjector(
-            SlotCrash(
-                "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
-                0 if f.point == "final_checkpoint" else min(f.after, 2),
-                attempt=n,
-                slot=0,
-                how=rng.choice(["kill", "raise"]),
-            )
-            for n, f in enumerate(plan)
-        )
-        armed = len(plan)
-    else:
-        faults = FaultInjector(plan=plan)
-        armed = faults.armed
+    faults, armed = injector_for(plan, runtime, rng)
     run = run_shape(
         SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime, backend=backend, global_commit=gc
     )

@@ -23,9 +23,8 @@ from sluice import Pipeline
 from sluice import windows as w
 from sluice.connectors.generator import GeneratorSource
 from sluice.testing.faults import FaultInjector, HitCounter
-from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
-from tests.faults.plans import crash_plan
+from tests.faults.plans import crash_plan, injector_for
 from tests.faults.shapes import Build, Shape, _gen, record, rows_of, run_shape, with_key
 from tests.windows.helpers import sql
 
@@ -139,22 +138,7 @@ def crash_scenario(i: int, runtime: str, backend: str) -> None:
     shape, seed, mode, rng = scenario(i)
     expected = reference(shape, seed)
     plan = crash_plan(rng, hits(shape, seed, mode, backend), mode, crashes=1 + (i % 3 == 0))
-    faults: Any
-    if runtime == "spark":  # as tests/faults/test_exactly_once.py: slot 0, early hits, no driver-side points
-        faults = SparkFaultInjector(
-            SlotCrash(
-                "complete_to_commit" if f.point in ("commit", "global_commit") else f.point,
-                0 if f.point == "final_checkpoint" else min(f.after, 2),
-                attempt=n,
-                slot=0,
-                how=rng.choice(["kill", "raise"]),
-            )
-            for n, f in enumerate(plan)
-        )
-        armed = len(plan)
-    else:
-        faults = FaultInjector(plan=plan)
-        armed = faults.armed
+    faults, armed = injector_for(plan, runtime, rng)
     run = run_shape(
         SHAPE[shape], seed, faults, alignment=alignment(mode, rng), runtime=runtime, backend=backend
     )
