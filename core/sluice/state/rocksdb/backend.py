@@ -255,6 +255,20 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.write_many(rewrites)
         return removed
 
+    def drop_state(self, name: str) -> None:
+        sid = state_id(name)
+        self.cache.flush()
+        log = self.cache.log
+        for kg in self.key_groups:
+            lo = self.kg_prefixes[kg] + sid
+            hi = successor(lo)
+            if log is not None:  # changelog checkpoints: each removed entry is a change to log
+                log.update((lo + rest, None) for rest, _ in self.scan_db(self.db, lo, hi, len(lo)))
+            self.db.delete_range(lo, hi, self._wo)
+        self.cache.forget(sid)
+        for d in (self._registered, self.restored_meta, self._handles):
+            d.pop(name, None)
+
     # -- checkpoints ----------------------------------------------------------------------------------
     def state_meta(self) -> dict[str, StateMeta]:
         return {**self.restored_meta, **{n: r.meta for n, r in self._registered.items()}}

@@ -146,6 +146,17 @@ class EntryCache:
         self._dirty.update(zip(keys, values, strict=True))
         self._grew(sum(map(len, keys)) + sum(map(len, filter(None, values))) if nbytes is None else nbytes)
 
+    def write_through(self, keys: Sequence[bytes], values: Sequence[bytes | None], ordered: bool = False) -> None:
+        """Write entries straight to RocksDB (past the cache, which forgets these keys): for entries seldom
+        read back soon, which would only cost the cache's bookkeeping."""
+        if self.log is not None:
+            self.log.update(zip(keys, values, strict=True))
+        if self.enabled and (self._dirty or self._clean):
+            n = len(keys)
+            deque(map(self._dirty.pop, keys, repeat(None, n)), maxlen=0)
+            deque(map(self._clean.pop, keys, repeat(None, n)), maxlen=0)
+        self._write(keys, values, ordered)
+
     def write(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Write ``(key, value)`` pairs in order (a None value deletes)."""
         pairs = list(entries)
@@ -185,6 +196,13 @@ class EntryCache:
         """Forget every entry, dirty ones too (the database was replaced)."""
         self._dirty, self._clean = {}, {}
         self.size = self._count = self._added = 0
+
+    def forget(self, sid: bytes) -> None:
+        """Forget the clean entries of state ``sid`` (after :meth:`flush`: the state was dropped from RocksDB)."""
+        assert not self._dirty, "forget() follows a flush"
+        at, end = 2, 2 + len(sid)
+        self._clean = {k: v for k, v in self._clean.items() if k[at:end] != sid}
+        self.size, self._count, self._added = self.measure(), len(self._clean), 0
 
     def __len__(self) -> int:
         return len(self._dirty) + len(self._clean)

@@ -232,13 +232,13 @@ class RocksBatchValueState(BatchValueState):
         self._reg = reg
         self._last: tuple[KeyBatch, list[bytes], np.ndarray | None] | None = None  # the last batch's keys
 
-    def _keys(self, keys: KeyBatch) -> tuple[list[bytes], np.ndarray | None]:
-        """The storage keys of a batch and, when they were sorted (fixed-width keys without a cache: RocksDB
-        reads and writes sorted keys faster), the rows in their order (a stable sort)."""
+    def _keys(self, keys: KeyBatch, sort: bool = False) -> tuple[list[bytes], np.ndarray | None]:
+        """The storage keys of a batch and, when they were sorted (fixed-width keys without a cache, or
+        ``sort``: RocksDB reads and writes sorted keys faster), the rows in their order (a stable sort)."""
         if self._reg.ttl is not None and self._reg.ttl.cleanup_in_background:
             self._be.background_cleanup(self._reg, len(keys))
         last = self._last
-        if last is not None and last[0] is keys:  # a get, then a put of the same batch
+        if last is not None and last[0] is keys and (last[2] is not None or not sort):  # a get, then a put
             return last[1], last[2]
         sid = self._reg.sid
         fixed = keys.fixed
@@ -250,7 +250,7 @@ class RocksBatchValueState(BatchValueState):
             rows[:, :2] = keys.key_groups.astype(">u2").view(np.uint8).reshape(n, 2)
             rows[:, 2 : 2 + len(sid)] = np.frombuffer(sid, dtype=np.uint8)
             rows[:, 2 + len(sid) : 2 + len(sid) + width] = fixed
-            if not self._be.cache.enabled:
+            if sort or not self._be.cache.enabled:
                 order = np.argsort(rows.view(f"S{rows.shape[1]}").ravel(), kind="stable")
                 rows = rows[order]
             out = rows_as_bytes(rows)
@@ -304,3 +304,13 @@ class RocksBatchValueState(BatchValueState):
     def delete(self, keys: KeyBatch) -> None:
         ks, order = self._keys(keys)
         self._be.cache.put_many(ks, [None] * len(ks), ordered=order is not None)
+
+    def insert(self, keys: KeyBatch, values: pa.Array) -> None:
+        """Straight to RocksDB in one sorted write batch (the cache forgets these keys)."""
+        if self._reg.ttl is not None:
+            self.put(keys, values)
+            return
+        ks, order = self._keys(keys, sort=True)
+        if order is not None:
+            values = values.take(pa.array(order))
+        self._be.cache.write_through(ks, self._reg.serializer.encode_array(values), ordered=order is not None)
