@@ -50,10 +50,10 @@ def bucket_state_name(bucket: int) -> str:
 
 class Bloom:
     """A scalable, blocked Bloom filter of 64-bit hashes, all NumPy: segments of doubling capacity, each a
-    bit array of 16 bits per key where a key sets 5 bits of one 64-bit word (one gather per key and segment;
-    under 1% false positives)."""
+    bit array of 32 bits per key where a key sets 6 bits of one 64-bit word (one gather per key and segment;
+    about 0.1% false positives)."""
 
-    K = 5
+    K = 6
     FIRST = 1 << 16
 
     def __init__(self, expected: int = FIRST) -> None:
@@ -64,33 +64,38 @@ class Bloom:
     def __len__(self) -> int:
         return sum(cap for _, cap in self._segments) - self._room
 
-    def _probe(self, hashes: np.ndarray, nwords: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each hash's word (a power-of-two count of words) and its mask of K bits."""
-        word = (_mix(hashes) & np.uint64(nwords - 1)).astype(np.intp)
+    @classmethod
+    def probe(cls, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What :meth:`add` and :meth:`may_hold` take: per hash, a mixed hash that picks its word (in any
+        segment) and its mask of K bits (from K 6-bit fields of the upper half: the lower bits pick key
+        groups). Compute it once for the filters of several buckets."""
         mask = np.zeros(len(hashes), np.uint64)
-        for i in range(self.K):  # K 6-bit fields of the upper half (the lower bits pick key groups)
-            mask |= np.uint64(1) << ((hashes >> np.uint64(32 + 6 * i)) & np.uint64(63))
-        return word, mask
+        for i in range(cls.K):
+            mask |= np.uint64(1) << ((hashes >> np.uint64(28 + 6 * i)) & np.uint64(63))
+        return _mix(hashes), mask
 
-    def add(self, hashes: np.ndarray) -> None:
-        """Remember ``hashes`` (uint64)."""
-        while len(hashes):
+    def add(self, probe: tuple[np.ndarray, np.ndarray]) -> None:
+        """Remember the hashes of ``probe`` (:meth:`probe`)."""
+        mixed, masks = probe
+        while len(mixed):
             if not self._room:
                 cap = self._segments[-1][1] * 2 if self._segments else self._first
-                self._segments.append((np.zeros(cap // 4, np.uint64), cap))  # 16 bits per key
+                self._segments.append((np.zeros(cap // 2, np.uint64), cap))  # 32 bits per key
                 self._room = cap
             words, _ = self._segments[-1]
-            part, hashes = hashes[: self._room], hashes[self._room :]
-            word, mask = self._probe(part, len(words))
-            np.bitwise_or.at(words, word, mask)
-            self._room -= len(part)
+            n = min(self._room, len(mixed))
+            word = (mixed[:n] & np.uint64(len(words) - 1)).astype(np.intp)
+            np.bitwise_or.at(words, word, masks[:n])
+            mixed, masks = mixed[n:], masks[n:]
+            self._room -= n
 
-    def may_hold(self, hashes: np.ndarray) -> np.ndarray:
-        """Per hash, whether it may have been added (False: it certainly was not)."""
-        out = np.zeros(len(hashes), bool)
+    def may_hold(self, probe: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Per hash of ``probe`` (:meth:`probe`), whether it may have been added (False: it certainly was
+        not)."""
+        mixed, mask = probe
+        out = np.zeros(len(mixed), bool)
         for words, _ in self._segments:
-            word, mask = self._probe(hashes, len(words))
-            out |= (words[word] & mask) == mask
+            out |= (words[(mixed & np.uint64(len(words) - 1)).astype(np.intp)] & mask) == mask
         return out
 
 
@@ -141,11 +146,12 @@ class HorizonStore:
         start = np.zeros(n, np.int64)
         has = np.zeros(n, bool)
         todo = np.ones(n, bool)
+        probe = Bloom.probe(hashes)
         for b in sorted(self._states, reverse=True):
             if (b + 1) * self.width + self.within <= now:
                 break  # this bucket and the older ones hold no open horizon
             bloom = self._blooms[b]
-            rows = np.flatnonzero(todo & bloom.may_hold(hashes) if bloom is not None else todo)
+            rows = np.flatnonzero(todo & bloom.may_hold(probe) if bloom is not None else todo)
             if not len(rows):
                 continue
             got = self._states[b].get(_take(keys, rows))
@@ -167,13 +173,15 @@ class HorizonStore:
         if not len(live):
             return
         buckets = starts[live] // self.width
+        mixed, masks = Bloom.probe(hashes[live])
         for b in np.unique(buckets).tolist():
-            rows = live[buckets == b]
+            mine = buckets == b
+            rows = live[mine]
             state = self._state(b, bloom=True)
             state.insert(_take(keys, rows), pa.array(starts[rows], pa.int64()))
             bloom = self._blooms[b]
             if bloom is not None:
-                bloom.add(hashes[rows])
+                bloom.add((mixed[mine], masks[mine]))
 
     def next_expiry(self) -> int | None:
         """When the oldest bucket may be dropped (None: no bucket)."""
