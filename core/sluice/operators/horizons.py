@@ -40,7 +40,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
         z = x + _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))  # type: ignore[no-any-return]
+        return z ^ (z >> np.uint64(31))
 
 
 def bucket_state_name(bucket: int) -> str:
