@@ -93,18 +93,19 @@ def test_crash_on_spark(i: int, request: pytest.FixtureRequest) -> None:
 
 def rescale_scenario(i: int, tmp: Path) -> None:
     """A crash ends the first run (no restart); a second run resumes its latest checkpoint at another
-    parallelism: keyed state and the joins' buffers are split by key group."""
-    shape, seed, _, backend, rng = scenario(i)
+    parallelism: keyed state and the joins' buffers are split by key group, an unaligned checkpoint's
+    in-flight data too (the default slice is aligned; the soak runs every mode)."""
+    shape, seed, mode, backend, rng = scenario(i)
     expected = reference(shape, seed)
     first_scale, second_scale = rng.choice([(1, 3), (3, 1), (2, 4), (4, 2)])
     faults = FaultInjector(point="complete_to_commit", after=0)
-    kw: dict[str, Any] = {"directory": str(tmp), "backend": backend}
+    kw: dict[str, Any] = {"directory": str(tmp), "backend": backend, "alignment": alignment(mode, rng)}
     first = run_shape(SHAPE[shape], seed, faults, attempts=0, scale=first_scale, **kw)
     assert first.error is not None and faults.all_fired, f"{shape}: the first run did not crash ({faults.fired})"
     second = run_shape(SHAPE[shape], seed, None, scale=second_scale, restore="latest", **kw)
-    label = f"{shape} {backend} {first_scale}->{second_scale} seed={seed}"
+    label = f"{shape} {mode} {backend} {first_scale}->{second_scale} seed={seed}"
     assert second.error is None, f"{label}: {second.error}"
-    record("rescale", f"dj-{i}", shape, "aligned", True, 1, second.rows, expected, backend=backend)
+    record("rescale", f"dj-{i}", shape, mode, True, 1, second.rows, expected, backend=backend)
     check_exactly_once(label, second.rows, expected)
 
 

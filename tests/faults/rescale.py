@@ -55,7 +55,8 @@ def crash_then_rescale_on_spark(
     checkpoint, and restore it on Spark at ``scales[1]`` (the caller asks for the ``spark`` fixture)."""
     assert len(plan) == 1, "the first crash only: the second one ends the run after a completed checkpoint"
     faults, armed = injector_for([*plan, PlannedFault("complete_to_commit", 0)], "spark", rng)
-    kw: dict[str, Any] = {"directory": str(tmp), "backend": backend, "alignment": alignment, "runtime": "spark"}
+    kw: dict[str, Any] = {"directory": str(tmp), "backend": backend, "alignment": alignment}
+    kw["runtime"] = "spark"
     first = run_shape(shape, seed, faults, attempts=1, scale=scales[0], **kw)
     fired = list(faults.fired)
     second = run_shape(shape, seed, None, attempts=4, scale=scales[1], restore="latest", **kw)

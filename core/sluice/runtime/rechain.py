@@ -30,9 +30,10 @@ def old_chain(payload: dict[str, Any]) -> list[str]:
 
 
 def _writer_targets(graph: LogicalGraph, chain: list[str]) -> list[tuple[str, str, int]]:
-    """(producer uid, consumer uid, the consumer's input index) of each output writer of a subtask whose chain was ``chain``, in the
-    order its output channel state numbers them (:func:`sluice.runtime.assembly.build_task`: the vertex's
-    output edges by consumer in topological order, grouped by producer)."""
+    """(producer uid, consumer uid, the consumer's input index) of each output writer of a subtask whose chain
+    was ``chain``, in the order its output channel state numbers them
+    (:func:`sluice.runtime.assembly.build_task`: the vertex's output edges by consumer in topological order,
+    grouped by producer)."""
     by_uid = {n.uid: n.id for n in graph.nodes.values()}
     ids = {by_uid[u] for u in chain if u in by_uid}
     groups: dict[tuple[int, str | None], list[tuple[str, str, int]]] = {}
@@ -42,7 +43,8 @@ def _writer_targets(graph: LogicalGraph, chain: list[str]) -> list[tuple[str, st
             continue
         for i, e in enumerate(n.inputs):
             if e.upstream in ids:
-                groups.setdefault((e.upstream, e.tag), []).append((graph.nodes[e.upstream].uid, n.uid, i))
+                producer = graph.nodes[e.upstream].uid
+                groups.setdefault((e.upstream, e.tag), []).append((producer, n.uid, i))
     return [t for ts in groups.values() for t in ts]
 
 
@@ -63,7 +65,8 @@ def rechained_channel_state(
     chain = [n.uid for n in vertex.chain]
     writers = _new_writers(vertex, job)
     p = vertex.parallelism
-    inject: list[tuple[int, int, int, pa.RecordBatch]] = []  # (0 input state or 1 output state, position, input, batch)
+    # (0: input state, 1: output state; chain position; input index; batch)
+    inject: list[tuple[int, int, int, pa.RecordBatch]] = []
     for old_index, payload in olds:
         mine = old_index % p == index
         head = old_chain(payload)[0]
