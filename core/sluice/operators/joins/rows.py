@@ -226,8 +226,6 @@ def decode_rows(values: pa.Array, codecs: Mapping[int, RowCodec], current: RowCo
     n = len(values)
     ok = _valid(values)
     rows = np.flatnonzero(ok)
-    if pa.types.is_binary(values.type):
-        values = values.cast(pa.large_binary())
     offs, data = _binary_parts(values) if n else (np.zeros(1, np.int64), np.zeros(0, np.uint8))
     starts = offs[:-1][rows]
     ids = data[starts[:, None] + np.arange(_ID)].view("<u4").ravel() if len(rows) else np.zeros(0, np.uint32)
