@@ -13,9 +13,11 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, ConfigError, Pipeline
 from sluice.connectors.generator import GeneratorSource
+from sluice.errors import RestoreError
 from sluice.keys import KeySelector
 from sluice.operators.dedup import DeduplicateOperator
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.state.api import ValueStateDescriptor
 
 from tests.dedup_joins import data
 from tests.dedup_joins.harness import Harness
@@ -86,6 +88,20 @@ def test_state_expires_with_the_horizon_and_survives_a_restore(backend: str) -> 
     h.op.process_batch(_events([6000, 6001], [("x", 7), ("x", 7)], [20_001, 20_002]))
     assert [r["id"] for r in h.out.rows()] == [6000]
     h.op.close()
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_checkpoint_of_the_earlier_keep_first_layout_is_refused_in_one_line(backend: str) -> None:
+    """keep='first' state of an earlier sluice (one ``horizon_start`` per key) is not read by the time-bucket
+    layout: restoring it is refused with one line naming the operator, never silently started empty (which
+    would pass every key seen within the horizon again)."""
+    h = Harness(lambda: DeduplicateOperator("dedup", KeySelector("k"), 1000, "ts"), backend)
+    start = h.op.backend.batch_state(ValueStateDescriptor("horizon_start", serializer="int64"))
+    start.put(h.op.backend.key_batch([pa.array([7])]), pa.array([0]))
+    with pytest.raises(RestoreError) as err:
+        h.restart()
+    assert "deduplicate 'dedup': the checkpoint holds keep='first' state in the layout of an earlier" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

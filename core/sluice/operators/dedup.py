@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.errors import RestoreError
 from sluice.keys import KeySelector
 from sluice.operators.base import MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
 from sluice.operators.batchwise import distinct, event_ms, take_keys
@@ -112,6 +113,13 @@ class DeduplicateOperator(Operator):
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         if keyed:
             self.backend.restore(keyed)
+            if self._horizons is not None and "horizon_start" in self.backend.state_meta():
+                raise RestoreError(
+                    f"deduplicate {self.name!r}: the checkpoint holds keep='first' state in the layout of an "
+                    "earlier sluice (one horizon_start per key), which this version does not read; finish the "
+                    "job with that version, or start without restoring (restore='none'), knowing that keys "
+                    "seen within the horizon pass again"
+                )
         if self._horizons is not None:
             self._horizons.restored()
         if self.schema is None:
