@@ -350,3 +350,10 @@ def test_a_changelog_materialization_starts_between_batches_without_a_checkpoint
     result = client.wait(DEADLINE)
     assert found, problems
     assert result.last_checkpoint is not None and committed_rows(tmp_path) == 200
+
+
+def test_task_cancellation_timeout_has_a_flink_key() -> None:
+    from sluice.settings import configure
+
+    p = configure(Pipeline("keyed-timeout"), {"task.cancellation.timeout": "5 s"})
+    assert p.job_config().task_cancellation_timeout == 5.0
