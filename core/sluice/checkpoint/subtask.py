@@ -14,9 +14,9 @@ once its channel state is complete. An upload that fails declines the checkpoint
 ``BaseException``) fails the task, as it would fail its process.
 
 **Stopping** (:meth:`SubtaskCheckpointing.stop`, before the task closes its operators, whose state backends
-the uploads read): uploads not started are dropped (a finished task's later checkpoints use its final state);
-the running one ends first - a finished task lets it run to its end, a failed one cancels it at its next
-step (:mod:`sluice.checkpoint.uploads`).
+the uploads read): uploads not started are dropped and the running one is cancelled at its next step, then
+waited for (:mod:`sluice.checkpoint.uploads`). A finished task loses nothing by that: the coordinator uses
+its final state for every later checkpoint.
 """
 
 from __future__ import annotations
@@ -367,9 +367,9 @@ class SubtaskCheckpointing:
 
     # -- the end of the task ---------------------------------------------------------------------------
     def stop(self, cancel: bool, timeout: float) -> bool:
-        """Before the operators close: drop the uploads not started, end the running one (run to its end,
-        or with ``cancel`` stopped at its next step), and wait up to ``timeout`` seconds for the upload
-        thread. A thread still running then is named in a warning; returns False in that case."""
+        """Before the operators close: drop the uploads not started, end the running one (with ``cancel`` at
+        its next step, else at its end), and wait up to ``timeout`` seconds for the upload thread. A thread
+        still running then is named in a warning; returns False in that case."""
         for cid in [c for c, p in self._pending.items() if not p.submitted]:
             self._drop(cid)
         return self.uploads.stop(cancel, timeout)

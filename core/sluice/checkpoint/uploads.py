@@ -5,7 +5,9 @@ disposes of its operators (and their state backends), waits for the runnables of
 cancels those of a task that failed. :class:`AsyncUploads` is that for one subtask: one thread, started
 with the first upload, that runs uploads in submission order. :meth:`AsyncUploads.stop` drops the uploads
 not started yet, optionally asks the running one to stop at its next step (:attr:`AsyncUploads.cancelled`),
-and waits, bounded, for the thread to end; a thread that does not end in time is named in a warning.
+and waits, bounded, for the thread to end; a thread that does not end in time is named in a warning. A
+task cancels its uploads whether it finished or failed (a finished task's later checkpoints use its final
+state, so its running upload has nothing left to give).
 """
 
 from __future__ import annotations
@@ -88,8 +90,7 @@ class AsyncUploads(Generic[T]):
         upload to end.
 
         Args:
-            cancel: Ask the running upload to stop at its next step (a failed or cancelled task); else it
-                runs to its end (a finished task: its state is read before the operators dispose of it).
+            cancel: Ask the running upload to stop at its next step; else it runs to its end.
             timeout: Seconds to wait for the thread.
 
         Returns:

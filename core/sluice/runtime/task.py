@@ -206,8 +206,9 @@ class Task:
         try:
             self._initialize()
             self._loop()
-            # the running upload reads state the operators dispose of when they close: it ends first
-            self.checkpointing.stop(cancel=False, timeout=self.spec.stop_timeout)
+            # the running upload reads state the operators dispose of when they close: it ends first (it is
+            # cancelled at its next step: the coordinator uses the finished task's final state from now on)
+            self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
             self._close()
         except _Cancelled:
             self._stop_quietly()
