@@ -165,13 +165,11 @@ class Task:
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: for ever) for the task thread and its upload thread to
         end; True if both did."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = time.monotonic() + (1e9 if timeout is None else timeout)
         if self._thread is not None:
             self._thread.join(timeout)
-            if self._thread.is_alive():
-                return False
-        left = 1e9 if deadline is None else max(0.0, deadline - time.monotonic())
-        return self.checkpointing.uploads.join(left)
+        alive = self._thread is not None and self._thread.is_alive()
+        return not alive and self.checkpointing.uploads.join(max(0.0, deadline - time.monotonic()))
 
     def alive_threads(self) -> list[str]:
         """The names of this task's threads still running (the task thread, its upload thread)."""
