@@ -7,7 +7,6 @@ running next to the merges. Every table is compared with the change stream appli
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -139,14 +138,15 @@ def test_the_background_rewrite_runs_next_to_the_merges_and_loses_no_change(kind
     extra = {"partition_by": ["bucket(4, id)"]} if kind == "iceberg" else {}
     sink = target.sink(mode="upsert", rewrite={"every": 1, "min_files": 2, "target_size": 1 << 20}, **extra)
     seeded = seed_small_files(target, sink, files=6)
-    until = functools.partial(rewrote, target)
-    result = pipeline(stream, sink, str(tmp_path), rate=200.0, interval=0.03, until=until).run(runtime="local")
+    result = pipeline(stream, sink, str(tmp_path), rate=200.0, interval=0.03, until=target.rewrote).run(
+        runtime="local"
+    )
     assert result.status == "finished"
     assert table_state(target.read()) == {**stream.final(), **seeded}
     check_versions(stream, target)
     recorded = [cid for cid, _ in version_states(target) if cid is not None]
     assert recorded == sorted(set(recorded)), f"a checkpoint was applied twice: {recorded}"
-    assert rewrites(target) >= 1, f"the background rewrite never committed: {result.metrics}"
+    assert target.rewrites() >= 1, f"the background rewrite never committed: {result.metrics}"
 
 
 def seed_small_files(target: Target, sink: Any, files: int) -> dict[int, Any]:
@@ -166,19 +166,6 @@ def seed_small_files(target: Target, sink: Any, files: int) -> dict[int, Any]:
         else:
             open_or_create(sink.options, schema).append(batch)
     return rows
-
-
-def rewrites(target: Target) -> int:
-    """Commits of the background rewrite."""
-    if target.kind == "delta":
-        return sum(1 for h in target.delta_table().history() if h.get("operation") == "OPTIMIZE")
-    snaps = target.iceberg_table().snapshots()
-    return sum(1 for s in snaps if s.summary and "sluice.rewrite" in s.summary.additional_properties)
-
-
-def rewrote(target: Target) -> bool:
-    """Whether a background rewrite committed (what the source waits for before ending its input)."""
-    return rewrites(target) >= 1
 
 
 def test_an_append_table_bucketed_by_a_column(tmp_path: Path) -> None:
