@@ -25,6 +25,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.testing.faults import FaultInjector, HitCounter
 
 from tests.faults.plans import crash_plan, injector_for
+from tests.faults.rescale import SCALES, crash_then_rescale_on_spark
 from tests.faults.shapes import Build, Shape, _gen, record, rows_of, run_shape, with_key
 from tests.windows.helpers import sql
 
@@ -118,11 +119,15 @@ def reference(shape: str, seed: int) -> tuple[tuple[Any, ...], ...]:
 
 
 @functools.cache
-def hits(shape: str, seed: int, mode: str, backend: str) -> dict[str, int]:
+def hits(shape: str, seed: int, mode: str, backend: str, scale: int | None = None) -> dict[str, int]:
+    """Hits per fault point of a failure-free run (every parallelism ``scale``, else drawn), whose output
+    must equal the reference."""
     counter = HitCounter()
     al = alignment(mode, random.Random(0)) if mode != "aligned" else None
-    run = run_shape(SHAPE[shape], seed, counter, alignment=al, backend=backend)
-    assert tuple(run.rows) == reference(shape, seed), f"{shape} {mode} {backend}: differs from the reference"
+    run = run_shape(SHAPE[shape], seed, counter, alignment=al, backend=backend, scale=scale)
+    assert tuple(run.rows) == reference(shape, seed), (
+        f"{shape} {mode} {backend} scale={scale}: differs from the reference"
+    )
     return dict(counter.hits)
 
 
@@ -159,9 +164,32 @@ def crash_scenario(i: int, runtime: str, backend: str) -> None:
     check(label, run.rows, expected)
 
 
-#: the default slice: every shape in every mode on each backend locally, one scenario per backend on Spark
+def spark_rescale_scenario(i: int, backend: str, tmp: Path) -> None:
+    """A crash at a random reachable point of a run on Spark, a restart and a crash after a completed
+    checkpoint end it; a second run on Spark resumes that checkpoint at another parallelism
+    (tests/faults/rescale.py): window state and timers move by key group."""
+    shape, seed, mode, rng = scenario(i)
+    expected = reference(shape, seed)
+    scales = rng.choice(SCALES)
+    plan = crash_plan(rng, hits(shape, seed, mode, backend, scales[0]), mode, crashes=1)
+    r = crash_then_rescale_on_spark(
+        SHAPE[shape], seed, plan, tmp, rng, scales=scales, alignment=alignment(mode, rng), backend=backend
+    )
+    label = f"{shape} {mode} {backend} {scales[0]}->{scales[1]} on Spark seed={seed} plan={plan} fired={r.fired}"
+    record("window-rescale-spark", i, shape, mode, r.all_fired, len(r.fired), r.second.rows, expected, backend=backend)
+    assert r.first.error is not None, f"{label}: the first run did not fail"
+    assert r.all_fired, f"{label}: armed faults did not fire"
+    assert r.second.error is None, f"{label}: {r.second.error}"
+    check(label, r.second.rows, expected)
+
+
+#: the default slice: every shape in every mode on each backend locally; on Spark a crash on the hashmap
+#: backend, and a crash then a rescale on RocksDB
 FAST_LOCAL = [(i, b) for b in ("hashmap", "rocksdb") for i in range(9)]
-FAST_SPARK = [(0, "hashmap"), (4, "rocksdb")]
+FAST_SPARK = [(0, "hashmap")]
+FAST_SPARK_RESCALE = [(4, "rocksdb")]
+#: the soak's Spark rescales: every shape in every mode, on both backends
+SOAK_SPARK_RESCALE = [(i, b) for i in (1, 2, 3, 5, 7) for b in ("hashmap", "rocksdb")]
 
 
 @pytest.mark.faults
@@ -178,23 +206,32 @@ def test_window_crash_on_spark(i: int, backend: str, request: pytest.FixtureRequ
 
 
 @pytest.mark.faults
+@pytest.mark.parametrize(("i", "backend"), FAST_SPARK_RESCALE, ids=[f"{b}-{i}" for i, b in FAST_SPARK_RESCALE])
+def test_window_crash_on_spark_then_restore_on_spark_at_another_parallelism(
+    i: int, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    request.getfixturevalue("spark")
+    spark_rescale_scenario(i, backend, tmp_path)
+
+
+@pytest.mark.faults
 @pytest.mark.parametrize(("i", "backend"), [(0, "hashmap"), (1, "rocksdb"), (2, "rocksdb")])
 def test_window_crash_then_restore_at_another_parallelism(i: int, backend: str, tmp_path: Path) -> None:
     """A crash after a completed checkpoint ends the first run; the second resumes it at another parallelism
-    (window state and timers move by key group)."""
-    shape, seed, _, rng = scenario(2 * i)
+    (window state and timers move by key group, an unaligned checkpoint's in-flight data too)."""
+    shape, seed, mode, rng = scenario(2 * i)
     expected = reference(shape, seed)
     faults = FaultInjector(point="complete_to_commit", after=0)
     first_scale, second_scale = (rng.choice([1, 2]), rng.choice([3, 4]))
     if i % 2:
         first_scale, second_scale = second_scale, first_scale
-    kw: dict[str, Any] = {"directory": str(tmp_path), "backend": backend}
+    kw: dict[str, Any] = {"directory": str(tmp_path), "backend": backend, "alignment": alignment(mode, rng)}
     first_run = run_shape(SHAPE[shape], seed, faults, attempts=0, scale=first_scale, **kw)
     assert first_run.error is not None and faults.all_fired, f"{shape}: the first run did not crash"
     second = run_shape(SHAPE[shape], seed, None, scale=second_scale, restore="latest", **kw)
-    label = f"{shape} {backend} {first_scale}->{second_scale} seed={seed}"
+    label = f"{shape} {mode} {backend} {first_scale}->{second_scale} seed={seed}"
     assert second.error is None, f"{label}: {second.error}"
-    record("window-rescale", i, shape, "aligned", True, 1, second.rows, expected, backend=backend)
+    record("window-rescale", i, shape, mode, True, 1, second.rows, expected, backend=backend)
     check(label, second.rows, expected)
 
 
@@ -218,3 +255,10 @@ def test_soak_window_crash_on_spark(i: int, backend: str, request: pytest.Fixtur
 @pytest.mark.parametrize("i", range(3, 23))
 def test_soak_window_rescale(i: int, backend: str, tmp_path: Path) -> None:
     test_window_crash_then_restore_at_another_parallelism(i, backend, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("i", "backend"), SOAK_SPARK_RESCALE, ids=[f"{b}-{i}" for i, b in SOAK_SPARK_RESCALE])
+def test_soak_window_spark_rescale(i: int, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue("spark")
+    spark_rescale_scenario(i, backend, tmp_path)

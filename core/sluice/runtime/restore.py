@@ -15,6 +15,7 @@ from sluice.errors import RestoreError, SluiceError
 from sluice.graph import JobGraph, JobVertex, Partitioning
 from sluice.operators.committables import unpack_pending
 from sluice.runtime.partitioners import HashPartitioner
+from sluice.runtime.rechain import old_chain, rechained_channel_state
 from sluice.runtime.task_spec import TaskRestore
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Sink
@@ -187,8 +188,12 @@ class RestoredCheckpoint:
         return refs_of(self.metadata.get("tasks", {}).values())
 
     def _channel_state(self, job: JobGraph, vertex: JobVertex, index: int, r: TaskRestore) -> None:
-        first = vertex.chain[0].uid
-        olds = self._tasks_of(first)
+        # if the rescale chained or unchained operators, the in-flight data moves node by node
+        chain = [n.uid for n in vertex.chain]
+        olds = sorted((t for t in self.tasks if set(old_chain(t.payload)) & set(chain)), key=lambda t: t.index)
+        if any(old_chain(t.payload) != chain for t in olds):
+            rechained_channel_state(job, vertex, index, [(t.index, t.payload) for t in olds], r)
+            return
         # input channel state: by input edge; hash edges are re-partitioned by key group
         for edge in vertex.inputs:
             batches = [

@@ -225,6 +225,8 @@ class Task:
             # output channel state first, then input channel state, before any new input
             for idx, batch in r.resend_output:
                 self.all_writers[idx].emit(batch)
+            for pos, input_index, batch in r.inject:
+                self.operators[pos].process_batch(batch, input_index)
             for input_index, batch in r.replay_input:
                 self._head.process_batch(batch, input_index)
 

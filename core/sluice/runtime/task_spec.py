@@ -37,6 +37,9 @@ class TaskRestore:
     replay_input: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
     #: batches to send before anything else (output channel state), per output writer index
     resend_output: list[tuple[int, pa.RecordBatch]] = field(default_factory=list)
+    #: (chain position, input index, batch): in-flight data of a node a rescale chained behind another one,
+    #: processed by that operator before the input channel state (sluice.runtime.rechain)
+    inject: list[tuple[int, int, pa.RecordBatch]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
