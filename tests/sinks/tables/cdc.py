@@ -231,13 +231,14 @@ def pipeline(
     rate: float | None = None,
     checkpoint: dict[str, Any] | None = None,
     until: Callable[[], bool] | None = None,
+    source: Any = None,
 ) -> Pipeline:
     """source -> sink, chained (the writers see each split's changes in source order); ``until``: see
-    :meth:`Stream.source`."""
+    :meth:`Stream.source`; ``source``: another source of the stream's changes (e.g. paced by checkpoints)."""
     p = Pipeline(
         name,
         checkpoint=CheckpointConfig(interval=interval, storage=f"{directory}/chk", **(checkpoint or {})),
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
     )
-    p.source(stream.source(rate, until), parallelism=parallelism).sink(sink, parallelism=parallelism)
+    p.source(source or stream.source(rate, until), parallelism=parallelism).sink(sink, parallelism=parallelism)
     return p
