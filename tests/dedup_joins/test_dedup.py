@@ -8,13 +8,16 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, ConfigError, Pipeline
 from sluice.connectors.generator import GeneratorSource
+from sluice.errors import RestoreError
 from sluice.keys import KeySelector
 from sluice.operators.dedup import DeduplicateOperator
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.state.api import ValueStateDescriptor
 
 from tests.dedup_joins import data
 from tests.dedup_joins.harness import Harness
@@ -51,6 +54,12 @@ def _events(ids: list[int], keys: list[tuple[str, int]], ts: list[int]) -> pa.Re
     })  # fmt: skip
 
 
+def held(op: DeduplicateOperator) -> int:
+    """Horizon starts in the operator's state (every time bucket)."""
+    names = [n for n in op.backend.state_meta() if n.startswith("horizon@")]
+    return sum(1 for n in names for _ in op.backend.keys(n))
+
+
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_state_expires_with_the_horizon_and_survives_a_restore(backend: str) -> None:
     """Two key columns, a timestamp column, a 1 s horizon: duplicates inside it are dropped, also after a
@@ -71,14 +80,28 @@ def test_state_expires_with_the_horizon_and_survives_a_restore(backend: str) -> 
     h = Harness(make, backend)
     h.op.process_batch(first)
     assert len(h.out.rows()) == 1500
-    assert sum(1 for _ in h.op.backend.keys("horizon_start")) == 1500
+    assert held(h.op) == 1500
     h.op.process_watermark(11_000)  # no horizon ended yet (the latest opened at 10 499)
-    assert sum(1 for _ in h.op.backend.keys("horizon_start")) == 1500
-    h.op.process_watermark(20_000)  # every horizon ended: the cleanup scan removes them
-    assert sum(1 for _ in h.op.backend.keys("horizon_start")) == 0
+    assert held(h.op) == 1500
+    h.op.process_watermark(20_000)  # every horizon ended: their time buckets are dropped whole
+    assert held(h.op) == 0 and not [n for n in h.op.backend.state_meta() if n.startswith("horizon@")]
     h.op.process_batch(_events([6000, 6001], [("x", 7), ("x", 7)], [20_001, 20_002]))
     assert [r["id"] for r in h.out.rows()] == [6000]
     h.op.close()
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_checkpoint_of_the_earlier_keep_first_layout_is_refused_in_one_line(backend: str) -> None:
+    """keep='first' state of an earlier sluice (one ``horizon_start`` per key) is not read by the time-bucket
+    layout: restoring it is refused with one line naming the operator, never silently started empty (which
+    would pass every key seen within the horizon again)."""
+    h = Harness(lambda: DeduplicateOperator("dedup", KeySelector("k"), 1000, "ts"), backend)
+    start = h.op.backend.batch_state(ValueStateDescriptor("horizon_start", serializer="int64"))
+    start.put(h.op.backend.key_batch([pa.array([7])]), pa.array([0]))
+    with pytest.raises(RestoreError) as err:
+        h.restart()
+    assert "deduplicate 'dedup': the checkpoint holds keep='first' state in the layout of an earlier" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
@@ -118,3 +141,17 @@ def test_options_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as err:
             s.deduplicate(**kw)
         assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_the_bloom_filter_never_misses_a_key_and_seldom_holds_a_new_one() -> None:
+    """The per-bucket filter that spares new keys a state read: every added hash is held, across growing
+    segments; under 1% of hashes never added are (it is sized for 32 bits per key)."""
+    from sluice.operators.horizons import Bloom, _mix
+
+    bloom = Bloom(1000)
+    added = _mix(np.arange(300_000, dtype=np.uint64))
+    for part in np.array_split(added, 7):
+        bloom.add(Bloom.probe(part))
+    assert len(bloom) == 300_000 and bloom.may_hold(Bloom.probe(added)).all()
+    fresh = _mix(np.arange(10**9, 10**9 + 200_000, dtype=np.uint64))
+    assert bloom.may_hold(Bloom.probe(fresh)).mean() < 0.01

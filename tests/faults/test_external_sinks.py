@@ -124,9 +124,9 @@ def test_crash_then_restore_at_another_parallelism(sink: str, i: int, tmp_path: 
 
 #: a Spark run takes about 30 s here: the default run kills a slot at one point per sink and mode, the soak
 #: run at the others
-SPARK = [("kafka", "complete_to_commit", 0), ("kafka", "commit", 0), ("postgres", "snapshot_to_ack", 1),
-         ("postgres_upsert", "commit", 1)]  # fmt: skip
-SPARK_SOAK = [("kafka", "process", 3), ("postgres", "complete_to_commit", 0), ("postgres", "commit", 0),
+SPARK = [("kafka", "complete_to_commit", 0), ("postgres_upsert", "commit", 1)]
+SPARK_SOAK = [("kafka", "commit", 0), ("postgres", "snapshot_to_ack", 1), ("kafka", "process", 3),
+              ("postgres", "complete_to_commit", 0), ("postgres", "commit", 0),
               ("postgres_upsert", "pre_commit", 0)]  # fmt: skip
 _SPARK_CASES = [pytest.param(*c, id=f"{c[0]}-{c[1]}") for c in SPARK] + [
     pytest.param(*c, id=f"{c[0]}-{c[1]}", marks=pytest.mark.soak) for c in SPARK_SOAK

@@ -112,14 +112,20 @@ def crash(i: int, runtime: str, backend: str, point: str) -> None:
 
 
 def fast_cases() -> list[Any]:
-    """The default run's local scenarios: each changelog backend crashes at every point; the local recovery
-    backends share the points (each point once on one of them)."""
-    cases = _cases(NEW[:2], every_point(2000), 0, 0)
-    local = NEW[2:]
-    for n, (i, point) in enumerate(every_point(2500)):
-        backend = local[n % len(local)]
-        cases.append(pytest.param(backend, i, point, id=f"{backend}-{i}-{point}"))
+    """The default run's local scenarios: the changelog backends share the crash points (each point once on
+    one of them, the other one's turn in ``-m soak``), and so do the local recovery backends."""
+    cases = []
+    for start, backends in ((2000, NEW[:2]), (2500, NEW[2:])):
+        for n, (i, point) in enumerate(every_point(start)):
+            backend = backends[n % len(backends)]
+            cases.append(pytest.param(backend, i, point, id=f"{backend}-{i}-{point}"))
     return cases
+
+
+def soak_every_point() -> list[Any]:
+    """The changelog backends' turns at every point that the default run leaves out."""
+    fast = {(c.values[0], c.values[2]) for c in fast_cases()}
+    return [c for c in _cases(NEW[:2], every_point(2000), 0, 0) if (c.values[0], c.values[2]) not in fast]
 
 
 @pytest.mark.faults
@@ -146,6 +152,12 @@ def test_crash_then_restore_at_another_parallelism(i: int, backend: str, tmp_pat
     """A changelog job crashes, then resumes its latest checkpoint at another parallelism: the
     materialization and the segments are split by key group."""
     suite.test_crash_then_restore_at_another_parallelism(i, backend, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("backend", "i", "point"), soak_every_point())
+def test_soak_crash_at_every_point(backend: str, i: int, point: str) -> None:
+    crash(i, "local", backend, point)
 
 
 @pytest.mark.soak

@@ -116,9 +116,14 @@ def crash_scenario(sink: str, i: int, tmp: Path, request: pytest.FixtureRequest,
     check(label, target, result, faults.all_fired, faults.crashes, f"upsert-{sink}", i)
 
 
+#: every point once per sink in the default run, the sinks taking turns, and the other turn in ``-m soak``
+EVERY_POINT = [pytest.param(SINKS[(i + n) % 2], i, id=f"{i}-{SINKS[(i + n) % 2]}",
+                            marks=[pytest.mark.soak] if n else [])
+               for n in (0, 1) for i in range(len(POINTS))]  # fmt: skip
+
+
 @pytest.mark.faults
-@pytest.mark.parametrize("sink", SINKS)
-@pytest.mark.parametrize("i", range(len(POINTS)))
+@pytest.mark.parametrize(("sink", "i"), EVERY_POINT)
 def test_a_crash_at_every_point_loses_and_doubles_no_change(sink: str, i: int, tmp_path: Path,
                                                             request: pytest.FixtureRequest) -> None:
     crash_scenario(sink, i, tmp_path, request)

@@ -11,10 +11,11 @@ time is before ``t + within`` belongs to it, the first record at or after ``t + 
   ``t + within``, or earlier when the next horizon of its key opens; at the end of a bounded input every
   open horizon is emitted.
 
-State: per key, the open horizon's start (``keep="first"``: with a state time-to-live of ``within`` that
-follows the watermark, so it expires with the horizon) and, for ``keep="last"``, the best record so far
-(one value state per column) and a timer at the horizon's end. Every step works on whole batches: the
-batch's distinct keys (NumPy), one batch-wise state read and write per batch.
+State: per key, the open horizon's start (``keep="first"``: in value states per time bucket, dropped whole
+when the clock passes them, with a Bloom filter per bucket so that new keys cost no state read:
+:mod:`sluice.operators.horizons`) and, for ``keep="last"``, the best record so far (one value state per
+column) and a timer at the horizon's end. Every step works on whole batches: the batch's distinct keys
+(NumPy), batch-wise state reads and writes.
 """
 
 from __future__ import annotations
@@ -26,19 +27,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.errors import RestoreError
 from sluice.keys import KeySelector
 from sluice.operators.base import MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
 from sluice.operators.batchwise import distinct, event_ms, take_keys
+from sluice.operators.horizons import HorizonStore
 from sluice.state.api import ValueStateDescriptor
-from sluice.state.config import StateTtlConfig
 from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend, TimeDomain
 
 __all__ = ["DeduplicateOperator"]
 
 Keep = Literal["first", "last"]
-
-#: records between two scans for expired horizons (keep="first", event time)
-_CLEANUP_ROWS = 16_384
 
 
 def assign_horizons(
@@ -95,13 +94,9 @@ class DeduplicateOperator(Operator):
         self.order_by = order_by
         self.schema = schema
         self.watermark = MIN_WATERMARK
-        self._now = MIN_WATERMARK  # the clock state TTL follows in event time
-        self._since_cleanup = 0
-        self._cleaned_at = MIN_WATERMARK
-        #: no entry this instance wrote expires before this (MIN after a restore: restored entries may)
-        self._earliest_expiry = 2**63 - 1
         self.backend: KeyedStateBackend
         self._columns: list[BatchValueState] | None = None
+        self._horizons: HorizonStore | None = None  # keep="first"
 
     @property
     def _domain(self) -> TimeDomain:
@@ -109,17 +104,24 @@ class DeduplicateOperator(Operator):
 
     def setup(self, ctx: OperatorContext, output: Collector) -> None:
         super().setup(ctx, output)
-        event = self.time_column is not None
-        self.backend = ctx.create_keyed_backend(self.name, (lambda: self._now) if event else None)
-        ttl = None
-        if self.keep == "first":  # keep="last" clears a horizon's state when it is emitted
-            ttl = StateTtlConfig(ttl=self.within / 1000, cleanup_in_background=not event)
-        self._start = self.backend.batch_state(ValueStateDescriptor("horizon_start", serializer="int64", ttl=ttl))
+        self.backend = ctx.create_keyed_backend(self.name)
+        if self.keep == "first":
+            self._horizons = HorizonStore(self.backend, self.within)
+        else:  # keep="last" clears a horizon's state when it is emitted
+            self._start = self.backend.batch_state(ValueStateDescriptor("horizon_start", serializer="int64"))
 
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         if keyed:
             self.backend.restore(keyed)
-            self._earliest_expiry = MIN_WATERMARK
+            if self._horizons is not None and "horizon_start" in self.backend.state_meta():
+                raise RestoreError(
+                    f"deduplicate {self.name!r}: the checkpoint holds keep='first' state in the layout of an "
+                    "earlier sluice (one horizon_start per key), which this version does not read; finish the "
+                    "job with that version, or start without restoring (restore='none'), knowing that keys "
+                    "seen within the horizon pass again"
+                )
+        if self._horizons is not None:
+            self._horizons.restored()
         if self.schema is None:
             for s in operator_states:
                 if s:
@@ -135,45 +137,41 @@ class DeduplicateOperator(Operator):
     def process_batch(self, batch: pa.RecordBatch, input_index: int = 0) -> None:
         if not batch.num_rows:
             return
-        keys = self.backend.key_batch(self.key.arrays(batch))
+        columns = self.key.arrays(batch)
+        keys = self.backend.key_batch(columns)
         codes, firsts = distinct(keys)
         unique = take_keys(keys, firsts)
         t = self._times(batch)
-        self._now = self.watermark
+        store = self._horizons
+        if store is not None:  # keep="first"
+            now = self.watermark if self.time_column is not None else int(t[0])
+            if self.time_column is None:
+                store.expire(now)
+            hashes = HorizonStore.hashes(keys, columns)[firsts]
+            has, start = store.lookup(unique, hashes, now)
+            before = np.where(has, start, np.iinfo(np.int64).min)
+            _, opener = assign_horizons(codes, t, start, has, self.within)
+            if opener.any():
+                self.output.emit(batch if opener.all() else batch.filter(pa.array(opener)))
+            changed = np.flatnonzero(start != before)
+            if len(changed):
+                store.write(take_keys(unique, changed), hashes[changed], start[changed], now)
+            return
         stored = self._start.get(unique)
         has = np.array(stored.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         start = np.array(stored.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
         had = has.copy()
-        before = start.copy()
-        horizon, opener = assign_horizons(codes, t, start, has, self.within)
-        self._since_cleanup += batch.num_rows
-        if self.keep == "last":
-            self._keep_last(batch, codes, unique, t, start, horizon, had)
-            return
-        if opener.any():
-            self.output.emit(batch if opener.all() else batch.filter(pa.array(opener)))
-        changed = np.flatnonzero(start != before)
-        if len(changed):
-            self._now = int(start[changed].max())  # expiry = the latest start + within: never early
-            self._earliest_expiry = min(self._earliest_expiry, self._now + self.within)
-            self._start.put(take_keys(unique, changed), pa.array(start[changed]))
-            self._now = self.watermark
+        horizon, _ = assign_horizons(codes, t, start, has, self.within)
+        self._keep_last(batch, codes, unique, t, start, horizon, had)
 
     # -- watermarks, timers -----------------------------------------------------------------------------
     def process_watermark(self, timestamp: int) -> None:
         self.watermark = timestamp
         if self.time_column is not None:
-            self._now = timestamp
             if self.keep == "last":
                 self._fire(timestamp)
-            elif timestamp >= self._earliest_expiry and (
-                self._since_cleanup >= _CLEANUP_ROWS or timestamp - self._cleaned_at >= self.within
-            ):
-                # expired horizons: scan as many entries as were added since the last scan (resuming where it
-                # stopped), at least once per horizon of event time: every entry is visited about once per
-                # horizon, so the state stays within about twice what one horizon adds
-                self.backend.cleanup_expired(max(self._since_cleanup, _CLEANUP_ROWS))
-                self._since_cleanup, self._cleaned_at = 0, timestamp
+            elif self._horizons is not None:
+                self._horizons.expire(timestamp)  # whole buckets whose horizons all ended
         self.output.emit_watermark(timestamp)
 
     def on_processing_time(self, now_ms: int) -> None:

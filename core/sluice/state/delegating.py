@@ -71,6 +71,9 @@ class DelegatingKeyedStateBackend(KeyedStateBackend):
     def cleanup_expired(self, max_entries: int) -> int:
         return self.delegate.cleanup_expired(max_entries)
 
+    def drop_state(self, name: str) -> None:
+        self.delegate.drop_state(name)
+
     def state_meta(self) -> dict[str, StateMeta]:
         return self.delegate.state_meta()
 

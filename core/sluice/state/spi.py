@@ -100,16 +100,24 @@ class KeyBatch:
         fixed: the same encoded keys as an ``(n, width)`` uint8 matrix when they all have one width (int,
             float, bool or date key columns without nulls), else None: backends build storage keys from it
             with NumPy.
+        hashes: each row's 64-bit key hash (uint64, the one its key group comes from) when known, else None.
     """
 
-    __slots__ = ("_keys", "fixed", "key_groups")
+    __slots__ = ("_keys", "fixed", "hashes", "key_groups")
 
-    def __init__(self, keys: list[bytes] | None, key_groups: np.ndarray, fixed: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        keys: list[bytes] | None,
+        key_groups: np.ndarray,
+        fixed: np.ndarray | None = None,
+        hashes: np.ndarray | None = None,
+    ) -> None:
         if keys is None and fixed is None:
             raise ValueError("KeyBatch needs the encoded keys or their fixed-width matrix")
         self._keys = keys
         self.key_groups = key_groups
         self.fixed = fixed
+        self.hashes = hashes
 
     @property
     def keys(self) -> list[bytes]:
@@ -123,9 +131,12 @@ class KeyBatch:
     def of(cls, columns: Sequence[pa.Array | pa.ChunkedArray], max_parallelism: int) -> KeyBatch:
         """The keys of one or more key columns (the same encoding and key groups as per-key access)."""
         arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
-        groups = key_groups(hash_columns(arrays), max_parallelism)
+        hashes = hash_columns(arrays)
+        groups = key_groups(hashes, max_parallelism)
         fixed = encode_keys_fixed(arrays)
-        return cls(None, groups, fixed) if fixed is not None else cls(encode_keys(arrays), groups)
+        if fixed is not None:
+            return cls(None, groups, fixed, hashes)
+        return cls(encode_keys(arrays), groups, hashes=hashes)
 
     def __len__(self) -> int:
         return len(self.key_groups)
@@ -145,6 +156,11 @@ class BatchValueState(ABC):
     @abstractmethod
     def delete(self, keys: KeyBatch) -> None:
         """Clear each key's value."""
+
+    def insert(self, keys: KeyBatch, values: pa.Array) -> None:
+        """As :meth:`put`, for keys that are seldom read back soon (e.g. a key's first record, most often
+        never seen again): a backend may write them past its cache. By default, :meth:`put`."""
+        self.put(keys, values)
 
 
 class StateSnapshot(ABC):
@@ -266,6 +282,17 @@ class KeyedStateBackend(ABC):
     def cleanup_expired(self, max_entries: int) -> int:
         """Check up to ``max_entries`` entries of states with a TTL, removing expired ones; the number
         removed."""
+
+    def drop_state(self, name: str) -> None:
+        """Remove every entry of state ``name`` (every key group of this subtask) at once, without visiting
+        entries where the backend can (RocksDB: a range deletion per key group; hashmap: its tables), and
+        forget the state (it leaves :meth:`state_meta`; handles of it must not be used again). Operators
+        that keep state in time buckets drop a bucket whole this way.
+
+        Raises:
+            NotImplementedError: the backend cannot drop a state.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot drop a state")
 
     @abstractmethod
     def state_meta(self) -> dict[str, StateMeta]:

@@ -2,8 +2,8 @@
 stream, a table (a compacted topic of dimension rows): Flink's temporal join, Kafka Streams' KStream-KTable
 join.
 
-The table is held in keyed state, one value state per column (hashmap or RocksDB), read and written for a
-whole batch of keys at once. A right row upserts its key; a tombstone (a ``_sluice_op`` of DELETE, or a row
+The table is held in keyed state (hashmap or RocksDB), each key's row as one binary value
+(:mod:`~sluice.operators.joins.rows`), read once per batch of facts and written once per batch of table rows. A right row upserts its key; a tombstone (a ``_sluice_op`` of DELETE, or a row
 whose columns other than the key and the time are all null, as a Kafka tombstone decodes) deletes it.
 
 * processing time (no ``event_time``): a left record joins the table as it is when the record is processed
@@ -24,9 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.changes import OP, ORDER, Op
+from sluice.errors import RestoreError
 from sluice.operators.base import MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
 from sluice.operators.batchwise import ArrowBuffer, distinct, event_ms, take_keys
 from sluice.operators.joins.common import joined, right_names
+from sluice.operators.joins.rows import RowCodec, decode_rows
 from sluice.state.api import ValueStateDescriptor
 from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend
 
@@ -61,7 +63,10 @@ class LatestJoinOperator(Operator):
         self.facts = ArrowBuffer(self.left_key)
         self.table = ArrowBuffer(self.right_key)
         self.backend: KeyedStateBackend
-        self._values: list[tuple[str, BatchValueState]] | None = None
+        self._row: BatchValueState
+        #: every schema the table's rows in state were written with, by schema id; the current one
+        self._codecs: dict[int, RowCodec] = {}
+        self._codec: RowCodec | None = None
 
     @property
     def event_time(self) -> bool:
@@ -70,33 +75,43 @@ class LatestJoinOperator(Operator):
     def setup(self, ctx: OperatorContext, output: Collector) -> None:
         super().setup(ctx, output)
         self.backend = ctx.create_keyed_backend(self.name)
-        self._version = self.backend.batch_state(ValueStateDescriptor("version", serializer="int64"))
+        self._row = self.backend.batch_state(ValueStateDescriptor("row", serializer="binary"))
 
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
         if keyed:
             self.backend.restore(keyed)
+            if any(n == "version" or n.startswith("col.") for n in self.backend.state_meta()):
+                raise RestoreError(
+                    f"join_latest {self.name!r}: the checkpoint holds the table in the layout of an earlier "
+                    "sluice (a state per column), which this version does not read; start the job without "
+                    "restoring it (restore='none') so that it reads the table's topic again"
+                )
         kgs, mp = self.ctx.key_groups, self.ctx.max_parallelism
         for s in operator_states:
             if not s:
                 continue
+            for raw in s.get("row_schemas") or ():
+                self._register(RowCodec(pa.ipc.read_schema(pa.py_buffer(raw))))
             if self.right_schema is None and s.get("schema"):
                 self.right_schema = pa.ipc.read_schema(pa.py_buffer(s["schema"]))
             self.facts.restore([s.get("facts")], kgs, mp)
             self.table.restore([s.get("table")], kgs, mp)
 
     # -- the table in keyed state --------------------------------------------------------------------------
-    def _columns(self) -> list[tuple[str, BatchValueState]]:
-        """(column, state) of every table column the output carries (learned from the first right batch
-        when the right stream's schema was not known when the job was built)."""
-        if self._values is None:
+    def _register(self, codec: RowCodec) -> RowCodec:
+        return self._codecs.setdefault(codec.id, codec)
+
+    def _current(self) -> RowCodec:
+        """The codec of every table column the output carries (the right stream's schema, learned from its
+        first batch when it was not known when the job was built)."""
+        if self._codec is None:
             assert self.right_schema is not None
             skip = {*self.right_key, OP, ORDER}
-            self._values = [
-                (f.name, self.backend.batch_state(ValueStateDescriptor(f"col.{f.name}", serializer=f.type)))
-                for f in self.right_schema
-                if f.name not in skip
-            ]
-        return self._values
+            self._codec = self._register(RowCodec(pa.schema([f for f in self.right_schema if f.name not in skip])))
+        return self._codec
+
+    def _columns(self) -> list[str]:
+        return list(self._current().schema.names)
 
     def _keys(self, data: pa.RecordBatch | pa.Table, names: Sequence[str]) -> KeyBatch:
         return self.backend.key_batch([data.column(c) for c in names])
@@ -104,7 +119,7 @@ class LatestJoinOperator(Operator):
     def _tombstones(self, rows: pa.Table) -> np.ndarray:
         if OP in rows.column_names:
             return np.asarray(pc.equal(rows.column(OP), int(Op.DELETE)).fill_null(False).to_numpy(zero_copy_only=False), bool)
-        names = [c for c, _ in self._columns() if c != self.right_time]
+        names = [c for c in self._columns() if c != self.right_time]
         if not names:
             return np.zeros(rows.num_rows, bool)
         dead = pc.is_null(rows.column(names[0]))
@@ -112,7 +127,7 @@ class LatestJoinOperator(Operator):
             dead = pc.and_(dead, pc.is_null(rows.column(c)))
         return np.asarray(dead.to_numpy(zero_copy_only=False), bool)
 
-    def _apply(self, rows: pa.Table, versions: np.ndarray) -> None:
+    def _apply(self, rows: pa.Table) -> None:
         """Upsert (or delete, for tombstones) each key's last row of ``rows`` (in their order)."""
         keys = self._keys(rows, self.right_key)
         codes, _ = distinct(keys)
@@ -121,23 +136,21 @@ class LatestJoinOperator(Operator):
         dead = self._tombstones(rows)
         gone, live = last[dead[last]], last[~dead[last]]
         if len(gone):
-            gk = take_keys(keys, gone)
-            for state in (self._version, *(s for _, s in self._columns())):
-                state.delete(gk)
+            self._row.delete(take_keys(keys, gone))
         if len(live):
-            lk, picked = take_keys(keys, live), rows.take(pa.array(live))
-            self._version.put(lk, pa.array(versions[live]))
-            for c, state in self._columns():
-                state.put(lk, picked.column(c).combine_chunks())
+            self._row.put(take_keys(keys, live), self._current().encode(rows.take(pa.array(live))))
 
     def _lookup(self, facts: pa.Table) -> tuple[np.ndarray, dict[str, pa.Array]]:
-        """Each fact's table row in state now: whether it has one, and the row's columns."""
+        """Each fact's table row in state now: whether it has one, and the row's columns (one state read
+        for the batch's distinct keys)."""
         keys = self._keys(facts, self.left_key)
         codes, firsts = distinct(keys)
-        unique = take_keys(keys, firsts)
-        found = np.asarray(self._version.get(unique).is_valid().to_numpy(zero_copy_only=False), bool)[codes]
+        values = self._row.get(take_keys(keys, firsts))
+        found = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), bool)[codes]
+        codec = self._current()
+        columns = decode_rows(values, self._codecs, codec, self.name)
         take = pa.array(codes)
-        return found, {c: s.get(unique).take(take) for c, s in self._columns()}
+        return found, {c: a.take(take) for c, a in zip(codec.schema.names, columns, strict=True)}
 
     # -- output -----------------------------------------------------------------------------------------
     def _emit(self, facts: pa.Table, found: np.ndarray, dims: dict[str, pa.Array]) -> None:
@@ -151,7 +164,7 @@ class LatestJoinOperator(Operator):
         if not facts.num_rows:
             return
         assert self.right_schema is not None
-        names = right_names(facts.column_names, [c for c, _ in self._columns()], [], self.suffix)
+        names = right_names(facts.column_names, self._columns(), [], self.suffix)
         fields = [*facts.schema, *(self.right_schema.field(c).with_name(names[c]) for c in dims)]
         self.output.emit(joined(facts, {names[c]: a for c, a in dims.items()}, pa.schema(fields)))
 
@@ -170,7 +183,7 @@ class LatestJoinOperator(Operator):
             if self.event_time:
                 self.table.add(batch)
             else:
-                self._apply(pa.Table.from_batches([batch]), np.zeros(batch.num_rows, np.int64))
+                self._apply(pa.Table.from_batches([batch]))
             return
         if self.event_time:
             self.facts.add(batch)
@@ -210,7 +223,7 @@ class LatestJoinOperator(Operator):
             table, tt = table.take(pa.array(order)), tt[order]
         if not facts.num_rows:
             if table.num_rows:
-                self._apply(table, tt)
+                self._apply(table)
             return
         if self.right_schema is None:
             self._no_table(facts)
@@ -224,7 +237,7 @@ class LatestJoinOperator(Operator):
             found = np.where(hit, ~dead[np.where(hit, match, 0)], found)
             mask = pa.array(hit)
             dims = {c: pc.if_else(mask, rows.column(c).combine_chunks(), a) for c, a in dims.items()}
-            self._apply(table, tt)
+            self._apply(table)
         self._emit(facts, found, dims)
 
     def _as_of(self, table: pa.Table, tt: np.ndarray, facts: pa.Table, ft: np.ndarray) -> np.ndarray:
@@ -255,7 +268,8 @@ class LatestJoinOperator(Operator):
     # -- checkpoints ----------------------------------------------------------------------------------------
     def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         schema = self.right_schema.serialize().to_pybytes() if self.right_schema is not None else None
-        state = {"facts": self.facts.snapshot(), "table": self.table.snapshot(), "schema": schema}
+        rows = [c.schema.serialize().to_pybytes() for c in self._codecs.values()]
+        state = {"facts": self.facts.snapshot(), "table": self.table.snapshot(), "schema": schema, "row_schemas": rows}
         return OperatorSnapshot(keyed=self.backend.snapshot(checkpoint_id, savepoint), operator=state)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

@@ -205,6 +205,18 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
             removed += step
         return removed
 
+    def drop_state(self, name: str) -> None:
+        tables = self._tables.get(name)
+        self._pending.pop(name, None)
+        if self._capture and tables:  # changelog checkpoints: each removed entry is a change to log
+            for t in tables.values():
+                for ek in list(t.data):
+                    t.delete(ek)
+            return
+        self._tables.pop(name, None)
+        for d in (self._registered, self._restored_meta, self._handles):
+            d.pop(name, None)
+
     # -- changelog ------------------------------------------------------------------------------------
     def capture_changes(self) -> None:
         """Track changed entries and timers from now on, for changelog checkpoints

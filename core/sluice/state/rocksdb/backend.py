@@ -78,6 +78,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._attached = True
         #: point reads and writes (a write-back cache when the memory budget gives it a share)
         self.cache = EntryCache(lambda: self.db, self._wo, resources.write_cache_share)
+        #: the states whose entries the cache may hold (the others are only written past it); any state's
+        #: once raw entries were written through :meth:`write_many` (a changelog restore)
+        self.cached_states: set[bytes] = set()
+        self.raw_writes = False
         self._registered: dict[str, RegisteredState] = {}
         self._handles: dict[str, Any] = {}
         self.restored_meta: dict[str, StateMeta] = {}
@@ -139,6 +143,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def write_many(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Write entries (a None value deletes; a key repeated keeps its last value)."""
+        self.raw_writes = True
         self.cache.write(entries)
 
     def flush(self) -> None:
@@ -254,6 +259,21 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._cleanup_cursor = b""
         self.write_many(rewrites)
         return removed
+
+    def drop_state(self, name: str) -> None:
+        sid = state_id(name)
+        self.cache.flush()
+        log = self.cache.log
+        for kg in self.key_groups:
+            lo = self.kg_prefixes[kg] + sid
+            hi = successor(lo)
+            if log is not None:  # changelog checkpoints: each removed entry is a change to log
+                log.update((lo + rest, None) for rest, _ in self.scan_db(self.db, lo, hi, len(lo)))
+            self.db.delete_range(lo, hi, self._wo)
+        self.cache.forget(sid)
+        self.cached_states.discard(sid)
+        for d in (self._registered, self.restored_meta, self._handles):
+            d.pop(name, None)
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def state_meta(self) -> dict[str, StateMeta]:

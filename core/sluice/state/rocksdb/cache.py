@@ -84,9 +84,9 @@ class EntryCache:
                 self._grew(len(key) + (len(value) if value else 0))
         return value
 
-    def get_many(self, keys: Sequence[bytes], ordered: bool = False) -> list[bytes | None]:
+    def get_many(self, keys: Sequence[bytes], ordered: bool = False, remember: bool = True) -> list[bytes | None]:
         """The values of ``keys`` (None where absent), the cache's misses read with one sorted multi-get;
-        ``ordered``: the keys are sorted already."""
+        ``ordered``: the keys are sorted already; not ``remember``: what was read is not kept."""
         if not self.enabled:
             return self._read(keys, ordered)
         n = len(keys)
@@ -101,9 +101,10 @@ class EntryCache:
             if len(unread) > 1:
                 unread = [unread[i] for i in _order(unread)]
             fetched = dict(zip(unread, self._db().get(unread), strict=True))
-            self._clean.update(fetched)
             found = list(map(fetched.get, missed, found))  # the value read where the cache had none
-            self._grew(sum(map(len, unread)) + sum(map(len, filter(None, fetched.values()))))
+            if remember:
+                self._clean.update(fetched)
+                self._grew(sum(map(len, unread)) + sum(map(len, filter(None, fetched.values()))))
         for i, v in zip(where, found, strict=True):
             got[i] = v
         return got
@@ -146,6 +147,20 @@ class EntryCache:
         self._dirty.update(zip(keys, values, strict=True))
         self._grew(sum(map(len, keys)) + sum(map(len, filter(None, values))) if nbytes is None else nbytes)
 
+    def write_through(
+        self, keys: Sequence[bytes], values: Sequence[bytes | None], ordered: bool = False, cached: bool = True
+    ) -> None:
+        """Write entries straight to RocksDB (past the cache, which forgets these keys): for entries seldom
+        read back soon, which would only cost the cache's bookkeeping. Not ``cached``: the cache holds none
+        of these keys (their state was only read without remembering and written through)."""
+        if self.log is not None:
+            self.log.update(zip(keys, values, strict=True))
+        if cached and self.enabled and (self._dirty or self._clean):
+            n = len(keys)
+            deque(map(self._dirty.pop, keys, repeat(None, n)), maxlen=0)
+            deque(map(self._clean.pop, keys, repeat(None, n)), maxlen=0)
+        self._write(keys, values, ordered)
+
     def write(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
         """Write ``(key, value)`` pairs in order (a None value deletes)."""
         pairs = list(entries)
@@ -185,6 +200,13 @@ class EntryCache:
         """Forget every entry, dirty ones too (the database was replaced)."""
         self._dirty, self._clean = {}, {}
         self.size = self._count = self._added = 0
+
+    def forget(self, sid: bytes) -> None:
+        """Forget the clean entries of state ``sid`` (after :meth:`flush`: the state was dropped from RocksDB)."""
+        assert not self._dirty, "forget() follows a flush"
+        at, end = 2, 2 + len(sid)
+        self._clean = {k: v for k, v in self._clean.items() if k[at:end] != sid}
+        self.size, self._count, self._added = self.measure(), len(self._clean), 0
 
     def __len__(self) -> int:
         return len(self._dirty) + len(self._clean)

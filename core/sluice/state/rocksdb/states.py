@@ -56,6 +56,7 @@ class _Handle:
         self._reg = reg
         self.descriptor: Any = None  # the descriptor the handle was made for
         self._tick = reg.ttl is not None and reg.ttl.cleanup_in_background
+        backend.cached_states.add(reg.sid)  # reads and writes go through the cache
 
     def _key(self) -> bytes:
         if self._tick:
@@ -231,14 +232,15 @@ class RocksBatchValueState(BatchValueState):
         self._be = backend
         self._reg = reg
         self._last: tuple[KeyBatch, list[bytes], np.ndarray | None] | None = None  # the last batch's keys
+        self._through = False  # written with insert(): reads do not fill the cache
 
-    def _keys(self, keys: KeyBatch) -> tuple[list[bytes], np.ndarray | None]:
-        """The storage keys of a batch and, when they were sorted (fixed-width keys without a cache: RocksDB
-        reads and writes sorted keys faster), the rows in their order (a stable sort)."""
+    def _keys(self, keys: KeyBatch, sort: bool = False) -> tuple[list[bytes], np.ndarray | None]:
+        """The storage keys of a batch and, when they were sorted (fixed-width keys without a cache, or
+        ``sort``: RocksDB reads and writes sorted keys faster), the rows in their order (a stable sort)."""
         if self._reg.ttl is not None and self._reg.ttl.cleanup_in_background:
             self._be.background_cleanup(self._reg, len(keys))
         last = self._last
-        if last is not None and last[0] is keys:  # a get, then a put of the same batch
+        if last is not None and last[0] is keys and (last[2] is not None or not sort):  # a get, then a put
             return last[1], last[2]
         sid = self._reg.sid
         fixed = keys.fixed
@@ -250,7 +252,7 @@ class RocksBatchValueState(BatchValueState):
             rows[:, :2] = keys.key_groups.astype(">u2").view(np.uint8).reshape(n, 2)
             rows[:, 2 : 2 + len(sid)] = np.frombuffer(sid, dtype=np.uint8)
             rows[:, 2 + len(sid) : 2 + len(sid) + width] = fixed
-            if not self._be.cache.enabled:
+            if sort or not self._be.cache.enabled:
                 order = np.argsort(rows.view(f"S{rows.shape[1]}").ravel(), kind="stable")
                 rows = rows[order]
             out = rows_as_bytes(rows)
@@ -262,7 +264,9 @@ class RocksBatchValueState(BatchValueState):
 
     def get(self, keys: KeyBatch) -> pa.Array:
         ks, order = self._keys(keys)
-        raw = self._be.cache.get_many(ks, ordered=order is not None)
+        if not self._through:
+            self._be.cached_states.add(self._reg.sid)
+        raw = self._be.cache.get_many(ks, ordered=order is not None, remember=not self._through)
         reg = self._reg
         if reg.ttl is not None:
             now, expired, refresh = self._be.clock(), [], []
@@ -297,10 +301,24 @@ class RocksBatchValueState(BatchValueState):
         if self._reg.ttl is not None:
             head = pack_expiry(self._reg.expiry(self._be.clock()))
             data = [None if d is None else head + d for d in data]
+        self._be.cached_states.add(self._reg.sid)
         width = self._reg.serializer.width
         nbytes = len(ks) * (len(ks[0]) + width + (8 if self._reg.ttl else 0)) if width and keys.fixed is not None and ks else None
         self._be.cache.put_many(ks, data, ordered=order is not None, nbytes=nbytes)
 
     def delete(self, keys: KeyBatch) -> None:
         ks, order = self._keys(keys)
+        self._be.cached_states.add(self._reg.sid)
         self._be.cache.put_many(ks, [None] * len(ks), ordered=order is not None)
+
+    def insert(self, keys: KeyBatch, values: pa.Array) -> None:
+        """Straight to RocksDB in one sorted write batch (the cache forgets these keys)."""
+        if self._reg.ttl is not None:
+            self.put(keys, values)
+            return
+        ks, order = self._keys(keys, sort=True)
+        if order is not None:
+            values = values.take(pa.array(order))
+        data = self._reg.serializer.encode_array(values)
+        self._be.cache.write_through(ks, data, ordered=order is not None, cached=self._be.raw_writes or self._reg.sid in self._be.cached_states)
+        self._through = True
