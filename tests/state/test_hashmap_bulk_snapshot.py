@@ -128,3 +128,15 @@ def test_bulk_rows_cross_batches_as_rows_added_one_by_one(tmp_path: Path, monkey
     bulk, per_entry = _snapshots(be, monkeypatch)
     assert read_group(bulk["groups"][0]).num_rows == 10_000 + 70_000 + 2 * 14_000
     assert bulk == per_entry
+
+
+def test_a_float_in_an_integer_state_is_never_truncated_by_the_bulk_path() -> None:
+    """pyarrow converts 1.5 into an int64 column as 1; the bulk encoding must leave such values to the
+    per-entry path, which refuses them (as snapshots did before the bulk path) instead of truncating."""
+    from sluice.state.hashmap.bulk import encode_values
+    from sluice.state.serializers import serializer_for
+
+    ints = serializer_for("int64")
+    assert encode_values(ints, [1, 2, True]).to_pylist() == [ints.encode(1), ints.encode(2), ints.encode(True)]
+    with pytest.raises(Exception, match="required argument is not an integer|cannot encode"):
+        encode_values(ints, [1, 1.5])
