@@ -155,6 +155,7 @@ KEYS: dict[str, _Key] = {
     "restart-strategy.failure-rate.delay": _Key("failure-rate", "delay", parse_duration),
     "parallelism.default": _Key("pipeline", "default_parallelism", _int),
     "pipeline.max-parallelism": _Key("pipeline", "max_parallelism", _int),
+    "task.cancellation.timeout": _Key("task", "task_cancellation_timeout", parse_duration),
     # the state backend (state.backend.type, state.backend.incremental, ...: docs/state.md)
     **{key: _Key("state_backend", field, parse) for key, (field, parse) in STATE_KEYS.items()},
 }
@@ -259,6 +260,8 @@ def configure(pipeline: Pipeline, settings: Mapping[str, Any]) -> Pipeline:
             state[spec.field] = parsed
         elif spec.target == "restart":
             restart_type = parsed
+        elif spec.target == "task":
+            pipeline.task_cancellation_timeout = float(parsed)
         elif spec.target == "pipeline":
             if parsed < 1:
                 raise ConfigError(f"{key}: must be an integer >= 1 (got {parsed})")

@@ -49,6 +49,9 @@ class Pipeline:
         state_backend: where keyed state lives and how it is checkpointed: a StateBackendConfig (or dict of
             its options), e.g. ``{"type": "rocksdb", "incremental": True}``; default the hashmap backend
             (docs/state.md).
+        task_cancellation_timeout: seconds an ending attempt waits for its tasks' threads (task threads and
+            their checkpoint upload threads) before a restart starts the next one; a thread still running
+            then is named in a warning.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Pipeline:
         max_batch_rows: int = 0,
         metrics: bool = True,
         state_backend: StateBackendConfig | dict[str, Any] | None = None,
+        task_cancellation_timeout: float = 60.0,
     ) -> None:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
@@ -76,6 +80,15 @@ class Pipeline:
             )
         if not isinstance(max_batch_rows, int) or max_batch_rows < 0:
             raise ConfigError(f"Pipeline: max_batch_rows must be an integer >= 0 (got {max_batch_rows!r})")
+        if (
+            isinstance(task_cancellation_timeout, bool)
+            or not isinstance(task_cancellation_timeout, int | float)
+            or not 0 <= task_cancellation_timeout < float("inf")
+        ):
+            raise ConfigError(
+                "Pipeline: task_cancellation_timeout must be a finite number of seconds >= 0 "
+                f"(got {task_cancellation_timeout!r})"
+            )
         if restart is not None and not isinstance(restart, RestartStrategy):
             raise ConfigError(
                 "Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
@@ -91,6 +104,7 @@ class Pipeline:
         self.buffers_per_channel = buffers_per_channel
         self.max_batch_rows = max_batch_rows
         self.metrics = bool(metrics)
+        self.task_cancellation_timeout = float(task_cancellation_timeout)
         self.state_backend: StateBackendConfig = (
             StateBackendConfig()
             if state_backend is None
@@ -174,6 +188,7 @@ class Pipeline:
             allow_non_restored_state=allow_non_restored_state, allow_reprocessing=allow_reprocessing,
             metrics=self.metrics,
             state_backend=self.state_backend,
+            task_cancellation_timeout=self.task_cancellation_timeout,
         )
 
     # -- running ---------------------------------------------------------------------------------------

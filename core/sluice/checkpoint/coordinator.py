@@ -261,6 +261,9 @@ class CheckpointCoordinator:
                     self.store.discard_uploads(refs_of([handle]))
                 return AckResult.UNKNOWN if checkpoint_id >= self.next_id else AckResult.DISCARDED
             result = p.acknowledge(task, handle)
+            if result is AckResult.DUPLICATE and task in self.finished:
+                # a finished task's upload ended after it finished: its final state stands in for it
+                self.store.discard_uploads(refs_of([handle]))
             if result is AckResult.SUCCESS:
                 self.last_handles[task] = handle
                 if p.fully_acknowledged:

@@ -12,6 +12,11 @@ asynchronous work (e.g. sink compaction), serialization, the write to checkpoint
 acknowledgement with the state handle and the checkpoint's stats. An unaligned checkpoint is uploaded only
 once its channel state is complete. An upload that fails declines the checkpoint; a crash there (a
 ``BaseException``) fails the task, as it would fail its process.
+
+**Stopping** (:meth:`SubtaskCheckpointing.stop`, before the task closes its operators, whose state backends
+the uploads read): uploads not started are dropped and the running one is cancelled at its next step, then
+waited for (:mod:`sluice.checkpoint.uploads`). A finished task loses nothing by that: the coordinator uses
+its final state for every later checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +35,7 @@ from sluice.checkpoint.payload import encode_task_state
 from sluice.checkpoint.snapshot import OperatorSnapshot
 from sluice.checkpoint.state_files import ack_shared, keyed_sizes
 from sluice.checkpoint.storage import CheckpointStorage
+from sluice.checkpoint.uploads import AsyncUploads, UploadCancelled
 from sluice.events import (
     AlignmentMode,
     CancelCheckpointMarker,
@@ -176,7 +181,8 @@ class SubtaskCheckpointing:
         self._outputs = outputs
         self._fault = fault
         self._pending: dict[int, PendingSnapshot] = {}
-        self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"upload-{spec.task_id}")
+        #: the thread of the asynchronous parts
+        self.uploads: AsyncUploads[PendingSnapshot] = AsyncUploads(f"upload-{spec.task_id}", self._upload_async, _discard)
         #: the channel state of the unaligned checkpoint collecting its barriers, if any
         self.channel_state = ChannelStateRecorder()
         #: the highest checkpoint this subtask snapshotted
@@ -223,9 +229,9 @@ class SubtaskCheckpointing:
         sync_s = time.perf_counter() - t0
         p = PendingSnapshot(barrier, snaps, splits, t0, sync_s, unaligned, channel_state=state)
         self._pending[cid] = p
+        self._outputs.snapshot_taken(barrier)  # before the upload: whether this is the final snapshot is known
         if not unaligned or upload_now:
             self._upload(p)
-        self._outputs.snapshot_taken(barrier)
 
     def alignment_done(self, checkpoint_id: int, alignment_s: float, switched: bool) -> None:
         """Record how long the checkpoint aligned, and whether it switched to unaligned on the way."""
@@ -264,16 +270,14 @@ class SubtaskCheckpointing:
     # -- the asynchronous part -----------------------------------------------------------------------
     def _upload(self, p: PendingSnapshot) -> None:
         p.submitted = True
-        self._uploads.submit(self._upload_async, p)
+        self.uploads.submit(p)
 
     def _drop(self, checkpoint_id: int) -> PendingSnapshot | None:
         """Forget a pending checkpoint; keyed snapshots never handed to the upload thread release their
         local resources (a RocksDB checkpoint folder)."""
         p = self._pending.pop(checkpoint_id, None)
         if p is not None and not p.submitted:
-            for s in p.operators.values():
-                if s.keyed is not None:
-                    s.keyed.discard()
+            _discard(p)
         return p
 
     def _upload_async(self, p: PendingSnapshot) -> None:
@@ -284,10 +288,14 @@ class SubtaskCheckpointing:
             ops: dict[str, Any] = {}
             committables: list[Any] = []
             keyed: list[dict[str, Any]] = []
+            check = self.uploads.check  # a cancelled upload stops between steps
             for name, s in p.operators.items():
+                check()
                 if s.async_part is not None:
                     s.async_part(s)
+                check()
                 handle = s.keyed.run() if s.keyed is not None else None  # writes or uploads keyed state
+                s.keyed = None  # ran: nothing left to discard
                 if handle is not None:
                     keyed.append(handle)
                 ops[name] = {"keyed": handle, "operator": s.operator}
@@ -297,6 +305,7 @@ class SubtaskCheckpointing:
             payload.update(p.channel_state.encode(self._spec.input_index_of))
             data = encode_task_state(payload, self._spec.checkpoint_key)
             savepoint = p.barrier.options.kind is CheckpointKind.SAVEPOINT
+            check()
             path = self._storage.write_task_state(
                 cid, f"{task_id.vertex}-{task_id.index}.state", data, savepoint
             )
@@ -318,9 +327,14 @@ class SubtaskCheckpointing:
                     **keyed_sizes(keyed),
                 },
             }
+            check()
             self._responder.acknowledge(task_id, cid, handle)
+        except UploadCancelled:
+            log.debug("%s: checkpoint %d upload cancelled (the task ended)", self._name, cid)
+            _discard(p)
         except Exception as exc:
             log.warning("%s: checkpoint %d upload failed: %s", self._name, cid, exc)
+            _discard(p)
             self._responder.decline(task_id, cid, f"{self._name}: upload failed: {exc}")
         except BaseException as exc:  # a crash (simulated ones too): the task fails, as its process would
             self.async_error = exc
@@ -351,9 +365,22 @@ class SubtaskCheckpointing:
         for op in self._spec.operators:
             op.notify_checkpoint_aborted(checkpoint_id)
 
-    def shutdown(self) -> None:
-        """Stop the upload thread; uploads not started are dropped (the task is ending)."""
-        self._uploads.shutdown(wait=False, cancel_futures=True)
+    # -- the end of the task ---------------------------------------------------------------------------
+    def stop(self, cancel: bool, timeout: float) -> bool:
+        """Before the operators close: drop the uploads not started, end the running one (with ``cancel`` at
+        its next step, else at its end), and wait up to ``timeout`` seconds for the upload thread. A thread
+        still running then is named in a warning; returns False in that case."""
+        for cid in [c for c, p in self._pending.items() if not p.submitted]:
+            self._drop(cid)
+        return self.uploads.stop(cancel, timeout)
+
+
+def _discard(p: PendingSnapshot) -> None:
+    """Release the local resources (a RocksDB checkpoint folder) of keyed snapshots that will not run."""
+    for s in p.operators.values():
+        if s.keyed is not None:
+            s.keyed.discard()
+            s.keyed = None
 
 
 def _aligned(barrier: CheckpointBarrier) -> CheckpointBarrier:

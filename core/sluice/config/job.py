@@ -32,6 +32,10 @@ class JobConfig:
     metrics: bool = True
     #: where keyed state lives and how it is checkpointed (hashmap or rocksdb; docs/state.md)
     state_backend: StateBackendConfig = field(default_factory=StateBackendConfig)
+    #: seconds an ending attempt waits for each task's threads (its task thread and its checkpoint upload
+    #: thread) before the next attempt starts (Flink's ``task.cancellation.timeout``); a thread still running
+    #: then is named in a warning
+    task_cancellation_timeout: float = 60.0
 
     def alignment(self) -> AlignmentMode:
         """How the job's tasks align their (non-savepoint) checkpoints."""

@@ -65,6 +65,8 @@ class OperatorContext:
     #: where keyed state backends put their checkpoint files (the job's checkpoint storage; None: a
     #: temporary folder, for operators run outside a job)
     state_files: FileTransfer | None = None
+    #: the keyed backends :meth:`create_keyed_backend` made (the task runs their periodic work between batches)
+    keyed_backends: list[KeyedStateBackend] = field(default_factory=list)
 
     def create_keyed_backend(self, uid: str, clock: Callable[[], int] | None = None) -> KeyedStateBackend:
         """A keyed state backend for operator ``uid`` in this subtask, over the key groups it owns: per-key
@@ -84,7 +86,9 @@ class OperatorContext:
         files = self.state_files or LocalFileTransfer(tempfile.mkdtemp(prefix="sluice-state-"))
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", uid)[:64]
         owner = f"{safe}-{hashlib.sha256(uid.encode()).hexdigest()[:8]}-{self.subtask}"
-        return backend.create_keyed_backend(owner, self.key_groups, self.max_parallelism, files, clock)
+        keyed = backend.create_keyed_backend(owner, self.key_groups, self.max_parallelism, files, clock)
+        self.keyed_backends.append(keyed)
+        return keyed
 
     def metric(self, name: str, increment: int = 1) -> None:
         """Add ``increment`` to the counter ``name``."""

@@ -116,6 +116,7 @@ def build_task(
         reader=reader,
         restore=restored.for_subtask(job, vertex, index) if restored is not None else None,
         max_batch_rows=cfg.max_batch_rows,
+        stop_timeout=cfg.task_cancellation_timeout,
         metrics=cfg.metrics,
         checkpoint_key=cfg.checkpoint.resolved_key(),
         split_serializer=head.spec.split_serializer() if head.kind is NodeKind.SOURCE else None,

@@ -1,11 +1,16 @@
 """The in-process runtime: every subtask a thread, channels are in-memory queues with the same credit rules.
 
-For tests and quick runs without a JVM (``runtime="local"``).
+For tests and quick runs without a JVM (``runtime="local"``). An attempt ends only once its tasks' threads
+ended (each task thread and its checkpoint upload thread; bounded by ``JobConfig.task_cancellation_timeout``),
+so a failed attempt writes nothing after the next one started, as Flink restarts only once its tasks reached
+a terminal state.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 from sluice.graph import ExecutionGraph, SubtaskId
 from sluice.runtime.assembly import build_task
@@ -14,7 +19,9 @@ from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, S
 from sluice.runtime.fault_hook import FaultHook
 from sluice.runtime.task import Task
 
-__all__ = ["LocalRuntime"]
+__all__ = ["LocalRuntime", "join_tasks"]
+
+log = logging.getLogger("sluice.job")
 
 
 class LocalRuntime:
@@ -83,5 +90,20 @@ class LocalRuntime:
         if a.failure is not None:
             for t in tasks:
                 t.cancel()
-        for t in tasks:
-            t.join(10)
+        join_tasks(tasks, a.cfg.task_cancellation_timeout, f"attempt {a.attempt}")
+
+
+def join_tasks(tasks: list[Task], timeout: float, what: str) -> bool:
+    """Wait up to ``timeout`` seconds in all for ``tasks``' threads (task and upload threads) to end; a
+    warning names those still running then. True if all ended."""
+    deadline = time.monotonic() + timeout
+    alive: list[str] = []
+    for t in tasks:
+        if not t.join(max(0.0, deadline - time.monotonic())):
+            alive.extend(t.alive_threads())
+    if alive:
+        log.warning(
+            "%s: thread(s) %s did not end within %.0fs (JobConfig.task_cancellation_timeout); not waited for "
+            "any longer", what, ", ".join(alive), timeout,
+        )  # fmt: skip
+    return not alive

@@ -3,7 +3,9 @@
 Everything that touches operators happens on the task thread: input batches, barriers, timers, and the
 control messages the coordinator posts to the mailbox (trigger, complete, abort, split assignment). The
 only other thread is the asynchronous part of checkpoints, which serializes frozen snapshots and uploads
-them, then acknowledges.
+them, then acknowledges. Between batches the task starts keyed backends' periodic work (changelog
+materializations). The upload thread ends before the operators (and their state backends) close, as Flink
+closes its ``AsyncCheckpointRunnable``s first: see :meth:`SubtaskCheckpointing.stop`.
 
 The task (Flink ``StreamTask`` with its ``MailboxProcessor``) keeps the mailbox loop and the task's
 lifecycle, and wires the roles of the protocol:
@@ -114,6 +116,7 @@ class Task:
         )
         for ctx in spec.contexts:
             ctx.fault_hook = self._fault
+        self._keyed_backends = [be for ctx in spec.contexts for be in ctx.keyed_backends]
 
     @property
     def status(self) -> TaskStatus:
@@ -160,11 +163,18 @@ class Task:
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the task thread to end; True if it did."""
+        """Wait up to ``timeout`` seconds (None: for ever) for the task thread and its upload thread to
+        end; True if both did."""
+        deadline = time.monotonic() + (1e9 if timeout is None else timeout)
         if self._thread is not None:
             self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
+        alive = self._thread is not None and self._thread.is_alive()
+        return not alive and self.checkpointing.uploads.join(max(0.0, deadline - time.monotonic()))
+
+    def alive_threads(self) -> list[str]:
+        """The names of this task's threads still running (the task thread, its upload thread)."""
+        names = [self._thread.name] if self._thread is not None and self._thread.is_alive() else []
+        return names + self.checkpointing.uploads.alive()
 
     def metrics_snapshot(self) -> dict[str, Any] | None:
         """The task's built-in metrics and its operators' counters and gauges now (any thread), or None
@@ -194,17 +204,25 @@ class Task:
         try:
             self._initialize()
             self._loop()
+            # the running upload reads state the operators dispose of when they close: it ends first (it is
+            # cancelled at its next step: the coordinator uses the finished task's final state from now on)
+            self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
             self._close()
         except _Cancelled:
-            self._close(quiet=True)
+            self._stop_quietly()
         except BaseException as exc:
-            self._close(quiet=True)
+            self._stop_quietly()
             if not self._cancelled:
                 self.gateway.failed(self.id, exc)
         finally:
             if self.io is not None:
                 self.io.ended = time.monotonic()
-            self.checkpointing.shutdown()
+
+    def _stop_quietly(self) -> None:  # a failed or cancelled task: uploads cancelled, then operators closed
+        try:
+            self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
+        finally:
+            self._close(quiet=True)
 
     def _initialize(self) -> None:
         r = self.spec.restore
@@ -297,6 +315,9 @@ class Task:
             if nxt is not None and nxt <= ms:
                 op.on_processing_time(ms)
         self.handler.check_timeout()
+        if self.status is TaskStatus.RUNNING:  # changelog state: a materialization once its interval passed
+            for be in self._keyed_backends:
+                be.materialize_if_due()
 
     def _poll_source(self) -> bool:
         assert self.reader is not None
@@ -336,8 +357,8 @@ class Task:
         cid = barrier.checkpoint_id
         if cid <= self.checkpointing.last_triggered or cid <= self.handler.last_done:
             return  # already handled through the channels
-        if self.reader is None and self.status is TaskStatus.RUNNING:
-            return  # barriers reach this task through its inputs
+        if self.status is TaskStatus.FINISHED or (self.reader is None and self.status is TaskStatus.RUNNING):
+            return  # finished: its final state stands in for it; running: barriers come through its inputs
         self.handler.last_done = cid
         if barrier.options.drain and self.reader is not None and self.status is TaskStatus.RUNNING:
             # stop-with-savepoint --drain: event time to its end (timers fire), then end of input

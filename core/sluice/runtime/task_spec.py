@@ -64,6 +64,8 @@ class TaskSpec:
         metrics: Count the task's built-in metrics (:mod:`sluice.runtime.task_metrics`).
         checkpoint_key: The job's checkpoint key: signs the task's state files.
         split_serializer: The source's split serializer, if the chain's head is a source.
+        stop_timeout: Seconds the ending task waits for its upload thread before it closes its operators
+            (``JobConfig.task_cancellation_timeout``).
     """
 
     task_id: SubtaskId
@@ -81,6 +83,7 @@ class TaskSpec:
     metrics: bool = True
     checkpoint_key: bytes = field(default=b"", repr=False)
     split_serializer: SimpleVersionedSerializer[SourceSplit] | None = None
+    stop_timeout: float = 60.0
 
     @property
     def subtask_name(self) -> str:

@@ -48,6 +48,8 @@ class GroupWriter:
 
     def __init__(self) -> None:
         self._cols: tuple[list[Any], ...] = ([], [], [], [], [], [])
+        self._chunks: list[pa.RecordBatch] = []  # rows added before those in _cols, not yet written
+        self._chunk_rows = 0
         self._sink = pa.BufferOutputStream()
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
         self.rows = 0
@@ -59,17 +61,43 @@ class GroupWriter:
         for col, v in zip(self._cols, (state, key, namespace, user_key, value, expiry), strict=True):
             col.append(v)
         self.rows += 1
-        if len(self._cols[0]) >= _BATCH:
+        if self._chunk_rows + len(self._cols[0]) >= _BATCH:
             self._flush()
 
+    def add_batch(self, rows: pa.RecordBatch) -> None:
+        """Add rows in bulk (a batch of :data:`SCHEMA`): written in the same batches as if added one by one."""
+        self._chunk_cols()
+        at = 0
+        while at < rows.num_rows:
+            take = min(_BATCH - self._chunk_rows, rows.num_rows - at)
+            self._chunks.append(rows.slice(at, take))
+            self._chunk_rows += take
+            at += take
+            if self._chunk_rows >= _BATCH:
+                self._flush()
+        self.rows += rows.num_rows
+
+    def _chunk_cols(self) -> None:
+        """Move the rows added one by one into a chunk."""
+        if self._cols[0]:
+            batch = pa.record_batch([pa.array(c, f.type) for c, f in zip(self._cols, SCHEMA, strict=True)], schema=SCHEMA)
+            self._chunks.append(batch)
+            self._chunk_rows += batch.num_rows
+            for c in self._cols:
+                c.clear()
+
     def _flush(self) -> None:
-        if not self._cols[0]:
+        self._chunk_cols()
+        if not self._chunks:
             return
         if self._writer is None:
             self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
-        self._writer.write_batch(pa.record_batch([pa.array(c, f.type) for c, f in zip(self._cols, SCHEMA, strict=True)], schema=SCHEMA))
-        for c in self._cols:
-            c.clear()
+        if len(self._chunks) == 1:
+            batch = self._chunks[0]
+        else:
+            batch = pa.Table.from_batches(self._chunks, SCHEMA).combine_chunks().to_batches()[0]
+        self._writer.write_batch(batch)
+        self._chunks, self._chunk_rows = [], 0
 
     def finish(self) -> bytes:
         """The IPC stream (empty bytes if no row was added)."""

@@ -134,6 +134,18 @@ class PrimitiveSerializer(StateSerializer):
                 out[i] = None
         return out
 
+    def encode_binary(self, values: pa.Array) -> pa.Array:
+        """Every value of ``values`` (without nulls) as a binary array of its :meth:`encode` bytes."""
+        if self._np is None:
+            return values.cast(pa.binary())
+        n = len(values)
+        plain = values.cast(pa.int64()) if self._unit is not None else values
+        if pa.types.is_date32(self.arrow_type):
+            plain = values.cast(pa.int32())
+        nums = np.asarray(plain.to_numpy(zero_copy_only=False)).astype(self._np)
+        offsets = np.arange(n + 1, dtype=np.int32) * self._np.itemsize
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(nums.tobytes())])
+
     def decode_array(self, data: Sequence[bytes | None]) -> pa.Array:
         if self._np is None:
             binary = pa.array(data, pa.large_binary() if _large(self.arrow_type) else pa.binary())

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,10 @@ import numpy as np
 import pyarrow as pa
 from sluice import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline
 from sluice.changes import OP, ORDER, Op, with_keys
+from sluice.connectors.generator import GeneratorSource
+from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader
 
-from tests.faults.shapes import _Lingering
+from tests.faults.shapes import _Lingering, _LingeringReader
 from tests.sinks.tables.helpers import Target
 
 Row = tuple[str | None, float | None]
@@ -70,16 +73,19 @@ class Stream:
     batch: int = 25
     extra: int | None = None  # from this position on, batches carry the new column ``note``
 
-    def source(self, rate: float | None = None) -> Any:
+    def source(self, rate: float | None = None, until: Callable[[], bool] | None = None) -> Any:
+        """The stream as a source; given ``until``, its readers end their input only once ``until()`` holds
+        (polled; ending anyway after ``HOLD_DEADLINE`` seconds, for the test's own check to fail)."""
         rows = functools.partial(change_rows, extra=self.extra)
-        return _Lingering(
-            num_splits=self.splits,
-            records_per_split=self.per_split,
-            batch_size=self.batch,
-            rows=rows,
-            name="changes",
-            rows_per_second=rate,
-        )
+        kw: dict[str, Any] = {
+            "num_splits": self.splits,
+            "records_per_split": self.per_split,
+            "batch_size": self.batch,
+            "rows": rows,
+            "name": "changes",
+            "rows_per_second": rate,
+        }
+        return _Lingering(**kw) if until is None else _Holding(until, **kw)
 
     def split_changes(self, split: int) -> list[tuple[int, int, Row]]:
         """``(key, op, row)`` of ``split`` in source order (the reference's input, read from the batches)."""
@@ -108,6 +114,41 @@ class Stream:
             replay(state, [change])
             out.setdefault(frozenset(state.items()), n)
         return out
+
+
+#: seconds a source given ``until`` holds its end of input at most
+HOLD_DEADLINE = 120.0
+
+
+class _Holding(_Lingering):
+    """A lingering change source whose readers also wait for ``until()`` before ending their input."""
+
+    def __init__(self, until: Callable[[], bool], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.until = until
+
+    def create_reader(self, ctx: ReaderContext) -> SourceReader:
+        return _HoldingReader(GeneratorSource.create_reader(self, ctx), self.until)
+
+
+class _HoldingReader(_LingeringReader):
+    def __init__(self, inner: SourceReader, until: Callable[[], bool]) -> None:
+        super().__init__(inner)
+        self.until = until
+        self.released = False
+        self.deadline: float | None = None
+        self.polled = 0.0
+
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        status = super().poll_next(output)
+        if status is not InputStatus.END_OF_INPUT or self.released:
+            return status
+        now = time.monotonic()
+        self.deadline = self.deadline or now + HOLD_DEADLINE
+        if now - self.polled >= 0.1:  # the condition reads the table: not at every poll
+            self.polled = now
+            self.released = self.until() or now > self.deadline
+        return status if self.released else InputStatus.NOTHING_AVAILABLE
 
 
 def replay(state: State, changes: Iterable[tuple[int, int, Row]]) -> None:
@@ -189,12 +230,15 @@ def pipeline(
     attempts: int = 6,
     rate: float | None = None,
     checkpoint: dict[str, Any] | None = None,
+    until: Callable[[], bool] | None = None,
+    source: Any = None,
 ) -> Pipeline:
-    """source -> sink, chained (the writers see each split's changes in source order)."""
+    """source -> sink, chained (the writers see each split's changes in source order); ``until``: see
+    :meth:`Stream.source`; ``source``: another source of the stream's changes (e.g. paced by checkpoints)."""
     p = Pipeline(
         name,
         checkpoint=CheckpointConfig(interval=interval, storage=f"{directory}/chk", **(checkpoint or {})),
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
     )
-    p.source(stream.source(rate), parallelism=parallelism).sink(sink, parallelism=parallelism)
+    p.source(source or stream.source(rate, until), parallelism=parallelism).sink(sink, parallelism=parallelism)
     return p

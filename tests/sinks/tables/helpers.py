@@ -125,6 +125,19 @@ class Target:
             return int(self.delta_table().version()) + 1
         return len(self.iceberg_table().snapshots())
 
+    def rewrites(self) -> int:
+        """Commits of the background rewrite (Delta ``OPTIMIZE`` entries, Iceberg ``sluice.rewrite`` snapshots)."""
+        if not self.exists():
+            return 0
+        if self.kind == "delta":
+            return sum(1 for h in self.delta_table().history() if h.get("operation") == "OPTIMIZE")
+        snaps = self.iceberg_table().snapshots()
+        return sum(1 for s in snaps if s.summary and "sluice.rewrite" in s.summary.additional_properties)
+
+    def rewrote(self) -> bool:
+        """Whether the background rewrite committed (a condition a source can wait for)."""
+        return self.rewrites() >= 1
+
     def files_per_partition(self) -> collections.Counter[str]:
         return collections.Counter(f.rsplit("/", 1)[0] for f in self.files())
 

@@ -24,8 +24,10 @@ def with_bucket(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("b", pc.cast(pc.bit_wise_and(batch.column("id"), 3), pa.string()))
 
 
-def run_job(target: Target, tmp: Path, runtime: str = "local", records: int = 1500, **sink: Any) -> Any:
-    src = GeneratorSource(num_splits=4, records_per_split=records, batch_size=50, rows_per_second=3000)
+def run_job(
+    target: Target, tmp: Path, runtime: str = "local", records: int = 1500, src: GeneratorSource | None = None, **sink: Any
+) -> Any:
+    src = src or GeneratorSource(num_splits=4, records_per_split=records, batch_size=50, rows_per_second=3000)
     p = Pipeline(
         "tables", parallelism=2, checkpoint=CheckpointConfig(interval=0.15, storage=str(tmp / "chk")), restart=NoRestart()
     )

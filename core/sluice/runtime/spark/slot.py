@@ -28,6 +28,7 @@ from sluice.graph import SubtaskId
 from sluice.runtime.assembly import build_task
 from sluice.runtime.channels import InputChannel, LocalChannel, OutputChannel, Signal
 from sluice.runtime.fault_hook import NO_FAULTS
+from sluice.runtime.local import join_tasks
 from sluice.runtime.restore import RestoredCheckpoint
 from sluice.runtime.spark.cluster import bind_address
 from sluice.runtime.spark.slot_reports import SlotError, SlotGateway, SlotLogHandler, portable
@@ -108,7 +109,7 @@ class Slot:
                 self.send(self.metrics_message(sid))
 
     def subtask_of_thread(self, thread_name: str) -> str | None:
-        # task threads are "task-<vertex>.<index>", upload threads "upload-<vertex>.<index>_<n>"
+        # task threads are "task-<vertex>.<index>", upload threads "upload-<vertex>.<index>"
         for prefix in ("task-", "upload-"):
             if thread_name.startswith(prefix):
                 key = thread_name[len(prefix) :].split("_", 1)[0]
@@ -209,8 +210,9 @@ class Slot:
             for t in self.tasks.values():
                 if not ok:
                     t.cancel()
-            for t in self.tasks.values():
-                t.join(5 if ok else 2)
+            # before the Spark task ends: a failed attempt's threads (upload threads too) write nothing after
+            # the next attempt started, even in a Python worker that Spark reuses
+            join_tasks(list(self.tasks.values()), spec.cfg.task_cancellation_timeout, f"slot {self.index}")
             for sid in self.tasks:
                 if sid not in self._finished:
                     self.send(self.metrics_message(sid))

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.errors import ConfigError, RestoreError
-from sluice.state.canonical import FORMAT_VERSION, GroupWriter, canonical_groups, merged_meta
+from sluice.state.canonical import FORMAT_VERSION, SCHEMA, GroupWriter, canonical_groups, merged_meta
 from sluice.state.config import StateBackendConfig
+from sluice.state.hashmap.bulk import bulk_rows, state_column
 from sluice.state.hashmap.states import HeapBatchValueState, HeapListState, HeapMapState, HeapValueState
 from sluice.state.hashmap.tables import HeapTimerService, Table, TrackedTables
 from sluice.state.keycodec import decode_key, key_end, namespace_part
@@ -351,6 +352,10 @@ class _HeapSnapshot(StateSnapshot):
             now = self._now
             for kg, data in groups.items():
                 w = writer(kg)
+                cols = bulk_rows(reg, data)
+                if cols is not None:
+                    w.add_batch(pa.record_batch([state_column(name, len(cols[0])), *cols], schema=SCHEMA))
+                    continue
                 for ek, v in data.items():
                     key, ns = split_entry_key(ek)
                     for uk, value, expiry in entry_rows(reg, v):

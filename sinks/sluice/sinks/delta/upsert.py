@@ -15,8 +15,10 @@ Everything here imports ``deltalake`` lazily (the ``sluice-etl[delta]`` extra).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,6 +60,7 @@ class DeltaUpsert:
         conflict_attempts: how often a merge that lost a race is run again before giving up (then the
             engine retries the commit).
         metadata: commit info added to every merge (e.g. ``sluice.job-id``).
+        lock: held for each merge; the sink's background rewrite takes it for an optimize that lost a race.
     """
 
     path: str
@@ -68,9 +71,10 @@ class DeltaUpsert:
     partition_by: tuple[str, ...] = ()
     conflict_attempts: int = 10
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    lock: threading.Lock | None = None
 
     def with_keys(self, keys: Sequence[str]) -> DeltaUpsert:
-        """This engine merging on ``keys``."""
+        """This engine merging on ``keys`` (sharing its lock)."""
         return dataclasses.replace(self, keys=tuple(keys))
 
     def open(self) -> DeltaTable | None:
@@ -114,7 +118,7 @@ class DeltaUpsert:
         )
         try:
             for attempt in retrying:
-                with attempt:
+                with attempt, self.lock or contextlib.nullcontext():
                     return self._merge_once(checkpoint_id, changes, fault_hook)
         except CommitFailedError as exc:
             log.warning("Delta merge of checkpoint %d into %s: %s", checkpoint_id, self.path, exc)
@@ -225,7 +229,8 @@ def key_predicate(keys: Sequence[str]) -> str:
 
 def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> ChangeCommitter:
     """The global committer of a DeltaSink in upsert mode: one merge per checkpoint (with the background
-    ``optimize`` of ``options.rewrite``, whose conflicts the merge survives by running again)."""
+    ``optimize`` of ``options.rewrite``, whose conflicts the merge survives by running again; an optimize
+    that lost to a merge runs again holding the merge's lock)."""
     from sluice.sinks.delta.committer import app_id
     from sluice.sinks.delta.rewrite import rewrite_small_files
 
@@ -238,12 +243,13 @@ def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> 
         partition_by=tuple(options.partition_by),
         conflict_attempts=max(1, options.commit_retries),
         metadata={"sluice.job-id": ctx.job_id, "sluice.sink-uid": ctx.sink_uid},
+        lock=threading.Lock(),
     )
     rewriter: BackgroundRewriter | None = None
     if options.rewrite is not None:
         policy = options.rewrite
         rewriter = BackgroundRewriter(
-            f"DeltaSink {options.path}", policy, lambda: rewrite_small_files(options, policy), ctx.metric
+            f"DeltaSink {options.path}", policy, lambda: rewrite_small_files(options, policy, engine.lock), ctx.metric
         )
     return ChangeCommitter(
         f"DeltaSink {options.path}",

@@ -33,7 +33,7 @@ class IcebergCommitter(GlobalCommitter[TableFile]):
         self.options = options
         self.ctx = ctx
         self._tried: set[int] = set()
-        #: held by checkpoint commits and by the background rewrite's commit step (not its merging)
+        #: held by checkpoint commits and by the background rewrite's commit step (its merging too once it lost a race)
         self.lock = threading.Lock()
         self.rewriter: BackgroundRewriter | None = None
         if options.rewrite is not None:

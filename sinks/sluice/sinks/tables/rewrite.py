@@ -9,8 +9,13 @@ see either the small files or the merged one, never both, never neither.
 
 It never interferes with the exactly-once commits: it only removes files a commit already published, adds
 no rows, and records nothing the idempotence check reads (Delta app transactions, Iceberg's
-``sluice.max-committed-checkpoint-id`` summary property). A rewrite that loses a race against another commit
-is retried at the next round; it never blocks or fails a checkpoint.
+``sluice.max-committed-checkpoint-id`` summary property). It never fails a checkpoint. A rewrite that loses
+a race against the sink's own commits (in upsert mode every checkpoint's merge replaces the small files that
+hold changed keys, so a rewrite planned before it finds some of its files gone) takes its turn at once
+(:func:`take_turn`): it plans, merges and commits that partition again holding the lock the checkpoint commits
+take, which then wait for it. So compaction makes progress however often the job commits; the price is that a
+checkpoint commit may wait for one partition's rewrite. A rewrite that loses against another writer even so
+is counted (``rewrite_failures``) and tried again at the next round.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.errors import ConfigError
+from sluice.sinks.tables.errors import RewriteLostRace
 
-__all__ = ["BackgroundRewriter", "RewritePolicy", "rewrite_policy"]
+__all__ = ["BackgroundRewriter", "RewritePolicy", "rewrite_policy", "take_turn"]
 
 log = logging.getLogger("sluice.sinks.tables")
 
@@ -67,6 +73,24 @@ def rewrite_policy(value: object, sink: str) -> RewritePolicy | None:
         )
     value.validate(sink)
     return value
+
+
+def take_turn(lock: threading.Lock | None, attempt: Callable[[bool], int]) -> int:
+    """Run one partition's rewrite: ``attempt(False)`` first, which merges without ``lock`` (taking it for its
+    commit step at most); if that raises :class:`~sluice.sinks.tables.errors.RewriteLostRace`,
+    ``attempt(True)`` with ``lock`` held from planning to commit, so the commits that share the lock cannot
+    win the race again. Returns what the attempt returns (files replaced).
+
+    Without a lock there is no turn to take: the lost race is raised (the next round tries again).
+    """
+    try:
+        return attempt(False)
+    except RewriteLostRace as exc:
+        if lock is None:
+            raise
+        log.info("%s; rewriting the partition again holding the commit lock", exc)
+    with lock:
+        return attempt(True)
 
 
 class BackgroundRewriter:
