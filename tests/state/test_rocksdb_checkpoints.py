@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ def write(be: KeyedStateBackend, keys: range, value: int) -> None:
     be.batch_state(COUNT).put(be.key_batch([pa.array(keys, pa.int64())]), pa.array([value] * len(keys), pa.int64()))
 
 
-def read(be: KeyedStateBackend, keys: range) -> list[Any]:
+def read(be: KeyedStateBackend, keys: Sequence[int]) -> list[Any]:
     return be.batch_state(COUNT).get(be.key_batch([pa.array(keys, pa.int64())])).to_pylist()
 
 
@@ -127,7 +129,13 @@ def test_shared_files_are_deleted_exactly_when_no_retained_checkpoint_uses_them(
     be = make_backend("rocksdb", incremental=True)
     registry, retained, deleted = SharedStateRegistry(), [], set()
     handles: dict[int, Handle] = {}
-    for cid in range(1, 13):
+    cid, deadline = 0, time.monotonic() + 120
+    # past the L0 compaction trigger (16 flushed files), then until a compaction has replaced files
+    while cid < 20 or not deleted:
+        assert time.monotonic() < deadline, "no compaction replaced a checkpointed file"
+        if cid > 16:
+            time.sleep(0.05)  # let the background compaction run
+        cid += 1
         write(be, range(cid * 1000, cid * 1000 + 3000), cid)
         handles[cid] = be.snapshot(cid).run()
         registry.register_checkpoint(cid, shared_refs([handles[cid]]))
@@ -145,7 +153,8 @@ def test_shared_files_are_deleted_exactly_when_no_retained_checkpoint_uses_them(
     assert deleted  # compaction replaced files, so some were deleted on the way
     oldest = make_backend("rocksdb")
     oldest.restore([handles[retained[0]]])
-    assert read(oldest, range(11_000, 11_002)) == [11, 11]
+    assert retained[0] == cid - 1
+    assert read(oldest, range(retained[0] * 1000, retained[0] * 1000 + 2)) == [retained[0]] * 2
 
 
 def test_the_memory_budget_bounds_the_block_cache_and_the_write_cache(make_backend: MakeBackend) -> None:
@@ -182,3 +191,22 @@ def test_dispose_removes_the_local_files(make_backend: MakeBackend, tmp_path: Pa
     assert os.path.isdir(root)
     be.dispose()
     assert not os.path.exists(root)
+
+
+@pytest.mark.parametrize(("before", "after"), [("level", "universal"), ("universal", "level")])
+def test_a_checkpoint_restores_under_the_other_compaction_style(make_backend: MakeBackend, before: str, after: str) -> None:
+    """A job can change state.backend.rocksdb.compaction.style across a restore: RocksDB opens the other
+    style's files (level's L0 and L1, universal's sorted runs) and compacts them its own way."""
+    be = make_backend("rocksdb", incremental=True, compaction_style=before)
+    for i in range(12):  # more flushed files than either style's compaction trigger
+        write(be, range(i * 5000, (i + 1) * 5000), 1)
+        be.snapshot(i + 1).run()
+        be.notify_checkpoint_complete(i + 1)
+    write(be, range(0, 60_000, 100), 2)
+    last = be.snapshot(13).run()
+    restored = make_backend("rocksdb", incremental=True, compaction_style=after)
+    restored.restore([last])
+    assert read(restored, [0, 1, 59_900, 59_999]) == [2, 1, 2, 1]
+    write(restored, range(60_000, 70_000), 3)
+    restored.snapshot(14).run()
+    assert read(restored, [0, 65_000]) == [2, 3]

@@ -94,6 +94,10 @@ class StateBackendConfig(_Frozen):
         write_cache_ratio: the part of ``memory`` for the RocksDB backend's write-back cache of entries
             (hot keys read and written as Python bytes, written to RocksDB at checkpoints and when the cache
             is full; ``state.backend.rocksdb.memory.write-cache-ratio``); 0 turns it off.
+        compaction_style: RocksDB's compaction, ``"level"`` or ``"universal"``
+            (``state.backend.rocksdb.compaction.style``; docs/state.md, *RocksDB options*).
+        bloom_bits_per_key: bits per key of RocksDB's Bloom filters
+            (``state.backend.rocksdb.bloom-filter.bits-per-key``); more bits, fewer reads of absent keys.
     """
 
     type: Literal["hashmap", "rocksdb"] = "hashmap"
@@ -106,6 +110,8 @@ class StateBackendConfig(_Frozen):
     memory: int = 256 << 20
     write_buffer_ratio: float = 0.5
     write_cache_ratio: float = 0.25
+    compaction_style: Literal["level", "universal"] = "level"
+    bloom_bits_per_key: float = 16.0
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -128,6 +134,8 @@ class StateBackendConfig(_Frozen):
             raise bad("write_buffer_ratio", "a number between 0 and 1 (exclusive)", self.write_buffer_ratio)
         if not 0 <= self.write_cache_ratio < 1:
             raise bad("write_cache_ratio", "a number from 0 (no cache) to below 1", self.write_cache_ratio)
+        if not 1 <= self.bloom_bits_per_key <= 64:
+            raise bad("bloom_bits_per_key", "a number from 1 to 64", self.bloom_bits_per_key)
         if not self.changelog_materialize_interval > 0:
             raise bad("changelog_materialize_interval", "a duration > 0", self.changelog_materialize_interval)
         for option in ("local_dir", "local_recovery_dir"):
@@ -184,6 +192,13 @@ def _text(key: str, value: Any) -> str:
     return str(value).strip()
 
 
+def _compaction_style(key: str, value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in ("level", "universal"):
+        raise ConfigError(f"{key}: {value!r} is not allowed (allowed: level, universal)")
+    return text
+
+
 def _float(key: str, value: Any) -> float:
     try:
         return float(value)
@@ -206,6 +221,8 @@ STATE_KEYS: dict[str, tuple[str, Any]] = {
     "state.backend.rocksdb.memory.fixed-per-slot": ("memory", parse_memory_size),
     "state.backend.rocksdb.memory.write-buffer-ratio": ("write_buffer_ratio", _float),
     "state.backend.rocksdb.memory.write-cache-ratio": ("write_cache_ratio", _float),
+    "state.backend.rocksdb.compaction.style": ("compaction_style", _compaction_style),
+    "state.backend.rocksdb.bloom-filter.bits-per-key": ("bloom_bits_per_key", _float),
 }
 
 

@@ -356,8 +356,9 @@ class RocksDBStateBackend(StateBackend):
     def resources(self) -> RocksResources:
         """The memory this backend's instances share in this process."""
         if self._resources is None:
+            c = self.config
             self._resources = RocksResources(
-                self.config.memory, self.config.write_buffer_ratio, self.config.write_cache_ratio
+                c.memory, c.write_buffer_ratio, c.write_cache_ratio, c.compaction_style, c.bloom_bits_per_key
             )
         return self._resources
 

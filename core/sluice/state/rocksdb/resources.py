@@ -6,6 +6,12 @@ alive in the process. The rest is one LRU block cache; the write buffers (memtab
 charged to it through one write buffer manager (``write_buffer_ratio`` of RocksDB's part), and index and
 filter blocks live in the cache too, so the budget bounds what RocksDB and the cache hold in memory however
 many key groups, states or instances there are (as Flink's ``state.backend.rocksdb.memory.fixed-per-slot``).
+
+The compaction options are tuned for what a streaming job does: many writes, a checkpoint every second or
+so, and each checkpoint flushes the memtables into a small L0 file that spans every key group (entries are
+laid out key group first). With RocksDB's default L0 trigger (4 files) level compaction rewrites all of L1
+every few seconds, which cost more CPU than the operator itself in the 10M-key deduplication benchmark
+(docs/benchmarks.md). The figures behind each choice are in docs/state.md, *RocksDB options*.
 """
 
 from __future__ import annotations
@@ -18,6 +24,12 @@ from sluice.errors import ConfigError
 __all__ = ["RocksResources", "rocksdict_module"]
 
 _MB = 1 << 20
+#: L0 files that start a compaction to L1 (RocksDB's default: 4). Each checkpoint flushes one small L0 file
+#: spanning every key group, so every L0 -> L1 compaction rewrites all of L1: with 16 files it runs a quarter
+#: as often (10M-key dedup job: 39 CPU-s instead of 55, with 16 Bloom bits; 8 files: 47). A read checks up
+#: to this many L0 filters more, pinned in memory. Universal compaction (57 CPU-s) and no compression of
+#: L0/L1 (no gain) were measured too and left out.
+_L0_COMPACTION_TRIGGER = 16
 
 
 def rocksdict_module() -> Any:
@@ -34,9 +46,18 @@ def rocksdict_module() -> Any:
 class RocksResources:
     """A block cache and a write buffer manager shared by the RocksDB instances of one state backend."""
 
-    def __init__(self, memory: int, write_buffer_ratio: float, write_cache_ratio: float = 0.0) -> None:
+    def __init__(
+        self,
+        memory: int,
+        write_buffer_ratio: float,
+        write_cache_ratio: float = 0.0,
+        compaction_style: str = "level",
+        bloom_bits_per_key: float = 16.0,
+    ) -> None:
         rd = rocksdict_module()
         self.memory = memory
+        self.compaction_style = compaction_style
+        self.bloom_bits_per_key = bloom_bits_per_key
         #: bytes of the write-back caches of all instances together
         self.write_cache = int(memory * write_cache_ratio)
         self.block_cache = memory - self.write_cache
@@ -59,12 +80,23 @@ class RocksResources:
         table.set_block_cache(self.cache)
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-        table.set_bloom_filter(10, False)
+        # full (not block-based) filters; 16 bits per key rather than 10: ~0.05% false positives instead of
+        # ~1%, and the keys a job looks up are often absent (deduplication: every new key), each false
+        # positive a data block read. Not optimize_filters_for_hits, which drops the last level's filters:
+        # lookups of absent keys would all read a block there.
+        table.set_bloom_filter(self.bloom_bits_per_key, False)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_manager(self.write_buffer_manager)
         opts.set_write_buffer_size(max(2 * _MB, min(64 * _MB, self.write_buffers // 4)))
         opts.set_max_write_buffer_number(3)
         opts.set_max_background_jobs(2)
+        if self.compaction_style == "universal":
+            opts.set_compaction_style(rd.DBCompactionStyle.universal())
+        else:
+            opts.set_level_zero_file_num_compaction_trigger(_L0_COMPACTION_TRIGGER)
+            # writes slow down / stop at RocksDB's default distances above its default trigger
+            opts.set_level_zero_slowdown_writes_trigger(_L0_COMPACTION_TRIGGER + 16)
+            opts.set_level_zero_stop_writes_trigger(_L0_COMPACTION_TRIGGER + 32)
         opts.set_compression_type(rd.DBCompressionType.lz4())
         opts.set_keep_log_file_num(2)
         opts.set_max_log_file_size(_MB)
