@@ -1,0 +1,482 @@
+"""A real Apache Kafka broker for the tests: one KRaft node (broker and controller) as a JVM on loopback.
+
+Its jars (``org.apache.kafka:kafka_2.13`` and dependencies, plus log4j's binding for Kafka's slf4j) are
+resolved by Maven into Maven's local repository; the classpath is cached in
+``~/.cache/sluice-tests/apache-kafka-<version>/classpath.txt``, so later runs start without Maven. Its
+storage is formatted by Kafka's own ``StorageTool`` in a temporary folder. Nothing is skipped: a missing Java
+or Maven fails with one line saying how to get it (``.ci/run`` installs both and resolves the jars:
+``python -m tests.apache_kafka --resolve``).
+
+Usage (the helpers are :class:`tests.kafka_test_broker.KafkaTestBroker`'s, shared with tansu)::
+
+    with ApacheKafkaBroker() as broker:
+        broker.create_topic("t", partitions=2)
+        broker.produce("t", [b"a", b"b"], partition=0)
+        assert [r.value for r in broker.read_committed("t")] == [b"a", b"b"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import base64
+import fcntl
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tests.kafka_test_broker import KafkaTestBroker
+
+__all__ = ["COMPACTED_TOPIC", "KAFKA_VERSION", "ApacheKafkaBroker", "ApacheKafkaUnavailableError", "kafka_classpath"]
+
+KAFKA_VERSION = "4.3.1"
+#: the log4j2 that kafka_2.13 KAFKA_VERSION depends on; log4j-slf4j-impl routes Kafka's slf4j 1.7 logging to it
+_LOG4J_VERSION = "2.25.4"
+_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+_POM = f"""\
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>sluice.tests</groupId><artifactId>apache-kafka-broker</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{KAFKA_VERSION}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{_LOG4J_VERSION}</version></dependency>
+  </dependencies>
+</project>
+"""
+_HOW_TO_GET = "run .ci/run, or: apt-get install openjdk-17-jre-headless maven && python -m tests.apache_kafka --resolve"
+
+#: topic settings under which the log cleaner compacts within about a second: a segment rolls at the first
+#: append 100 ms after it opened (the active segment is never cleaned, so a test appends once more after
+#: the records it wants compacted), any dirty share makes the log cleanable, tombstones go at the next pass
+COMPACTED_TOPIC: Mapping[str, str] = {
+    "cleanup.policy": "compact",
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.001",
+    "delete.retention.ms": "0",
+    "min.compaction.lag.ms": "0",
+}
+
+_BROKER_CONFIG = """\
+process.roles=broker,controller
+node.id=1
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=INTERNAL
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+min.insync.replicas=1
+group.initial.rebalance.delay.ms=0
+log.cleaner.enable=true
+log.cleaner.threads=1
+log.cleaner.backoff.ms=100
+log.cleaner.dedupe.buffer.size=16777216
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=6000
+"""
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = ${sys:sluice.log.level:-INFO}
+rootLogger.appenderRef.out.ref = OUT
+logger.config.name = org.apache.kafka.common.config.AbstractConfig
+logger.config.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+
+#: JVM options of the broker: a small heap, and C1 only, which starts faster and, over the tests' short
+#: runs, spends less CPU than C2's compilations win back (measured: docs in tests/test_apache_kafka_fixture.py)
+JVM_OPTIONS: tuple[str, ...] = (
+    "-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+)  # fmt: skip
+
+
+class ApacheKafkaUnavailableError(RuntimeError):
+    """Java or Apache Kafka's jars cannot be had; the message says how to get them."""
+
+
+def cache_dir() -> Path:
+    """Where the resolved classpath of :data:`KAFKA_VERSION` is cached."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "sluice-tests" / f"apache-kafka-{KAFKA_VERSION}"
+
+
+def find_java() -> str:
+    """The ``java`` to run: ``$JAVA_HOME/bin/java``, else the one on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not os.access(java, os.X_OK):
+        raise ApacheKafkaUnavailableError(f"Apache Kafka's broker needs Java 17+, none found: {_HOW_TO_GET}")
+    return java
+
+
+def _cached_classpath(cache: Path) -> str | None:
+    try:
+        classpath = (cache / "classpath.txt").read_text().strip()
+    except OSError:
+        return None
+    jars = classpath.split(os.pathsep)
+    return classpath if jars and all(Path(j).is_file() for j in jars) else None
+
+
+def kafka_classpath(resolve: bool = True, cache: Path | None = None, repo_local: Path | None = None) -> str:
+    """The broker's classpath, from the cache when every jar on it exists, else resolved by Maven.
+
+    Args:
+        resolve: run Maven when the cache is incomplete (else raise).
+        cache: the folder of the generated pom and the classpath file (default :func:`cache_dir`).
+        repo_local: Maven's local repository (default: Maven's own, ``~/.m2/repository``).
+
+    Raises:
+        ApacheKafkaUnavailableError: the jars are not cached and cannot be resolved.
+    """
+    cache = cache or cache_dir()
+    if (classpath := _cached_classpath(cache)) is not None:
+        return classpath
+    if not resolve:
+        raise ApacheKafkaUnavailableError(f"Apache Kafka {KAFKA_VERSION}'s jars are not in {cache}: {_HOW_TO_GET}")
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ApacheKafkaUnavailableError(
+            f"Apache Kafka {KAFKA_VERSION}'s jars are not in {cache} and Maven (mvn) is not installed: {_HOW_TO_GET}"
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "lock", "w") as lock:  # pytest-xdist workers resolve once, one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (classpath := _cached_classpath(cache)) is not None:
+            return classpath
+        (cache / "pom.xml").write_text(_POM)
+        cmd = [mvn, "-q", "-B", "-f", str(cache / "pom.xml"), f"{_DEPENDENCY_PLUGIN}:build-classpath",
+               f"-Dmdep.outputFile={cache / 'classpath.tmp'}"]  # fmt: skip
+        if repo_local is not None:
+            cmd.append(f"-Dmaven.repo.local={repo_local}")
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
+            raise ApacheKafkaUnavailableError(f"Maven could not resolve Apache Kafka {KAFKA_VERSION}'s jars:\n{tail}")
+        os.replace(cache / "classpath.tmp", cache / "classpath.txt")
+    if (classpath := _cached_classpath(cache)) is None:
+        raise ApacheKafkaUnavailableError(f"Maven wrote an incomplete classpath to {cache / 'classpath.txt'}")
+    return classpath
+
+
+def _class_archive(java: str, classpath: str) -> Path:
+    """Where the broker's class-data-sharing archive for this Java and classpath lives (a dynamic AppCDS
+    archive, written at the first clean exit of a broker: later JVMs start about twice as fast)."""
+    real = Path(java).resolve()
+    key = f"{real}:{real.stat().st_mtime_ns}:{classpath}".encode()
+    return cache_dir() / f"broker-{hashlib.sha256(key).hexdigest()[:16]}.jsa"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_id() -> str:
+    """A random cluster id as Kafka writes one (base64url of 16 bytes; Kafka never starts one with '-')."""
+    while True:
+        cid = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+class _EarlyExit(RuntimeError):
+    """The JVM exited during startup."""
+
+
+class ApacheKafkaBroker(KafkaTestBroker):
+    """A single-node KRaft Apache Kafka on loopback at free ports, its data in a temporary folder.
+
+    ``start()`` formats the storage and launches the JVM (a few seconds); ``kill()`` crashes the broker
+    (SIGKILL) and keeps its data and ports, ``start()`` then brings it back; ``restart()`` does both;
+    ``stop()`` ends it and removes the folder.
+
+    Args:
+        startup_timeout: seconds to wait until it answers a metadata request.
+        config: broker settings added to (or overriding) the fixture's.
+        jvm_options: options of the JVM (default :data:`JVM_OPTIONS`).
+    """
+
+    #: the port the broker tells clients to connect to, if not its own (a test's fault proxy in front of it);
+    #: the broker's own traffic to itself (e.g. transaction markers) uses a listener of its own, never this
+    advertised_port: int | None = None
+
+    def __init__(
+        self,
+        startup_timeout: float = 180.0,
+        config: Mapping[str, str] | None = None,
+        jvm_options: tuple[str, ...] = JVM_OPTIONS,
+    ) -> None:
+        self.startup_timeout = startup_timeout
+        self.config = dict(config or {})
+        self.jvm_options = jvm_options
+        self._dir: Path | None = None
+        self._ports: tuple[int, int, int] | None = None  # clients, internal, controller
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._admin: AdminClient | None = None
+        self._archive: tuple[Path, Path] | None = None  # (being dumped, final) class archive
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap.servers``; only valid after ``start()``."""
+        if self._ports is None:
+            raise RuntimeError("ApacheKafkaBroker is not started")
+        return f"127.0.0.1:{self._ports[0]}"
+
+    @property
+    def internal_bootstrap(self) -> str:
+        """The broker's own listener, which never advertises :attr:`advertised_port`: a test's direct way in
+        while a fault proxy in front of :attr:`bootstrap` is down."""
+        if self._ports is None:
+            raise RuntimeError("ApacheKafkaBroker is not started")
+        return f"127.0.0.1:{self._ports[1]}"
+
+    @property
+    def admin(self) -> AdminClient:
+        """A shared AdminClient bound to this broker."""
+        if self._admin is None:
+            raise RuntimeError("ApacheKafkaBroker is not running")
+        return self._admin
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's log (its stdout and stderr, across restarts)."""
+        if self._dir is None:
+            raise RuntimeError("ApacheKafkaBroker is not started")
+        return self._dir / "broker.log"
+
+    @property
+    def data_dir(self) -> Path:
+        """The broker's ``log.dirs`` (partitions and the metadata log)."""
+        if self._dir is None:
+            raise RuntimeError("ApacheKafkaBroker is not started")
+        return self._dir / "data"
+
+    @property
+    def running(self) -> bool:
+        """Whether the JVM is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> ApacheKafkaBroker:
+        """Launch the broker and block until it answers a metadata request; after ``kill()`` or
+        ``restart()`` on the same ports and data, else in a fresh folder with freshly formatted storage.
+
+        A fresh start whose JVM exits because a port was taken in the meantime is retried twice on new
+        ports. On failure the error carries the tail of the broker's log.
+
+        Raises:
+            ApacheKafkaUnavailableError: no Java, or no jars and no Maven to resolve them.
+            RuntimeError: the broker exits or is not ready within ``startup_timeout``.
+        """
+        if self._proc is not None:
+            raise RuntimeError("ApacheKafkaBroker already running")
+        java, classpath = find_java(), kafka_classpath()
+        if self._dir is not None:
+            self._launch(java, classpath)
+            return self
+        for attempt in range(3):
+            self._dir = Path(tempfile.mkdtemp(prefix="apache-kafka-"))
+            self._ports = (_free_port(), _free_port(), _free_port())
+            try:
+                self._format(java, classpath)
+                self._launch(java, classpath)
+                return self
+            except _EarlyExit:
+                port_taken = "Address already in use" in self.log_path.read_text(errors="replace")
+                self.stop()
+                if not port_taken or attempt == 2:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _write_config(self) -> Path:
+        assert self._dir is not None and self._ports is not None
+        client, internal, controller = self._ports
+        settings = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{client},INTERNAL://127.0.0.1:{internal},"
+            f"CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port or client},"
+            f"INTERNAL://127.0.0.1:{internal}",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller}",
+            "log.dirs": str(self.data_dir),
+            **self.config,
+        }
+        path = self._dir / "server.properties"
+        path.write_text(_BROKER_CONFIG + "".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self._dir / "log4j2.properties").write_text(_LOG4J2)
+        return path
+
+    def _java(self, java: str, classpath: str, options: tuple[str, ...], *args: str) -> list[str]:
+        assert self._dir is not None
+        return [java, *options, f"-Dlog4j2.configurationFile={self._dir / 'log4j2.properties'}", "-cp", classpath, *args]
+
+    def _format(self, java: str, classpath: str) -> None:
+        """Format the storage with Kafka's StorageTool, as a single-voter (standalone) controller quorum."""
+        cmd = self._java(java, classpath, ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                                           "-Dsluice.log.level=WARN"),
+                         "kafka.tools.StorageTool", "format", "--standalone", "-t", _cluster_id(),
+                         "-c", str(self._write_config()))  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.startup_timeout, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"Kafka's StorageTool format failed (exit {r.returncode}):\n{r.stdout}{r.stderr}")
+
+    def _launch(self, java: str, classpath: str) -> None:
+        config = self._write_config()
+        archive = _class_archive(java, classpath)
+        if archive.is_file():
+            cds = f"-XX:SharedArchiveFile={archive}"
+        else:
+            self._archive = (archive.with_suffix(f".{os.getpid()}.tmp"), archive)
+            cds = f"-XX:ArchiveClassesAtExit={self._archive[0]}"
+        cmd = self._java(java, classpath, (*self.jvm_options, cds), "kafka.Kafka", str(config))
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        atexit.register(self._kill_jvm)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self._kill_jvm()
+            raise
+
+    def _wait_ready(self) -> None:
+        """Block until the broker serves every partition it holds: after a restart, leadership and log
+        recovery go on for a while after its ports open and its metadata answers."""
+        assert self._proc is not None and self._ports is not None
+        deadline = time.monotonic() + self.startup_timeout
+        probe: Consumer | None = None
+        last: object = "its port never accepted a connection"
+        try:
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    raise _EarlyExit(f"Apache Kafka exited with code {self._proc.returncode} during startup\n{self.log_tail()}")
+                if probe is None:  # until the port listens: librdkafka would back off for seconds after refusals
+                    with socket.socket() as s:
+                        if s.connect_ex(("127.0.0.1", self._ports[1])) == 0:
+                            probe = Consumer({"bootstrap.servers": self.internal_bootstrap, "group.id": "sluice-tests-probe",
+                                              "isolation.level": "read_uncommitted", "log_level": 0})  # fmt: skip
+                else:
+                    try:
+                        md = probe.list_topics(timeout=2.0)
+                        if md.brokers:
+                            for t in md.topics.values():
+                                for p in t.partitions:
+                                    probe.get_watermark_offsets(TopicPartition(t.topic, p), timeout=2.0)
+                            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+                            return
+                    except KafkaException as exc:
+                        last = exc
+                time.sleep(0.05)
+        finally:
+            if probe is not None:
+                probe.close()
+        raise RuntimeError(
+            f"Apache Kafka on {self.bootstrap} not ready after {self.startup_timeout}s ({last})\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the broker's log, with a header naming the file."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except (OSError, RuntimeError) as exc:
+            return f"<no broker log: {exc}>"
+        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
+
+    def cleaned_offsets(self, topic: str) -> dict[int, int]:
+        """``{partition: offset}`` up to which the log cleaner has compacted ``topic`` (its checkpoint file;
+        partitions never cleaned are absent)."""
+        try:
+            lines = (self.data_dir / "cleaner-offset-checkpoint").read_text().splitlines()[2:]
+        except FileNotFoundError:
+            return {}
+        return {int(p): int(o) for t, p, o in (line.split() for line in lines) if t == topic}
+
+    def _kill_jvm(self, graceful: float = 0.0) -> None:
+        """End the JVM: SIGTERM and up to ``graceful`` seconds for a clean shutdown, then SIGKILL."""
+        proc, self._proc = self._proc, None
+        archive, self._archive = self._archive, None
+        self._admin = None
+        atexit.unregister(self._kill_jvm)
+        if proc is not None and proc.poll() is None and graceful > 0:
+            proc.terminate()
+            try:
+                proc.wait(timeout=graceful)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if archive is not None:  # written by a JVM that exits on its own (a killed one may leave half)
+            dumped, final = archive
+            if proc is not None and proc.returncode >= 0 and dumped.is_file() and dumped.stat().st_size > 0:
+                os.replace(dumped, final)
+            dumped.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """Crash the broker (SIGKILL); its data and ports stay for ``start()``."""
+        self._kill_jvm()
+
+    def restart(self, hard: bool = False) -> ApacheKafkaBroker:
+        """Stop the broker (SIGKILL if ``hard``, else a clean shutdown) and start it on the same ports and
+        data."""
+        self._kill_jvm(graceful=0.0 if hard else 60.0)
+        return self.start()
+
+    def stop(self) -> None:
+        """Terminate the broker (SIGTERM, SIGKILL after 10 s) and remove its folder; idempotent."""
+        self._kill_jvm(graceful=10.0)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir = self._ports = None
+
+    def __enter__(self) -> ApacheKafkaBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def main() -> None:
+    """``python -m tests.apache_kafka --resolve``: resolve the jars into the cache (.ci/run does it)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--resolve", action="store_true", help="resolve the jars if the cache is incomplete")
+    parser.add_argument("--repo-local", type=Path, help="Maven local repository (default: Maven's own)")
+    parser.add_argument("--cache", type=Path, help=f"classpath cache folder (default: {cache_dir()})")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    classpath = kafka_classpath(resolve=args.resolve, cache=args.cache, repo_local=args.repo_local)
+    print(f"Apache Kafka {KAFKA_VERSION}: {len(classpath.split(os.pathsep))} jars ({time.monotonic() - t0:.1f}s)")
+
+
+if __name__ == "__main__":
+    main()
