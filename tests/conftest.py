@@ -71,11 +71,13 @@ def apache_kafka() -> Iterator[ApacheKafkaBroker]:
     """A single-node KRaft Apache Kafka (tests/apache_kafka.py), started once per session by the first test
     that asks for it; fails (does not skip) with one line saying how to get Java or the jars if they are
     missing."""
-    b = ApacheKafkaBroker()
+    b, missing = ApacheKafkaBroker(), None
     try:
         b.start()
     except ApacheKafkaUnavailableError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        missing = str(exc)
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
     try:
         yield b
     finally:

@@ -22,6 +22,8 @@ from tests.apache_kafka import (
 from tests.faults.proxy import FaultProxy
 from tests.kafka_test_broker import read_committed
 
+pytestmark = pytest.mark.apache_kafka  # the tests without the session's broker start brokers of their own
+
 Topic = Callable[..., str]
 
 
