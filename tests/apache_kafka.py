@@ -153,6 +153,7 @@ class ApacheKafkaBroker(KafkaTestBroker):
         self._proc: subprocess.Popen[bytes] | None = None
         self._admin: AdminClient | None = None
         self._archive: tuple[Path, Path] | None = None  # (being dumped, final) class archive
+        self._owner = os.getpid()
 
     @property
     def bootstrap(self) -> str:
@@ -163,11 +164,14 @@ class ApacheKafkaBroker(KafkaTestBroker):
 
     @property
     def internal_bootstrap(self) -> str:
-        """The broker's own listener, which never advertises :attr:`advertised_port`: a test's direct way in
-        while a fault proxy in front of :attr:`bootstrap` is down."""
+        """The broker's own listener, which never advertises :attr:`advertised_port`: the way of the helpers
+        (``admin``, ``produce``, ``read_committed``...) and of a test's own clients around a fault proxy in
+        front of :attr:`bootstrap`."""
         if self._ports is None:
             raise RuntimeError("ApacheKafkaBroker is not started")
         return f"127.0.0.1:{self._ports[1]}"
+
+    _tools_bootstrap = internal_bootstrap
 
     @property
     def admin(self) -> AdminClient:
@@ -275,7 +279,8 @@ class ApacheKafkaBroker(KafkaTestBroker):
             log.write(f"$ {' '.join(cmd)}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        atexit.register(self._kill_jvm)
+        self._owner = os.getpid()
+        atexit.register(self._at_exit)
         try:
             self._wait_ready()
         except BaseException:
@@ -305,7 +310,7 @@ class ApacheKafkaBroker(KafkaTestBroker):
                             for t in md.topics.values():
                                 for p in t.partitions:
                                     probe.get_watermark_offsets(TopicPartition(t.topic, p), timeout=2.0)
-                            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+                            self._admin = AdminClient({"bootstrap.servers": self.internal_bootstrap, "log_level": 0})
                             return
                     except KafkaException as exc:
                         last = exc
@@ -334,12 +339,16 @@ class ApacheKafkaBroker(KafkaTestBroker):
             return {}
         return {int(p): int(o) for t, p, o in (line.split() for line in lines) if t == topic}
 
+    def _at_exit(self) -> None:
+        if os.getpid() == self._owner:  # not in a forked child, whose exit must leave the broker alone
+            self._kill_jvm()
+
     def _kill_jvm(self, graceful: float = 0.0) -> None:
         """End the JVM: SIGTERM and up to ``graceful`` seconds for a clean shutdown, then SIGKILL."""
         proc, self._proc = self._proc, None
         archive, self._archive = self._archive, None
         self._admin = None
-        atexit.unregister(self._kill_jvm)
+        atexit.unregister(self._at_exit)
         if proc is not None and proc.poll() is None and graceful > 0:
             proc.terminate()
             try:

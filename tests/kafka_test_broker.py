@@ -97,6 +97,11 @@ class KafkaTestBroker:
         """A shared AdminClient bound to this broker."""
         raise NotImplementedError
 
+    @property
+    def _tools_bootstrap(self) -> str:
+        """Where the helpers' own clients connect (a broker may give them a way around a fault proxy)."""
+        return self.bootstrap
+
     def create_topic(
         self, name: str, partitions: int = 1, timeout: float = 10.0, config: Mapping[str, str] | None = None
     ) -> None:
@@ -148,7 +153,7 @@ class KafkaTestBroker:
 
     def read_committed(self, topic: str, timeout: float = 60.0) -> list[Record]:
         """:func:`read_committed` on this broker."""
-        return read_committed(self.bootstrap, topic, timeout)
+        return read_committed(self._tools_bootstrap, topic, timeout)
 
     def _partitions(self, topic: str, timeout: float) -> list[int]:
         t = self.admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
@@ -179,7 +184,7 @@ class KafkaTestBroker:
 
     def _producer(self) -> Producer:
         return Producer({
-            "bootstrap.servers": self.bootstrap,
+            "bootstrap.servers": self._tools_bootstrap,
             "linger.ms": 5,
             "batch.num.messages": 10000,
             "queue.buffering.max.messages": 1_000_000,
@@ -189,7 +194,7 @@ class KafkaTestBroker:
 
     def _consumer(self, extra: dict[str, object] | None = None) -> Consumer:
         return Consumer({
-            "bootstrap.servers": self.bootstrap,
+            "bootstrap.servers": self._tools_bootstrap,
             "group.id": "sluice-tests-fixture",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 10,  # PARTITION_EOF needs one empty long-poll
