@@ -130,7 +130,7 @@ class ApacheKafkaBroker(KafkaTestBroker):
     ``stop()`` ends it and removes the folder.
 
     Args:
-        startup_timeout: seconds to wait until it answers a metadata request.
+        startup_timeout: seconds to wait until it serves (a loaded 2-core machine may need a minute).
         config: broker settings added to (or overriding) the fixture's.
         jvm_options: options of the JVM (default :data:`JVM_OPTIONS`).
     """
@@ -200,8 +200,8 @@ class ApacheKafkaBroker(KafkaTestBroker):
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> ApacheKafkaBroker:
-        """Launch the broker and block until it answers a metadata request; after ``kill()`` or
-        ``restart()`` on the same ports and data, else in a fresh folder with freshly formatted storage.
+        """Launch the broker and block until it serves every partition it holds; after ``kill()`` on the
+        same ports and data, else in a fresh folder with freshly formatted storage.
 
         A fresh start whose JVM exits because a port was taken in the meantime is retried twice on new
         ports. On failure the error carries the tail of the broker's log.
