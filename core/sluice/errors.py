@@ -137,7 +137,8 @@ class CheckpointFailureReason(enum.Enum):
 
     As in Flink, a checkpoint that expired, was declined or could not be written counts: it says something
     about the job's health. One that was subsumed, or ended because the job failed over, finished or was
-    cancelled, does not.
+    cancelled, or that a restored task declined because it was still taking in the restored in-flight data,
+    does not.
     """
 
     EXPIRED = ("checkpoint expired before completing (timeout)", True)
@@ -149,6 +150,9 @@ class CheckpointFailureReason(enum.Enum):
     SUBSUMED = ("a later checkpoint completed first", False)
     FINISHED = ("tasks finished before the checkpoint reached them", False)
     JOB_CANCELLED = ("the job was cancelled while the checkpoint was pending", False)
+    #: a restored task had not yet taken in all the in-flight data of the checkpoint it restored (Flink's
+    #: ``CHECKPOINT_DECLINED_TASK_NOT_READY``): the next checkpoint after its recovery completes
+    TASK_NOT_READY = ("a task had not finished recovering the restored in-flight data", False)
 
     def __init__(self, message: str, counts_toward_tolerable: bool) -> None:
         self.message = message

@@ -214,9 +214,15 @@ class JobAttempt:
         if self.coordinator is not None:
             self.coordinator.acknowledge(task, checkpoint_id, handle)
 
-    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
+    def decline(
+        self,
+        task: SubtaskId,
+        checkpoint_id: int,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> None:
         if self.coordinator is not None:
-            self.coordinator.decline(task, checkpoint_id, reason)
+            self.coordinator.decline(task, checkpoint_id, reason, failure)
 
     def end_of_input(self, task: SubtaskId) -> None:
         if self.coordinator is not None:

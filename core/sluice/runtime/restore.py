@@ -89,6 +89,12 @@ class RestoredCheckpoint:
     def has_channel_state(self) -> bool:
         return any(t.payload.get("input_state") or t.payload.get("output_state") for t in self.tasks)
 
+    @property
+    def recovers_channel_state(self) -> bool:
+        """The restore re-sends and replays in-flight data (the same answer for every subtask of the job, on
+        every runtime: the subtasks agree on whether ``EndOfChannelState`` comes)."""
+        return self.has_channel_state and not self.drop_channel_state
+
     def state_uids(self) -> set[str]:
         """Uids of the operators this checkpoint holds state for (stateless operators hold none)."""
         uids = {u for u, blob in (self.metadata.get("enumerators") or {}).items() if blob}
@@ -151,7 +157,7 @@ class RestoredCheckpoint:
 
     def for_subtask(self, job: JobGraph, vertex: JobVertex, index: int) -> TaskRestore:
         """The state of subtask ``index`` of ``vertex`` in ``job``, redistributed by key group."""
-        r = TaskRestore(checkpoint_id=self.checkpoint_id)
+        r = TaskRestore(self.checkpoint_id, self.recovers_channel_state)
         kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
         for node in vertex.chain:
             olds = self._tasks_of(node.uid)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from sluice.checkpoint.barriers import barrier_handler
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.subtask import CheckpointResponder, SubtaskCheckpointing
-from sluice.events import AlignmentMode, CheckpointBarrier
+from sluice.events import AlignmentMode, CheckpointBarrier, EndOfChannelState
 from sluice.graph import SubtaskId
 from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
@@ -111,6 +111,8 @@ class Task:
             self._fault,
         )
         self.handler = self.gate.handler
+        if spec.restore is not None and spec.restore.recovers_channel_state and spec.inputs:
+            self.gate.expect_recovered_data()
         self._source_output = SourceOutput(
             self._head, self.all_writers, self.valve, spec.max_batch_rows, self._fault, self.io
         )
@@ -191,7 +193,7 @@ class Task:
         return (
             f"{self.name}: {self.status.value} handler={h.state_name} "
             f"current={h.current.checkpoint_id if h.current else None} last_done={h.last_done} "
-            f"blocked={sorted(self.gate.blocked)} ended={sorted(self.gate.ended)} "
+            f"blocked={sorted(self.gate.blocked)} ended={sorted(self.gate.ended)} held={sorted(self.gate.held)} "
             f"in={self.gate.queued()} out={outq} final_after={self.finishing.final_after} "
             f"pending={self.checkpointing.pending}"
         )
@@ -243,6 +245,11 @@ class Task:
             # output channel state first, then input channel state, before any new input
             for idx, batch in r.resend_output:
                 self.all_writers[idx].emit(batch)
+            if r.recovers_channel_state:
+                # what follows (from its input channel state, then new input) is newer than every sender's
+                # output channel state: receivers hold it until all senders got here (runtime.input_gate)
+                for w in self.all_writers:
+                    w.broadcast(EndOfChannelState())
             for pos, input_index, batch in r.inject:
                 self.operators[pos].process_batch(batch, input_index)
             for input_index, batch in r.replay_input:
