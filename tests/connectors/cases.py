@@ -34,6 +34,9 @@ from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
 SOURCE_CASES = ["generator_source", "kafka_source"]
+#: the cases on the session's Apache Kafka: their tests are marked ``apache_kafka`` (the fixture is asked for
+#: through the case, which the marking in tests/conftest.py cannot see)
+APACHE_KAFKA_CASES = {"kafka_source"}
 #: sink cases (fixture names) every sink check runs against; add a sink here
 SINK_CASES = [
     "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
