@@ -29,7 +29,7 @@ from tests.connectors.kafka.helpers import committed_ids, json_values, produce_j
 from tests.connectors.kafka.test_kafka_e2e import SCHEMA, pipeline, slow, wait_for
 from tests.faults.shapes import record
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.apache_kafka]  # the crash test has a broker of its own
 
 Topic = Callable[..., str]
 
