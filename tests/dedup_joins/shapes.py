@@ -63,7 +63,8 @@ def join_latest(p: Pipeline, b: Build) -> None:
 def interval(p: Pipeline, b: Build) -> None:
     rng = b.rng
     customers = rng.choice([5, 20])
-    lower, upper = rng.choice([0, 20, 60]), rng.choice([0, 35, 100])
+    lower = rng.choice([-60, -20, 0])
+    upper = lower + rng.choice([0, 35, 100])  # may be negative too: right records before left ones
     a_splits, a_per = rng.randint(1, 3), rng.choice([150, 300])
     b_splits, b_per = rng.randint(1, 3), rng.choice([100, 200])
     a_rows, b_rows = data.facts(a_per, customers), data.facts(b_per, customers, step=15, offset=5)
@@ -71,7 +72,7 @@ def interval(p: Pipeline, b: Build) -> None:
     a = a.map_batches(lambda x: x, schema=data.FACTS, name="typed-left")
     o = p.source(_source(b, b_rows, b_splits, b_per, "right"), parallelism=b.par())
     o = o.map_batches(lambda x: x, schema=data.FACTS, name="typed-right")
-    joined = a.interval_join(o, on="cust", between=(lower / 1000, upper / 1000), event_time="ts", parallelism=b.par())
+    joined = a.interval_join(o, on="cust", between=(f"{lower} ms", f"{upper} ms"), event_time="ts", parallelism=b.par())
     joined.sink(b.sink())
     p.reference = lambda: data.as_rows(  # type: ignore[attr-defined]
         data.interval_reference(

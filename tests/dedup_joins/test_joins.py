@@ -135,7 +135,7 @@ def test_interval_join_subtask_without_rows_takes_the_final_watermark(backend: s
     """A subtask that never held a row (none of its key groups had any, also after a restore of empty
     buffers, as on a rescale) passes the end-of-input watermark on instead of reading an absent time column;
     a restored subtask whose buffers then get rows still joins and releases them."""
-    h = Harness(lambda: IntervalJoinOperator("interval", ["cust"], ["cust"], "ts", "ts", 5, 5), backend)
+    h = Harness(lambda: IntervalJoinOperator("interval", ["cust"], ["cust"], "ts", "ts", -5, 5), backend)
     h.op.process_watermark(MAX_WATERMARK)
     assert h.out.watermarks == [MAX_WATERMARK] and h.out.rows() == []
     h.restart()  # both buffers empty in the snapshot
@@ -167,8 +167,9 @@ def test_options_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
         (lambda: facts.join_latest(dims, on="id"), "join_latest: right key: column 'id' is not in the stream"),
         (lambda: facts.join_latest(dims, left_on="id", right_on="tier"), "key columns 'id' (int64) and 'tier' (string) must have the same type"),
         (lambda: facts.join_latest(untyped, on="cust", how="left"), "join_latest: how='left' needs the table stream's schema"),
-        (lambda: facts.interval_join(dims, on="cust", between=(1, -1)), "interval_join: between upper: must be a duration >= 0"),
-        (lambda: facts.interval_join(dims, on="cust", between=5), "interval_join: between must be (lower, upper) durations"),
+        (lambda: facts.interval_join(dims, on="cust", between=(1, -1)), "interval_join(between): lower 1 is after upper -1"),
+        (lambda: facts.interval_join(dims, on="cust", between=5), "interval_join(between): expected (lower, upper)"),
+        (lambda: facts.interval_join(dims, on="cust", between=("1 minute", "soon")), "interval_join(between) upper: 'soon' is not a duration: give a number of seconds, a timedelta, or a number with a unit"),
         (lambda: facts.interval_join(dims, on="cust", between=(0, 1), event_time="when"), "interval_join: event_time: column 'when'"),
     ]  # fmt: skip
     for build, message in cases:

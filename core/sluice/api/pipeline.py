@@ -11,6 +11,7 @@ from sluice.api.stream import Stream
 from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.config.job import JobConfig
+from sluice.durations import Duration, to_seconds
 from sluice.errors import ConfigError, GraphError
 from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeKind, build_job_graph
 from sluice.operators.stateless import PassThroughOperator
@@ -49,7 +50,7 @@ class Pipeline:
         state_backend: where keyed state lives and how it is checkpointed: a StateBackendConfig (or dict of
             its options), e.g. ``{"type": "rocksdb", "incremental": True}``; default the hashmap backend
             (docs/state.md).
-        task_cancellation_timeout: seconds an ending attempt waits for its tasks' threads (task threads and
+        task_cancellation_timeout: how long (a duration: ``"1 min"``, a timedelta, seconds) an ending attempt waits for its tasks' threads (task threads and
             their checkpoint upload threads) before a restart starts the next one; a thread still running
             then is named in a warning.
     """
@@ -66,7 +67,7 @@ class Pipeline:
         max_batch_rows: int = 0,
         metrics: bool = True,
         state_backend: StateBackendConfig | dict[str, Any] | None = None,
-        task_cancellation_timeout: float = 60.0,
+        task_cancellation_timeout: Duration = 60.0,
     ) -> None:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
@@ -80,15 +81,9 @@ class Pipeline:
             )
         if not isinstance(max_batch_rows, int) or max_batch_rows < 0:
             raise ConfigError(f"Pipeline: max_batch_rows must be an integer >= 0 (got {max_batch_rows!r})")
-        if (
-            isinstance(task_cancellation_timeout, bool)
-            or not isinstance(task_cancellation_timeout, int | float)
-            or not 0 <= task_cancellation_timeout < float("inf")
-        ):
-            raise ConfigError(
-                "Pipeline: task_cancellation_timeout must be a finite number of seconds >= 0 "
-                f"(got {task_cancellation_timeout!r})"
-            )
+        cancellation_timeout = to_seconds(
+            task_cancellation_timeout, "Pipeline(task_cancellation_timeout)", sign="non-negative"
+        )
         if restart is not None and not isinstance(restart, RestartStrategy):
             raise ConfigError(
                 "Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
@@ -104,7 +99,7 @@ class Pipeline:
         self.buffers_per_channel = buffers_per_channel
         self.max_batch_rows = max_batch_rows
         self.metrics = bool(metrics)
-        self.task_cancellation_timeout = float(task_cancellation_timeout)
+        self.task_cancellation_timeout = cancellation_timeout
         self.state_backend: StateBackendConfig = (
             StateBackendConfig()
             if state_backend is None

@@ -186,7 +186,9 @@ class Stream(DedupJoinMethods):
         """Write this stream to ``sink`` with two-phase commit (``uid``: see :meth:`uid`).
 
         A sink that ``compacts`` becomes two operators: ``<name>.writer`` and ``<name>`` (the compactor and
-        committer), joined by an exchange keyed by the compactor's key and never unaligned.
+        committer), joined by an exchange keyed by the compactor's key and never unaligned. A sink that needs
+        each key's records in one writer (:meth:`~sluice.sink.Sink.input_key_columns`: an upsert of plain
+        rows) reads the stream through a hash exchange on those columns.
         """
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
@@ -194,7 +196,9 @@ class Stream(DedupJoinMethods):
         if self.schema is not None:
             sink.validate_schema(self.schema)
         p = self.pipeline
-        add_sink(p.graph, p._add, sink, self._edge(), name or sink.name, parallelism, uid)
+        key = sink.input_key_columns(self.schema)
+        edge = self._edge(Partitioning.HASH, KeySelector(key)) if key else self._edge()
+        add_sink(p.graph, p._add, sink, edge, name or sink.name, parallelism, uid)
 
 
 class KeyedStream:

@@ -12,6 +12,7 @@ import click
 
 from sluice.cli.jobfile import load_pipeline
 from sluice.cli.main import main
+from sluice.cli.params import Duration
 from sluice.client import JobClient
 from sluice.control.progress import Progress
 from sluice.errors import SluiceError
@@ -74,10 +75,10 @@ __all__ = ["load_pipeline", "run"]
 )
 @click.option(
     "--progress-interval",
-    type=float,
+    type=Duration(),
     default=10.0,
     show_default=True,
-    help="Seconds between progress lines when stderr is not a terminal.",
+    help="Time between progress lines when stderr is not a terminal: seconds, or a duration such as '1 min'.",
 )
 @click.option(
     "--allow-non-restored-state",
