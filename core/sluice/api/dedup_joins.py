@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 
-from sluice.durations import Duration, to_ms
+from sluice.durations import Duration, to_ms, to_seconds
 from sluice.errors import ConfigError, GraphError
 from sluice.graph import LogicalEdge, Partitioning
 from sluice.keys import KeySelector
@@ -152,6 +152,7 @@ class DedupJoinMethods:
         right_on: str | Sequence[str] | None = None,
         how: str = "inner",
         event_time: str | tuple[str, str] | None = None,
+        table_idle_timeout: Duration | None = "5 s",
         suffix: str = "_right",
         name: str | None = None,
         parallelism: int | None = None,
@@ -168,10 +169,15 @@ class DedupJoinMethods:
             event_time: the time column of both sides (or ``(left, right)``): each record joins the row
                 that was latest at its own time, once the watermark passes it (deterministic); None:
                 processing time (the row latest when the record is processed).
+            table_idle_timeout: event time: how long the table side may deliver nothing (a quiet topic)
+                before it stops holding the watermark back, as Flink's source idleness; the records then
+                join the table as it is, and a table row that arrives later with an earlier time is applied
+                from then on. None: wait for the table's watermark (exact, but a quiet table stops the join).
             suffix: appended to a table column whose name the stream has too.
         """
         lk, rk = self._two_inputs(table, "join_latest", on, left_on, right_on)
         _choice("join_latest: how", how, ("inner", "left"))
+        idle = None if table_idle_timeout is None else to_seconds(table_idle_timeout, "join_latest(table_idle_timeout)")
         lt, rt = (event_time, event_time) if isinstance(event_time, str) or event_time is None else event_time
         _check("join_latest: event_time", self.schema, [lt] if lt else [])
         _check("join_latest: event_time", table.schema, [rt] if rt else [])
@@ -188,7 +194,7 @@ class DedupJoinMethods:
         rschema = table.schema
 
         def make(n: str) -> LatestJoinOperator:
-            return LatestJoinOperator(n, lk, rk, how, lt, rt, rschema, suffix)  # type: ignore[arg-type]
+            return LatestJoinOperator(n, lk, rk, how, lt, rt, rschema, suffix, idle)  # type: ignore[arg-type]
 
         return self._join_node(table, "join_latest", name, make, parallelism, lk, rk, out)
 

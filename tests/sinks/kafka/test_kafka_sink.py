@@ -295,7 +295,7 @@ def test_options_are_checked_in_one_line(broker: TansuBroker, tmp_path: Path) ->
     stream = p.source(KafkaSource(broker.bootstrap, "t", format="json", schema=pa.schema([("id", pa.int64())])))
     with pytest.raises(ConfigError) as err:
         stream.sink(KafkaSink(broker.bootstrap, "t", key_columns="nope"))
-    assert "key names column(s) ['nope']" in str(err.value)
+    assert "key_columns names column(s) ['nope']" in str(err.value)
 
 
 def test_a_missing_topic_fails_at_once_naming_it(broker: TansuBroker, tmp_path: Path) -> None:
