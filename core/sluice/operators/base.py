@@ -131,7 +131,7 @@ class Operator:
     emits_at_checkpoint = False
     #: per input index: seconds without data or watermark after which a channel of that input leaves the
     #: task's watermark minimum until it delivers again (``join_latest``'s table side; the head operator's)
-    input_idle_timeouts: dict[int, float] = {}  # noqa: RUF012 - read only; an instance sets its own
+    input_idle_timeouts: dict[int, float] = {}
 
     def __init__(self, name: str) -> None:
         self.name = name
