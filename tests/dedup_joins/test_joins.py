@@ -214,9 +214,9 @@ def test_options_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
         (lambda: facts.join_latest(dims, on="id"), "join_latest: right key: column 'id' is not in the stream"),
         (lambda: facts.join_latest(dims, left_on="id", right_on="tier"), "key columns 'id' (int64) and 'tier' (string) must have the same type"),
         (lambda: facts.join_latest(untyped, on="cust", how="left"), "join_latest: how='left' needs the table stream's schema"),
-        (lambda: facts.interval_join(dims, on="cust", between=(1, -1)), "interval_join(between): lower 1 is after upper -1"),
-        (lambda: facts.interval_join(dims, on="cust", between=5), "interval_join(between): expected (lower, upper)"),
-        (lambda: facts.interval_join(dims, on="cust", between=("1 minute", "soon")), "interval_join(between) upper: 'soon' is not a duration: give a number of seconds, a timedelta, or a number with a unit"),
+        (lambda: facts.interval_join(dims, on="cust", between=(1, -1)), "interval_join: between: lower 1 is after upper -1"),
+        (lambda: facts.interval_join(dims, on="cust", between=5), "interval_join: between: expected (lower, upper)"),
+        (lambda: facts.interval_join(dims, on="cust", between=("1 minute", "soon")), "interval_join: between upper: 'soon' is not a duration: give a number of seconds, a timedelta, or a number with a unit"),
         (lambda: facts.interval_join(dims, on="cust", between=(0, 1), event_time="when"), "interval_join: event_time: column 'when'"),
     ]  # fmt: skip
     for build, message in cases:

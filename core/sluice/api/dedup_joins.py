@@ -20,6 +20,7 @@ from sluice.keys import KeySelector
 from sluice.operators.dedup import DeduplicateOperator
 from sluice.operators.joins import IntervalJoinOperator, LatestJoinOperator
 from sluice.operators.joins.common import right_names
+from sluice.runtime.upgrades import key_config
 
 __all__ = ["DedupJoinMethods"]
 
@@ -92,7 +93,7 @@ class DedupJoinMethods:
             parallelism: the operator's parallelism.
         """
         cols = _columns("deduplicate: keys", keys)
-        within_ms = to_ms(within, "deduplicate(within)")
+        within_ms = to_ms(within, "deduplicate: within")
         _choice("deduplicate: keep", keep, ("first", "last"))
         if keep == "last" and not order_by:
             raise ConfigError("deduplicate: keep='last' needs order_by=<column> (the greatest value is kept)")
@@ -109,7 +110,14 @@ class DedupJoinMethods:
             return DeduplicateOperator(n, key, within_ms, event_time, keep_, order_by, schema)  # type: ignore[arg-type]
 
         edge = self._edge(Partitioning.HASH, key)
-        return self._then("deduplicate", name, make, parallelism, edge, schema, key=key, state_distribution="union")
+        config = {
+            "operator": "deduplicate", "within_ms": within_ms, "keep": keep, "order_by": order_by,
+            "time": "event" if event_time else "processing", **key_config(key, self.schema),
+        }  # fmt: skip
+        return self._then(
+            "deduplicate", name, make, parallelism, edge, schema, key=key, state_distribution="union",
+            state_config=config,
+        )  # fmt: skip
 
     def _two_inputs(self, other: Any, label: str, on: Any, left_on: Any, right_on: Any) -> tuple[list[str], list[str]]:
         if not isinstance(other, DedupJoinMethods) or other.pipeline is not self.pipeline:
@@ -134,13 +142,16 @@ class DedupJoinMethods:
         return lk, rk
 
     def _join_node(self, other: Any, label: str, name: str | None, make: Callable[[str], Any], parallelism: int | None,
-                   lk: list[str], rk: list[str], schema: pa.Schema | None) -> Self:
+                   lk: list[str], rk: list[str], schema: pa.Schema | None, config: dict[str, Any]) -> Self:
         left, right = KeySelector(lk), KeySelector(rk)
         left.check_state_key(self.schema)
         right.check_state_key(other.schema)
         edges = [self._edge(Partitioning.HASH, left), other._edge(Partitioning.HASH, right)]
+        config = {"operator": label, **config, **key_config(left, self.schema), "right_key": rk}
         # the buffers in operator state: every subtask reads all on restore and keeps its key groups' rows
-        node = self.pipeline._add(label, name, make, parallelism, edges, key=left, state_distribution="union")
+        node = self.pipeline._add(
+            label, name, make, parallelism, edges, key=left, state_distribution="union", state_config=config
+        )
         return type(self)(self.pipeline, node, schema=schema)  # type: ignore[call-arg]
 
     def join_latest(
@@ -177,7 +188,7 @@ class DedupJoinMethods:
         """
         lk, rk = self._two_inputs(table, "join_latest", on, left_on, right_on)
         _choice("join_latest: how", how, ("inner", "left"))
-        idle = None if table_idle_timeout is None else to_seconds(table_idle_timeout, "join_latest(table_idle_timeout)")
+        idle = None if table_idle_timeout is None else to_seconds(table_idle_timeout, "join_latest: table_idle_timeout")
         lt, rt = (event_time, event_time) if isinstance(event_time, str) or event_time is None else event_time
         _check("join_latest: event_time", self.schema, [lt] if lt else [])
         _check("join_latest: event_time", table.schema, [rt] if rt else [])
@@ -196,7 +207,8 @@ class DedupJoinMethods:
         def make(n: str) -> LatestJoinOperator:
             return LatestJoinOperator(n, lk, rk, how, lt, rt, rschema, suffix, idle)  # type: ignore[arg-type]
 
-        return self._join_node(table, "join_latest", name, make, parallelism, lk, rk, out)
+        config = {"time": "event" if lt else "processing"}
+        return self._join_node(table, "join_latest", name, make, parallelism, lk, rk, out, config)
 
     def interval_join(
         self,
@@ -228,14 +240,14 @@ class DedupJoinMethods:
         lk, rk = self._two_inputs(other, "interval_join", on, left_on, right_on)
         if not isinstance(between, tuple | list) or len(between) != 2:
             raise ConfigError(
-                "interval_join(between): expected (lower, upper): other.t - self.t within [lower, upper], as "
+                "interval_join: between: expected (lower, upper): other.t - self.t within [lower, upper], as "
                 f"Flink's between(lower, upper), e.g. ('-10 s', '1 min'); got {between!r}"
             )
-        lower = to_ms(between[0], "interval_join(between) lower", sign="any")
-        upper = to_ms(between[1], "interval_join(between) upper", sign="any")
+        lower = to_ms(between[0], "interval_join: between lower", sign="any")
+        upper = to_ms(between[1], "interval_join: between upper", sign="any")
         if lower > upper:
             raise ConfigError(
-                f"interval_join(between): lower {between[0]!r} is after upper {between[1]!r} (other.t - self.t "
+                f"interval_join: between: lower {between[0]!r} is after upper {between[1]!r} (other.t - self.t "
                 "must lie within [lower, upper], as Flink's between(lower, upper))"
             )
         lt, rt = (event_time, event_time) if isinstance(event_time, str) else event_time
@@ -249,4 +261,5 @@ class DedupJoinMethods:
         def make(n: str) -> IntervalJoinOperator:
             return IntervalJoinOperator(n, lk, rk, lt, rt, lower, upper, suffix)
 
-        return self._join_node(other, "interval_join", name, make, parallelism, lk, rk, out)
+        config = {"lower_ms": lower, "upper_ms": upper}
+        return self._join_node(other, "interval_join", name, make, parallelism, lk, rk, out, config)

@@ -171,6 +171,7 @@ class Pipeline:
         recover_without_channel_state: int | None = None,
         job_id: str | None = None,
         allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
+        allow_changed_operators: bool = False,
     ) -> JobConfig:
         return JobConfig(
             job_id=job_id or _job_id(self.name),
@@ -181,6 +182,7 @@ class Pipeline:
             restore=restore,
             recover_without_channel_state=recover_without_channel_state,
             allow_non_restored_state=allow_non_restored_state, allow_reprocessing=allow_reprocessing,
+            allow_changed_operators=allow_changed_operators,
             metrics=self.metrics,
             state_backend=self.state_backend,
             task_cancellation_timeout=self.task_cancellation_timeout,
@@ -194,6 +196,7 @@ class Pipeline:
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
         allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
+        allow_changed_operators: bool = False,
         faults: FaultHook | None = None,
         spark_master: str | None = None,
         control_endpoint: str | None = DEFAULT_CONTROL_ENDPOINT,
@@ -210,6 +213,9 @@ class Pipeline:
             allow_non_restored_state: restore even if the checkpoint holds state of operator uids this job
                 no longer has (renamed or removed operators); that state is dropped.
             allow_reprocessing: run even if a sink holds newer checkpoints than the restored one (duplicates).
+            allow_changed_operators: restore operators whose state depends on settings that changed since the
+                checkpoint (a window's size, a deduplication's horizon, key columns: docs/upgrades.md); their
+                old state is read with the new settings. Without it such a restore fails, naming the change.
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
             control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
@@ -219,7 +225,8 @@ class Pipeline:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
         cfg = self.job_config(
-            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
+            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing,
+            allow_changed_operators,
         )
         check_at_start(cfg)  # unwritable storage, a lost newest checkpoint: refused before anything runs
         sock = None

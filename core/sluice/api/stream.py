@@ -23,6 +23,7 @@ from sluice.operators.stateless import (
     PassThroughOperator,
 )
 from sluice.operators.windows.spec import Duration, Session, Sliding, Tumbling, WindowAssigner
+from sluice.runtime.upgrades import key_config
 from sluice.sink import Sink
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ class KeyedStream:
             self.stream._edge(Partitioning.HASH, key),
             schema,
             key=key,
+            state_config={"operator": "process", **key_config(key, self.stream.schema)},
         )
 
     def reduce(

@@ -87,6 +87,13 @@ __all__ = ["load_pipeline", "run"]
     "is dropped. Without it such a restore fails, naming the uids.",
 )
 @click.option(
+    "--allow-changed-operators",
+    is_flag=True,
+    help="Restore operators whose state depends on settings that changed since the checkpoint (a window's size, "
+    "a deduplication's horizon, key columns; docs/upgrades.md): the old state is read with the new settings. "
+    "Without it such a restore fails, naming the operator and the change.",
+)
+@click.option(
     "--allow-reprocessing",
     is_flag=True,
     help="Run even if a sink's output already holds checkpoints newer than the one restored (an older "
@@ -101,6 +108,7 @@ def run(
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
     allow_reprocessing: bool,
+    allow_changed_operators: bool,
     conf: str | None,
     overrides: tuple[str, ...],
     control_endpoint: str,
@@ -123,6 +131,7 @@ def run(
         recover_without_channel_state=recover_without_channel_state,
         allow_non_restored_state=allow_non_restored_state,
         allow_reprocessing=allow_reprocessing,
+        allow_changed_operators=allow_changed_operators,
         control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
     )
     if client.control is not None:

@@ -83,6 +83,10 @@ class TableSink(Sink[TableFile]):
             raise ConfigError(f"{kind}: mode='upsert' takes {what}; the stream lacks {missing} (columns: {schema.names})")
         return pa.schema([f for f in schema if f.name not in (OP, ORDER)])
 
+    def restore_config(self) -> dict[str, Any] | None:
+        """The mode and key columns: staged upsert changes are collapsed by them."""
+        return {"operator": type(self).__name__, "mode": self.options.mode, "key_columns": list(self.options.key_columns)}
+
     def input_key_columns(self, schema: pa.Schema | None) -> list[str] | None:
         """Upsert mode with ``key_columns``, unless the stream is known to be a change stream (whose order
         column orders each key's changes): every row of a key reaches one writer, in order, so the last row
