@@ -23,6 +23,10 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
+        try:  # a flag's bare number is seconds, as a bare number of the API
+            value = float(value)
+        except (TypeError, ValueError):
+            pass
         option = f"--{param.name.replace('_', '-')}" if param is not None and param.name else "duration"
         try:
             return to_seconds(value, option, sign=self.sign)

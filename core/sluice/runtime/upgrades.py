@@ -71,7 +71,8 @@ def _config(node: LogicalNode) -> dict[str, Any] | None:
         config = node.spec.restore_config()  # a sink's
     if config is None:
         return None
-    return json.loads(json.dumps(config))  # as the metadata holds it (tuples as lists)
+    plain: dict[str, Any] = json.loads(json.dumps(config))  # as the metadata holds it (tuples as lists)
+    return plain
 
 
 def operator_configs(job: JobGraph) -> dict[str, dict[str, Any]]:
