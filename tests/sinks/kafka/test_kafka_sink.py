@@ -278,7 +278,8 @@ def test_options_are_checked_in_one_line(broker: TansuBroker, tmp_path: Path) ->
     cases: list[tuple[dict[str, Any], str]] = [
         ({"delivery": "twice"}, "delivery"),
         ({"value_format": "avro"}, "schema_registry"),
-        ({"key": ["a", "b"]}, "key_format 'raw' takes one key column"),
+        ({"key_columns": ["a", "b"]}, "key_format 'raw' takes one key column"),
+        ({"key": ["a"]}, "KafkaSink: key= is now key_columns= (one name for the key columns of every sink)"),
         ({"producer_config": {"lingerr.ms": 5}}, "lingerr.ms"),
         ({"producer_config": {"transactional.id": "x"}}, "transactional_id_prefix"),
         ({"schema_registry": "http://user:pw@reg:8081"}, "username and password"),
