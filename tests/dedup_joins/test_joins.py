@@ -59,7 +59,8 @@ def test_event_time_join_latest_goes_on_while_the_table_side_is_quiet(tmp_path: 
     f_rows, d_rows = data.facts(300, 7), data.dims(1, 7)
     p = Pipeline("quiet-table", checkpoint=CheckpointConfig(interval=0.1, storage=f"{tmp_path}/chk"))
     facts = p.source(GeneratorSource(num_splits=1, records_per_split=300, rows=f_rows, name="facts"))
-    dims = p.source(_Open(num_splits=1, records_per_split=60, batch_size=20, rows=d_rows, name="dims"))
+    # every table row in one batch: the table side's idle clock starts with all of them delivered
+    dims = p.source(_Open(num_splits=1, records_per_split=60, batch_size=60, rows=d_rows, name="dims"))
     facts = facts.map_batches(lambda b: b, schema=data.FACTS, name="typed-facts")
     dims = dims.map_batches(lambda b: b, schema=data.DIMS, name="typed-dims")
     out = f"{tmp_path}/out"
