@@ -5,7 +5,7 @@ top-level, inside functions (lazy) and under ``TYPE_CHECKING``. Layers, bottom u
 draws them):
 
 0. leaves: the SPIs and what they are made of (errors, events, source, sink, state, keys, functions,
-   config, serializers, io, changes)
+   config, serializers, io, changes, durations)
 1. connectors and sinks, beside each other just above the SPI
 2. graph
 3. checkpoint
@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
         [
             "sluice.errors", "sluice.events", "sluice.source", "sluice.sink", "sluice.state", "sluice.keys",
             "sluice.functions", "sluice.config", "sluice.serializers", "sluice.io", "sluice.changes",
+            "sluice.durations",
         ],
         0,
     ),

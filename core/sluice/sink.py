@@ -252,6 +252,19 @@ class Sink(ABC, Generic[C]):
         Default: pickle, as :meth:`committable_serializer`."""
         return PickleSerializer()
 
+    def restore_config(self) -> dict[str, Any] | None:
+        """The settings the sink's checkpointed state (staged data, pending committables) depends on, e.g. an
+        upsert sink's mode and key columns: recorded in every checkpoint and compared at restore
+        (:mod:`sluice.runtime.upgrades`). None (the default): nothing to compare."""
+        return None
+
+    def input_key_columns(self, schema: pa.Schema | None) -> list[str] | None:
+        """The columns the sink's input must be hash-partitioned by, so that every record of a key reaches
+        one writer subtask in the order it was produced (an upsert of plain rows: the last row per key
+        wins); None (the default): any partitioning. ``schema`` is the stream's, None where the job does not
+        know it when it is built."""
+        return None
+
     def validate_schema(self, schema: pa.Schema) -> None:
         """Check, at job build time, that this sink can write ``schema`` (the stream's, when the job knows
         it); raise ConfigError naming the sink and the column. The writer checks again at run time."""

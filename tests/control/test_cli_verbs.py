@@ -134,7 +134,7 @@ def test_stop_says_where_it_stopped_and_jobs_all_lists_the_ended_job(
     `sluice jobs --all` showed no attempt, run time or last checkpoint of a job that ended."""
     proc, chk = running
     r = sluice("stop", "verbs", "--storage", chk, "--savepoint", "--timeout", "0", check=False)
-    assert r.returncode == 2 and "'--timeout': 0.0 is not in the range x>0" in r.stderr
+    assert r.returncode == 2 and "'--timeout': must be a duration > 0" in r.stderr
     stopped = sluice_json("stop", "verbs", "--storage", chk, "--savepoint")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

@@ -11,6 +11,7 @@ from sluice.api.stream import Stream
 from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.config.job import JobConfig
+from sluice.durations import Duration, to_seconds
 from sluice.errors import ConfigError, GraphError
 from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeKind, build_job_graph
 from sluice.operators.stateless import PassThroughOperator
@@ -49,7 +50,7 @@ class Pipeline:
         state_backend: where keyed state lives and how it is checkpointed: a StateBackendConfig (or dict of
             its options), e.g. ``{"type": "rocksdb", "incremental": True}``; default the hashmap backend
             (docs/state.md).
-        task_cancellation_timeout: seconds an ending attempt waits for its tasks' threads (task threads and
+        task_cancellation_timeout: how long (a duration: ``"1 min"``, a timedelta, seconds) an ending attempt waits for its tasks' threads (task threads and
             their checkpoint upload threads) before a restart starts the next one; a thread still running
             then is named in a warning.
     """
@@ -66,7 +67,7 @@ class Pipeline:
         max_batch_rows: int = 0,
         metrics: bool = True,
         state_backend: StateBackendConfig | dict[str, Any] | None = None,
-        task_cancellation_timeout: float = 60.0,
+        task_cancellation_timeout: Duration = 60.0,
     ) -> None:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
@@ -80,15 +81,9 @@ class Pipeline:
             )
         if not isinstance(max_batch_rows, int) or max_batch_rows < 0:
             raise ConfigError(f"Pipeline: max_batch_rows must be an integer >= 0 (got {max_batch_rows!r})")
-        if (
-            isinstance(task_cancellation_timeout, bool)
-            or not isinstance(task_cancellation_timeout, int | float)
-            or not 0 <= task_cancellation_timeout < float("inf")
-        ):
-            raise ConfigError(
-                "Pipeline: task_cancellation_timeout must be a finite number of seconds >= 0 "
-                f"(got {task_cancellation_timeout!r})"
-            )
+        cancellation_timeout = to_seconds(
+            task_cancellation_timeout, "Pipeline(task_cancellation_timeout)", sign="non-negative"
+        )
         if restart is not None and not isinstance(restart, RestartStrategy):
             raise ConfigError(
                 "Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
@@ -104,7 +99,7 @@ class Pipeline:
         self.buffers_per_channel = buffers_per_channel
         self.max_batch_rows = max_batch_rows
         self.metrics = bool(metrics)
-        self.task_cancellation_timeout = float(task_cancellation_timeout)
+        self.task_cancellation_timeout = cancellation_timeout
         self.state_backend: StateBackendConfig = (
             StateBackendConfig()
             if state_backend is None
@@ -176,6 +171,7 @@ class Pipeline:
         recover_without_channel_state: int | None = None,
         job_id: str | None = None,
         allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
+        allow_changed_operators: bool = False,
     ) -> JobConfig:
         return JobConfig(
             job_id=job_id or _job_id(self.name),
@@ -186,6 +182,7 @@ class Pipeline:
             restore=restore,
             recover_without_channel_state=recover_without_channel_state,
             allow_non_restored_state=allow_non_restored_state, allow_reprocessing=allow_reprocessing,
+            allow_changed_operators=allow_changed_operators,
             metrics=self.metrics,
             state_backend=self.state_backend,
             task_cancellation_timeout=self.task_cancellation_timeout,
@@ -199,6 +196,7 @@ class Pipeline:
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
         allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
+        allow_changed_operators: bool = False,
         faults: FaultHook | None = None,
         spark_master: str | None = None,
         control_endpoint: str | None = DEFAULT_CONTROL_ENDPOINT,
@@ -215,6 +213,9 @@ class Pipeline:
             allow_non_restored_state: restore even if the checkpoint holds state of operator uids this job
                 no longer has (renamed or removed operators); that state is dropped.
             allow_reprocessing: run even if a sink holds newer checkpoints than the restored one (duplicates).
+            allow_changed_operators: restore operators whose state depends on settings that changed since the
+                checkpoint (a window's size, a deduplication's horizon, key columns: docs/upgrades.md); their
+                old state is read with the new settings. Without it such a restore fails, naming the change.
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
             control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
@@ -224,7 +225,8 @@ class Pipeline:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
         cfg = self.job_config(
-            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
+            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing,
+            allow_changed_operators,
         )
         check_at_start(cfg)  # unwritable storage, a lost newest checkpoint: refused before anything runs
         sock = None

@@ -12,6 +12,7 @@ import click
 
 from sluice.cli.jobfile import load_pipeline
 from sluice.cli.main import main
+from sluice.cli.params import Duration
 from sluice.client import JobClient
 from sluice.control.progress import Progress
 from sluice.errors import SluiceError
@@ -74,16 +75,23 @@ __all__ = ["load_pipeline", "run"]
 )
 @click.option(
     "--progress-interval",
-    type=float,
+    type=Duration(),
     default=10.0,
     show_default=True,
-    help="Seconds between progress lines when stderr is not a terminal.",
+    help="Time between progress lines when stderr is not a terminal: seconds, or a duration such as '1 min'.",
 )
 @click.option(
     "--allow-non-restored-state",
     is_flag=True,
     help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
     "is dropped. Without it such a restore fails, naming the uids.",
+)
+@click.option(
+    "--allow-changed-operators",
+    is_flag=True,
+    help="Restore operators whose state depends on settings that changed since the checkpoint (a window's size, "
+    "a deduplication's horizon, key columns; docs/upgrades.md): the old state is read with the new settings. "
+    "Without it such a restore fails, naming the operator and the change.",
 )
 @click.option(
     "--allow-reprocessing",
@@ -100,6 +108,7 @@ def run(
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
     allow_reprocessing: bool,
+    allow_changed_operators: bool,
     conf: str | None,
     overrides: tuple[str, ...],
     control_endpoint: str,
@@ -122,6 +131,7 @@ def run(
         recover_without_channel_state=recover_without_channel_state,
         allow_non_restored_state=allow_non_restored_state,
         allow_reprocessing=allow_reprocessing,
+        allow_changed_operators=allow_changed_operators,
         control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
     )
     if client.control is not None:

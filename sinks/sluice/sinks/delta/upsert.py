@@ -236,7 +236,7 @@ def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> 
 
     engine = DeltaUpsert(
         options.path,
-        tuple(options.keys),
+        tuple(options.key_columns),
         app_id(ctx.job_id, ctx.sink_uid),
         options.delta_storage_options(),
         schema_mode=options.schema_mode,
@@ -255,7 +255,7 @@ def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> 
         f"DeltaSink {options.path}",
         engine,
         options.filesystem,
-        options.keys,
+        options.key_columns,
         ctx,
         on_commit=rewriter.committed if rewriter is not None else None,
         on_close=rewriter.close if rewriter is not None else None,

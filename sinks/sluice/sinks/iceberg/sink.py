@@ -16,7 +16,7 @@ from sluice.sinks.iceberg.layout import max_committed_checkpoint
 from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.iceberg.partitioning import parse_partition, partition_fields
 from sluice.sinks.iceberg.upsert_sink import staging_storage, upsert_committer
-from sluice.sinks.options import Option
+from sluice.sinks.options import Option, refuse_renamed
 from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
@@ -56,11 +56,12 @@ class IcebergSink(TableSink):
         rewrite: a RewritePolicy (or dict, or True) for a background rewrite of older small files; None = off.
         compression: Parquet compression of data files.
         table_properties: Iceberg table properties when the sink creates the table.
-        mode: ``"append"`` (rows are appended) or ``"upsert"`` (the stream carries change batches,
-            :mod:`sluice.changes`: per checkpoint they are collapsed to the last change per key and applied as
+        mode: ``"append"`` (rows are appended) or ``"upsert"`` (each row an upsert of its key, or change
+            batches, :mod:`sluice.changes`, with deletes: per checkpoint they are collapsed to the last change per key and applied as
             one copy-on-write overwrite snapshot; partition by ``bucket(n, key)`` so that a merge rewrites few
             files; see ``docs/tables.md``).
-        keys: upsert mode: the key columns; none given, those the stream's schema names (a change format's).
+        key_columns: upsert mode: the columns that identify a row (as ``PostgresSink``'s and the Kafka sink's
+            ``key_columns``); none given, those the stream's schema names (a change format's).
         name: the sink operator's name.
     """
 
@@ -88,9 +89,11 @@ class IcebergSink(TableSink):
         compression: str = "zstd",
         table_properties: dict[str, str] | None = None,
         mode: str = "append",
-        keys: Sequence[str] | str = (),
+        key_columns: Sequence[str] | str = (),
         name: str = "iceberg-sink",
+        **renamed: Any,
     ) -> None:
+        refuse_renamed("IcebergSink", renamed)
         self.options = IcebergSinkOptions.of(
             table=table,
             catalog=catalog,
@@ -105,7 +108,7 @@ class IcebergSink(TableSink):
             compression=compression,
             table_properties=table_properties,
             mode=mode,
-            keys=keys,
+            key_columns=key_columns,
             name=name,
         )
 

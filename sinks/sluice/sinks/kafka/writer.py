@@ -164,7 +164,7 @@ class ProducingWriter(SinkWriter[KafkaCommittable]):
             if left:
                 raise CommitError(
                     f"KafkaSink {self.options.topic}: {left} record(s) not acknowledged within "
-                    f"{self.options.transaction_timeout_s} s"
+                    f"{self.options.transaction_timeout_s:g} s"
                 )
         else:
             self.producer.poll(0)

@@ -11,8 +11,9 @@ import re
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from sluice.config import _Frozen
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 
 __all__ = ["MODES", "PostgresSinkOptions", "connect", "redact", "safe_target", "split_name"]
@@ -70,6 +71,11 @@ class PostgresSinkOptions(_Frozen):
             )
         return v
 
+    @field_validator("connect_timeout_s", "lock_timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, v: Any, info: ValidationInfo) -> float:
+        return to_seconds(v, f"PostgresSink: {info.field_name}", sign="any")
+
     @field_validator("key_columns", mode="before")
     @classmethod
     def _keys(cls, v: Any) -> Any:
@@ -108,7 +114,7 @@ class PostgresSinkOptions(_Frozen):
         for opt in ("connect_timeout_s", "lock_timeout_s"):
             if not 0 < getattr(self, opt) < float("inf"):
                 raise ConfigError(
-                    f"PostgresSink: {opt} must be a number of seconds > 0 (got {getattr(self, opt)!r})"
+                    f"PostgresSink: {opt} must be a finite duration > 0 (got {getattr(self, opt)!r})"
                 )
         if self.sink_id is not None and not (0 < len(self.sink_id) <= 100 and ":" not in self.sink_id):
             raise ConfigError(
