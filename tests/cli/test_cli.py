@@ -150,7 +150,7 @@ def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:
     job = tmp_path / "empty.py"
     job.write_text("x = 1\n")
     r = CliRunner().invoke(main, ["run", str(job), "--runtime", "local"])
-    assert r.exit_code != 0 and "defines neither" in r.output
+    assert r.exit_code != 0 and "defines no pipeline" in r.output
 
 
 def test_checkpoints_list_and_show_failed_with_reason(tmp_path) -> None:

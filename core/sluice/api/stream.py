@@ -194,7 +194,9 @@ class Stream(DedupJoinMethods):
         if self.schema is not None:
             sink.validate_schema(self.schema)
         p = self.pipeline
-        add_sink(p.graph, p._add, sink, self._edge(), name or sink.name, parallelism, uid)
+        # an unnamed sink is named after its kind; a second one of that kind gets "-2" (as other steps)
+        name = name if name is not None else p._fresh(sink.name)
+        add_sink(p.graph, p._add, sink, self._edge(), name, parallelism, uid)
 
 
 class KeyedStream:
