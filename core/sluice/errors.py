@@ -17,7 +17,9 @@ Every exception derives from :class:`SluiceError`::
 Each error says whether a restart can cure it (:attr:`SluiceError.recoverable`, as Flink's
 ``ThrowableClassifier`` and Arroyo's retry hints do): a wrong option, an invalid graph, a checkpoint that
 cannot be restored or a record that cannot be decoded fail the same way on every attempt, so the job
-fails at once instead of spending its restart budget (:func:`is_recoverable`).
+fails at once instead of spending its restart budget (:func:`is_recoverable`). So do a permission denied
+(``PermissionError``), S3's AccessDenied, NoSuchBucket and rejected credentials, an unknown Kafka topic and
+a refused PostgreSQL login.
 """
 
 from __future__ import annotations
@@ -85,12 +87,13 @@ def _rebuild(
 
 
 def is_recoverable(error: BaseException) -> bool:
-    """Whether a restart can cure ``error``: False if it, or an error it was raised from, says it cannot."""
+    """Whether a restart can cure ``error``: False if it, or an error it was raised from, says it cannot,
+    or is a ``PermissionError`` (permission denied: the next attempt is denied too)."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, SluiceError) and not e.recoverable:
+        if (isinstance(e, SluiceError) and not e.recoverable) or isinstance(e, PermissionError):
             return False
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return True
@@ -194,11 +197,13 @@ class StorageError(SluiceError):
         code: the service's error code (e.g. ``"AccessDenied"``, ``"NoSuchBucket"``), or ``""``.
     """
 
-    def __init__(self, message: str, *, operation: str, bucket: str, code: str = "") -> None:
+    def __init__(
+        self, message: str, *, operation: str, bucket: str, code: str = "", recoverable: bool | None = None
+    ) -> None:
         self.operation = operation
         self.bucket = bucket
         self.code = code
-        super().__init__(message)
+        super().__init__(message, recoverable=recoverable)
 
 
 class JobFailedError(SluiceError):

@@ -18,6 +18,7 @@ from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeK
 from sluice.operators.stateless import PassThroughOperator
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobResult, check_at_start
+from sluice.runtime.probes import probe_sinks
 from sluice.source import Source
 from sluice.state.config import StateBackendConfig
 
@@ -252,6 +253,7 @@ class Pipeline:
             restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
         )
         check_at_start(cfg)  # unwritable storage, a lost newest checkpoint: refused before anything runs
+        probe_sinks(job)  # an unwritable output, a missing bucket, topic or table, wrong credentials: the same
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint
