@@ -3,7 +3,8 @@
 A misspelled keyword argument (``KafkaSource(bootstrap_server=...)``) is one line naming the file and
 line, the callable, the wrong keyword, the closest allowed one and the others. Any other exception the
 file raises shows the traceback of the job file's own frames, not of runpy and click (``sluice -v`` shows
-all of it). A syntax error is one line: ``file:line:column: message: the line``.
+all of it). A syntax error is one line: ``file:line:column: message: the line``; so is a wrong option
+found while the file builds its pipeline (``job.py:5: invalid CheckpointConfig: unknown option ...``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import click
 
 from sluice.api import Pipeline
-from sluice.errors import ConfigError, SluiceError
+from sluice.errors import ConfigError, GraphError, SluiceError
 
 __all__ = ["JobFileError", "keyword_error", "load_pipeline"]
 
@@ -130,6 +131,11 @@ def load_pipeline(path: str, launched: Callable[[], bool] = lambda: False) -> Pi
         if isinstance(ns.get("pipeline"), Pipeline):
             return ns["pipeline"]  # type: ignore[no-any-return]
         p = ns["build_pipeline"]() if callable(ns.get("build_pipeline")) else None
+    except (ConfigError, GraphError) as exc:
+        if getattr(exc, "launched", False) or verbose:
+            raise  # the job ran and failed (its own one line), or -v: as it is
+        _, where = _call_site(exc, path)
+        raise click.ClickException(f"{where}: {' '.join(str(exc).split())}") from exc
     except (SluiceError, click.ClickException, SystemExit, KeyboardInterrupt):
         raise
     except SyntaxError as exc:

@@ -176,7 +176,11 @@ class _Launch:
         endpoint = kwargs.get("control_endpoint")
         if isinstance(endpoint, str) and endpoint.lower() == "none":
             kwargs["control_endpoint"] = None
-        client = configure(pipeline, self.settings).start(**kwargs)
+        try:
+            client = configure(pipeline, self.settings).start(**kwargs)
+        except SluiceError as exc:
+            exc.launched = True  # type: ignore[attr-defined]  # not the job file's line: the run's own error
+            raise
         if client.control is not None:
             click.echo(
                 f"job {client.config.job_id}: control endpoint and dashboard at {client.control.url} (token "
