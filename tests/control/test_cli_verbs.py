@@ -65,6 +65,8 @@ def test_status_dashboard_errors_and_cancel(running: tuple[subprocess.Popen[str]
     assert [v["name"] for v in status["metrics"]["vertices"]] == ["generator", "rebalance -> enrich -> test-sink"]
     table = sluice("status", "verbs", "--storage", chk).stdout
     assert "job verbs: running on the local runtime" in table and "backpressured" in table
+    # the one job running there needs no id
+    assert "job verbs: running on the local runtime" in sluice("status", "--storage", chk).stdout
     token_file = tmp_path / "chk" / "verbs" / "_control.token"
     printed = sluice("dashboard", "verbs", "--storage", chk)
     token = token_file.read_text()
