@@ -51,7 +51,7 @@ def test_addresses() -> None:
 def test_a_job_is_found_without_its_id_when_it_is_the_only_one(tmp_path: Path) -> None:
     """`sluice status` (and the other verbs) without JOB: the one running job, or which ones to pick from."""
     uri = str(tmp_path / "chk")
-    with pytest.raises(ControlError, match="no job runs in the registry of .*: pass --storage"):
+    with pytest.raises(ControlError, match=r"no job runs in the registry of .*: pass --storage"):
         find_job(None, uri)
     for n, job in enumerate(["orders", "clicks"]):
         (tmp_path / "chk" / job / "chk-1").mkdir(parents=True)  # a job's folder holds checkpoints
