@@ -171,8 +171,8 @@ class IcebergUpsert:
             # job's table). The merge's files are written against the schema the transaction stages.
             with table.transaction() as tx:
                 if new:
-                    with tx.update_schema() as update:
-                        update.union_by_name(pa.schema(new))
+                    with tx.update_schema() as evolve:
+                        evolve.union_by_name(pa.schema(new))
                 files = merge_files(
                     _staged(table, tx) if new else table,
                     changes,

@@ -47,7 +47,7 @@ def partition_count(options: KafkaSinkOptions, topic: str | None = None, timeout
         md = admin.list_topics(timeout=options.transaction_timeout_s if timeout is None else timeout)
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
-        code = error.name() if hasattr(error, "name") else ""
+        code = str(error.name()) if error is not None and hasattr(error, "name") else ""
         raise SluiceError(
             f"KafkaSink: cannot reach {options.bootstrap_servers} (bootstrap_servers, producer_config): "
             f"{redact_text(str(exc), options.producer_config)}",
