@@ -111,6 +111,10 @@ def run(
 ) -> None:
     """Run the pipeline defined in JOB (a Python file).
 
+    JOB runs as `python JOB` would; its own `pipeline.run()` (any variable name, module level or under
+    `if __name__ == "__main__":`) runs with these options. Without such a call the pipeline it defines
+    (`pipeline`, `build_pipeline()`, or its one Pipeline) is run.
+
     SIGTERM (or Ctrl-C) stops the job with a savepoint (sources stop, the savepoint is its last checkpoint,
     sinks commit it) and prints the savepoint's path: resume with --restore PATH. A second signal while
     stopping cancels the job. While it runs, `sluice jobs`, `sluice status JOB_ID`, `sluice savepoint`,
