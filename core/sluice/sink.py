@@ -232,6 +232,15 @@ class Sink(ABC, Generic[C]):
         """
         return None
 
+    def probe(self) -> None:
+        """Check, once at job start (on the driver, before the first attempt), that the output can be
+        reached and written: write and delete a small file, connect, look the table or topic up.
+
+        Raise an exception whose message names the sink and the option to fix (``FileSink path '/data/x'
+        is not writable: ...``); the job then fails at once with that one line, naming the operator too,
+        and no restart is spent. The default checks nothing.
+        """
+
     def recover(self, job_id: str, committables: Sequence[C]) -> None:
         """Before (re)starting: abort staged data of ``job_id`` not in ``committables`` (the restored checkpoint's)."""
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from sluice.api.stream import Stream
@@ -17,14 +19,34 @@ from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeK
 from sluice.operators.stateless import PassThroughOperator
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobResult, check_at_start
+from sluice.runtime.probes import probe_sinks
 from sluice.source import Source
 from sluice.state.config import StateBackendConfig
 
-__all__ = ["DEFAULT_CONTROL_ENDPOINT", "RUNTIMES", "Pipeline"]
+__all__ = ["DEFAULT_CONTROL_ENDPOINT", "RUNTIMES", "Launcher", "Pipeline", "launched_by"]
 
 RUNTIMES = ("local", "spark")
 #: where ``Pipeline.start`` serves the control endpoint unless told otherwise: loopback, a free port
 DEFAULT_CONTROL_ENDPOINT = "127.0.0.1:0"
+
+
+#: runs a pipeline for :meth:`Pipeline.run` with the arguments of its call: ``sluice run``'s (its runtime,
+#: control endpoint, progress, savepoint on SIGTERM), as ``env.execute()`` takes ``flink run``'s options
+Launcher = Callable[["Pipeline", dict[str, Any]], JobResult]
+_launcher: ContextVar[Launcher | None] = ContextVar("sluice_launcher", default=None)
+
+
+@contextlib.contextmanager
+def launched_by(launcher: Launcher) -> Iterator[None]:
+    """While the block runs, :meth:`Pipeline.run` hands its pipeline and arguments to ``launcher`` instead
+    of running it itself (``sluice run`` loads a job file inside this block, so ``p.run()`` at module level
+    or under ``if __name__ == "__main__":`` runs with the command line's options, whatever ``p`` is named).
+    """
+    token = _launcher.set(launcher)
+    try:
+        yield
+    finally:
+        _launcher.reset(token)
 
 
 def _job_id(name: str) -> str:
@@ -107,13 +129,17 @@ class Pipeline:
         )
         self.graph = LogicalGraph(max_parallelism=max_parallelism, default_parallelism=parallelism)
         self._ids = itertools.count()
-        self._names: dict[str, int] = {}
+        self._names: set[str] = set()
 
     # -- building --------------------------------------------------------------------------------------
-    def _unique(self, base: str) -> str:
-        n = self._names.get(base, 0)
-        self._names[base] = n + 1
-        return base if n == 0 else f"{base}-{n + 1}"
+    def _fresh(self, base: str) -> str:
+        """``base``, or if an operator has that name ``base-2``, ``base-3``, ...: the first one unused."""
+        if base not in self._names:
+            return base
+        n = 2
+        while f"{base}-{n}" in self._names:
+            n += 1
+        return f"{base}-{n}"
 
     def _add(
         self,
@@ -128,9 +154,8 @@ class Pipeline:
             raise ConfigError(f"{name or label}: parallelism must be an integer >= 1 (got {parallelism!r})")
         if name is not None and name in self._names:
             raise GraphError(f"two operators are named {name!r}: names identify state, make them unique")
-        node_name = name if name is not None else self._unique(label)
-        if name is not None:
-            self._names[name] = 1
+        node_name = name if name is not None else self._fresh(label)
+        self._names.add(node_name)
         node_kind = kw.pop("kind", NodeKind.OPERATOR)
         node = LogicalNode(next(self._ids), node_name, node_kind, lambda: None, parallelism, inputs, **kw)
         # operators carry their node's uid as their name: it keys their state in checkpoints
@@ -149,9 +174,10 @@ class Pipeline:
         if not isinstance(source, Source):
             raise ConfigError(f"source: expected a sluice Source, got {type(source).__name__}")
         source.validate()
+        # an unnamed source is named after its kind; a second one of that kind gets "-2" (as other steps)
         node = self._add(
-            "source",
-            name or source.name,
+            source.name or "source",
+            name,
             PassThroughOperator,
             parallelism,
             [],
@@ -229,6 +255,7 @@ class Pipeline:
             allow_changed_operators,
         )
         check_at_start(cfg)  # unwritable storage, a lost newest checkpoint: refused before anything runs
+        probe_sinks(job)  # an unwritable output, a missing bucket, topic or table, wrong credentials: the same
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint
@@ -247,5 +274,13 @@ class Pipeline:
         return client
 
     def run(self, **kwargs: Any) -> JobResult:
-        """Run the job to completion (bounded sources) and return its result. See :meth:`start`."""
+        """Run the job to completion (bounded sources) and return its result. See :meth:`start`.
+
+        Under ``sluice run`` the job runs with the command line's options (``--runtime``, ``--restore``,
+        the control endpoint, live progress, a savepoint on SIGTERM); an argument given here applies where
+        the command line leaves that option at its default.
+        """
+        launcher = _launcher.get()
+        if launcher is not None:
+            return launcher(self, kwargs)
         return self.start(**kwargs).wait()

@@ -199,7 +199,9 @@ class Stream(DedupJoinMethods):
         p = self.pipeline
         key = sink.input_key_columns(self.schema)
         edge = self._edge(Partitioning.HASH, KeySelector(key)) if key else self._edge()
-        add_sink(p.graph, p._add, sink, edge, name or sink.name, parallelism, uid)
+        # an unnamed sink is named after its kind; a second one of that kind gets "-2" (as other steps)
+        name = name if name is not None else p._fresh(sink.name)
+        add_sink(p.graph, p._add, sink, edge, name, parallelism, uid)
 
 
 class KeyedStream:

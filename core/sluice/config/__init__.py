@@ -8,6 +8,8 @@ and restart options; :mod:`sluice.config.checkpoint_key` resolves the checkpoint
 
 from __future__ import annotations
 
+import difflib
+import re
 import time
 from collections import deque
 from typing import Any, Literal
@@ -40,10 +42,25 @@ __all__ = [
 ]
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
+    """One validation error in words: the option, what it must be, what it got; an unknown option or a value
+    not among the allowed ones with the closest allowed one (did you mean) and the others."""
     loc = ".".join(str(x) for x in err.get("loc", ())) or "(value)"
-    msg = err.get("msg", "invalid")
-    if "input" in err and err.get("type") != "missing":
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        allowed = [f.alias or name for name, f in model.model_fields.items()]
+        near = difflib.get_close_matches(loc, allowed, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        return f"unknown option {loc!r} ({hint}allowed: {', '.join(allowed)})"
+    if kind == "literal_error" and "input" in err:
+        values = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        near = difflib.get_close_matches(str(err["input"]), values, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        return f"{loc}: {err['input']!r} is not allowed ({hint}allowed: {', '.join(map(repr, values))})"
+    msg = str(err.get("msg", "invalid"))
+    msg = re.sub(r"^Input should be ", "must be ", msg)
+    msg = msg.replace(", unable to parse string as a number", "").replace(", unable to interpret input", "")
+    if "input" in err and kind != "missing":
         return f"{loc}: {msg} (got {err['input']!r})"
     return f"{loc}: {msg}"
 
@@ -60,7 +77,7 @@ class _Frozen(BaseModel):
             for e in exc.errors():
                 if isinstance(e.get("ctx", {}).get("error"), ConfigError):
                     raise e["ctx"]["error"] from None
-            lines = "; ".join(_describe(dict(e)) for e in exc.errors())
+            lines = "; ".join(_describe(type(self), dict(e)) for e in exc.errors())
             raise ConfigError(f"invalid {type(self).__name__}: {lines}") from None
 
 

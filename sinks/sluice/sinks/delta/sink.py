@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from sluice.errors import StorageError
 from sluice.sink import GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.delta.committer import DeltaCommitter, app_id
 from sluice.sinks.delta.format import DeltaFormat
@@ -17,6 +18,7 @@ from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.sink import TableSink
+from sluice.sinks.tables.storage import probe_location
 from sluice.sinks.tables.writer import TableFormat
 
 __all__ = ["DeltaSink"]
@@ -128,6 +130,18 @@ class DeltaSink(TableSink):
         """The table's app transaction version of this job and sink (0 if none, or no table yet)."""
         table = open_table(self.options)
         return 0 if table is None else int(table.transaction_version(app_id(job_id, sink_uid)) or 0)
+
+    def probe(self) -> None:
+        """At job start: write and delete a file in the table's folder (created if missing)."""
+        try:
+            probe_location(self.path, self.storage_options)
+        except Exception as exc:
+            raise StorageError(
+                f"DeltaSink path {self.path!r} is not writable: {type(exc).__name__}: {exc} (fix the path or "
+                "its permissions; on S3 the bucket, or the credentials and endpoint: storage_options)",
+                operation="probe",
+                bucket=self.path,
+            ) from exc
 
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
         """Create the table if ``schema`` was given, or check its schema. (Files of checkpoints that never

@@ -7,9 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, StorageError
 from sluice.sink import GlobalCommitter, GlobalCommitterContext
-from sluice.sinks.iceberg.catalog import check_schema, check_spec, open_or_create, remove_orphans
+from sluice.sinks.iceberg.catalog import (
+    check_schema,
+    check_spec,
+    load_catalog,
+    open_or_create,
+    remove_orphans,
+)
 from sluice.sinks.iceberg.committer import IcebergCommitter
 from sluice.sinks.iceberg.format import IcebergFormat
 from sluice.sinks.iceberg.layout import max_committed_checkpoint
@@ -21,6 +27,7 @@ from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.sink import TableSink
+from sluice.sinks.tables.storage import probe_location
 from sluice.sinks.tables.writer import TableFormat
 
 __all__ = ["IcebergSink"]
@@ -143,6 +150,47 @@ class IcebergSink(TableSink):
         table yet)."""
         table = open_or_create(self.options, None)
         return 0 if table is None else max_committed_checkpoint(table, job_id, sink_uid)
+
+    def probe(self) -> None:
+        """At job start: the catalog answers, and a file can be written and deleted where the table's data
+        goes (its location, or for a table still to be made the warehouse)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            catalog = load_catalog(self.options)
+            catalog.list_namespaces()
+        except Exception as exc:
+            raise StorageError(
+                f"IcebergSink {self.table!r}: catalog {self.catalog!r} cannot be reached: {type(exc).__name__}: "
+                f"{exc} (fix catalog_properties, or warehouse for the embedded catalog)",
+                operation="probe",
+                bucket=str(self.warehouse),
+            ) from exc
+        try:
+            location: str | None = catalog.load_table(self.table).location()
+            option = "the table's location"
+        except NoSuchTableError:
+            location = self.options.catalog_config().get("warehouse")
+            option = "warehouse"
+        except Exception as exc:
+            raise StorageError(
+                f"IcebergSink {self.table!r}: catalog {self.catalog!r} cannot load the table: "
+                f"{type(exc).__name__}: {exc} (fix catalog_properties)",
+                operation="probe",
+                bucket=str(self.warehouse),
+            ) from exc
+        if location is None:
+            return  # a catalog that places tables itself: its first commit says
+        try:
+            probe_location(location, self.storage_options)
+        except Exception as exc:
+            raise StorageError(
+                f"IcebergSink {self.table!r}: {option} {location!r} is not writable: {type(exc).__name__}: {exc} "
+                "(fix the warehouse or its permissions; on S3 the bucket, or the credentials and endpoint: "
+                "storage_options)",
+                operation="probe",
+                bucket=location,
+            ) from exc
 
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
         """Create the table if ``schema`` was given, or check an existing one's partition spec (and schema);

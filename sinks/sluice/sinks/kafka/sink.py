@@ -132,6 +132,16 @@ class KafkaSink(Sink[KafkaCommittable]):
 
         return max(read_markers(self.options, marker_groups(self.options, job_id)).values(), default=0)
 
+    def probe(self) -> None:
+        """At job start: a broker of ``bootstrap_servers`` answers (within 30 s, or the transaction timeout if
+        shorter) and ``topic`` (and ``marker_topic``) exist: the sink does not create topics."""
+        from sluice.sinks.kafka.writer import partition_count
+
+        timeout = min(30.0, self.options.transaction_timeout_s)
+        partition_count(self.options, timeout=timeout)
+        if self.options.marker_topic is not None:
+            partition_count(self.options, self.options.marker_topic, timeout=timeout)
+
     def recover(self, job_id: str, committables: Sequence[KafkaCommittable]) -> None:
         """exactly_once, before the job starts: check the topics, then abort the open transactions earlier
         attempts left (a new producer per transactional id of the job and sink: the restored checkpoint's, and
