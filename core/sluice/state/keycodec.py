@@ -173,7 +173,7 @@ def key_widths(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     ``buf[starts[i] : starts[i] + lengths[i]]``, from its tag (and a string's or binary's length) with NumPy;
     only tuple keys are measured one by one."""
     tags = buf[starts]
-    widths = _WIDTH[tags]
+    widths: np.ndarray = _WIDTH[tags]
     sized = np.flatnonzero((tags == 4) | (tags == 5))  # string, binary: u32 length after the tag
     if len(sized):
         at = starts[sized]
