@@ -162,12 +162,6 @@ class StateBackendConfig(_Frozen):
                 fields[field] = parse(key, value)
         return cls(**fields)
 
-    def create(self) -> Any:
-        """The job's :class:`~sluice.state.spi.StateBackend` for these options."""
-        from sluice.state.factory import create_state_backend
-
-        return create_state_backend(self)
-
 
 def _bool(key: str, value: Any) -> bool:
     text = str(value).strip().lower()
