@@ -267,16 +267,11 @@ def pyiceberg_overwrite(
     """pyiceberg's copy-on-write of collapsed ``changes`` in one call: ``overwrite`` of the rows whose last
     change is not a delete, its filter matching every changed key (``In`` for a one-column key), in one
     transaction (one catalog commit). The benchmark's peer at its best (module docstring)."""
-    from pyiceberg.expressions import In
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.table.upsert_util import create_match_filter
 
     upserts, _ = upserts_and_deletes(changes)
-    key_filter = (
-        In(keys[0], changes.column(keys[0]).to_pylist())
-        if len(keys) == 1
-        else create_match_filter(changes.select(list(keys)), list(keys))
-    )
+    key_filter = create_match_filter(changes.select(list(keys)), list(keys))  # one In(key, values) for one key
     props = dict(snapshot_properties)
     with table.transaction() as tx:
         if upserts.num_rows:
