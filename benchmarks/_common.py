@@ -1,6 +1,6 @@
 """Helpers shared by the benchmark scripts: the counting sink, and how every script measures a comparison.
 
-The rules (../shared/BENCHMARKS.md, docs/benchmarks.md): the sides of a comparison run in alternated,
+The rules (docs/benchmarks.md, "How a comparison is taken"): the sides of a comparison run in alternated,
 repeated rounds (:func:`alternate`, at least 3, each side warmed up alike first), every round is printed
 and reported, a ratio is the median of the per-round ratios with its spread (min-max) beside it
 (:func:`ratios`, :func:`report`), the metric is named before the run (:func:`add_round_options`: wall time
