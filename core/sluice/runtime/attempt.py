@@ -43,6 +43,7 @@ from sluice.runtime.enumerators import SourceEnumerators
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.upgrades import operator_configs
 from sluice.sink import GlobalCommitter, Sink
 
 __all__ = ["AttemptCancelled", "AttemptFailedError", "FailureKind", "JobAttempt"]
@@ -168,6 +169,7 @@ class JobAttempt:
                 }
                 for v in self.job.vertices.values()
             },
+            "operators": operator_configs(self.job),
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = highest_id(self.storage)

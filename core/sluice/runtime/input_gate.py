@@ -117,6 +117,7 @@ class InputGate:
         elif isinstance(item, WatermarkStatus):
             self.valve.input_status(channel, item.idle)
         elif isinstance(item, CheckpointBarrier):
+            self.valve.input_event(channel)
             overtaken = self.channels[channel].take_overtaken() if item.options.is_unaligned else None
             h = self.handler
             if len(h.live - h.received) > 1:

@@ -101,7 +101,13 @@ class Task:
         self._max_rows = spec.max_batch_rows
         self.checkpointing = SubtaskCheckpointing(spec, gateway, storage, self.finishing, self._fault)
         self._channel_state = self.checkpointing.channel_state
-        self.valve = StatusWatermarkValve(len(spec.inputs), self._head.process_watermark)
+        timeouts = self._head.input_idle_timeouts
+        self.valve = StatusWatermarkValve(
+            len(spec.inputs),
+            self._head.process_watermark,
+            [timeouts.get(i) for i in spec.input_index_of] if timeouts else None,
+        )
+        self._idle_timeouts = self.valve.has_idle_timeouts
         self.gate = InputGate(
             spec.inputs,
             lambda gate: barrier_handler(spec.alignment, len(spec.inputs), gate, self.checkpointing),
@@ -322,6 +328,8 @@ class Task:
             if nxt is not None and nxt <= ms:
                 op.on_processing_time(ms)
         self.handler.check_timeout()
+        if self._idle_timeouts:
+            self.valve.check_idle()
         if self.status is TaskStatus.RUNNING:  # changelog state: a materialization once its interval passed
             for be in self._keyed_backends:
                 be.materialize_if_due()
@@ -345,6 +353,8 @@ class Task:
         """A data batch from input ``channel`` (the gate's output)."""
         if self._channel_state.recording:
             self._channel_state.record(channel, batch)
+        if self._idle_timeouts:
+            self.valve.input_data(channel)
         if self.io is not None:
             self.io.count_in(batch.num_rows, batch.get_total_buffer_size())
         self._fault("process")
