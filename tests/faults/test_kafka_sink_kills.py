@@ -1,11 +1,12 @@
 """The whole job SIGKILLed inside the publish of a large Kafka transaction, on Apache Kafka.
 
-A Kafka -> Kafka job (``sluice run job.py``, KafkaSink exactly once) runs as a subprocess. Its checkpoint
-interval is longer than the run, so its only checkpoint with data is the final one: each writer subtask
-publishes one transaction of 15,000 or 30,000 records (two input partitions of 15,000 over one or two
-subtasks), and a restore that finds the checkpoint completed publishes it again. The test watches the output
-topic and kills the process a few milliseconds after records appear in it, restarts the job (``--restore
-latest``, the default) and does so again; the last run goes to the end.
+A Kafka -> Kafka job (``sluice run job.py``, KafkaSink exactly once, parallelism 1) runs as a subprocess. Its
+checkpoint interval is longer than the run, so its only checkpoint with data is the final one: the writer
+publishes one transaction of 30,000 records, and every restore of that checkpoint publishes it again unless
+its marker says it was published. The test watches the output topic and kills the process a few milliseconds after records appear in
+it (the first kill at once, later ones after a random delay and with the sink's default producer settings
+or the slow ones), restarts the job (``--restore latest``, the default) and does so again; the last run goes
+to the end.
 
 A kill counts only if it landed inside a publish: right after it, the topic's last stable offset is below its
 end (a transaction open or committing), and that transaction's (transactional id, checkpoint), read from the
@@ -39,6 +40,10 @@ HEADER = "sluice-lineage"
 #: a kill counts only inside the publish of a transaction of at least this many records
 LARGE = 10_000
 PER_PARTITION = 15_000
+#: producer settings that stretch a publish over hundreds of small produce requests, one at a time (a run
+#: with them is certain to be inside its publish when its first records appear); the sink's defaults send a
+#: publish in a few large requests, and a kill lands in its produce loop, flush, commit or after it
+SLOW = {"batch.num.messages": 50, "linger.ms": 0, "max.in.flight.requests.per.connection": 1}
 
 JOB = textwrap.dedent(
     '''
@@ -55,13 +60,14 @@ JOB = textwrap.dedent(
     stops = {(t, int(p)): o for t, p, o in json.loads(env["JOB_STOPS"])}
     pipeline = Pipeline(
         "kafka-sink-kills",
-        parallelism=int(env["JOB_PARALLELISM"]),
+        parallelism=1,
         checkpoint=CheckpointConfig(interval=3600.0, storage=env["JOB_CHECKPOINTS"]),
         restart=FixedDelayRestart(attempts=2, delay=0.0),
     )
     source = KafkaSource(env["JOB_BOOTSTRAP"], env["JOB_TOPIC"], format="json", schema=pa.schema([("id", pa.int64())]),
                          batch_size=1000, stopping_offsets=stops)
-    pipeline.source(source).sink(KafkaSink(env["JOB_BOOTSTRAP"], env["JOB_OUT"], lineage_header=env["JOB_HEADER"]))
+    pipeline.source(source).sink(KafkaSink(env["JOB_BOOTSTRAP"], env["JOB_OUT"], lineage_header=env["JOB_HEADER"],
+                                           producer_config=json.loads(env["JOB_PRODUCER"])))
     '''
 )
 
@@ -91,13 +97,30 @@ def _tags_between(broker: ApacheKafkaBroker, topic: str, start: dict[int, int], 
     return tags
 
 
-def _killed_inside_a_publish(broker: ApacheKafkaBroker, out: str, proc: subprocess.Popen[bytes], delay: float) -> set[str]:
+class _Watch:
+    """The sum of ``topic``'s end offsets, asked with one long-lived consumer (a check is one request per
+    partition, so records are seen within milliseconds of their arrival)."""
+
+    def __init__(self, broker: ApacheKafkaBroker, topic: str) -> None:
+        self.parts = [TopicPartition(topic, p) for p in broker.end_offsets(topic)]
+        self.consumer = Consumer({"bootstrap.servers": broker.internal_bootstrap, "group.id": "sluice-tests-kill-watch",
+                                  "isolation.level": "read_uncommitted", "log_level": 0})  # the end, not the LSO
+
+    def end(self) -> int:
+        return sum(self.consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1] for tp in self.parts)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _killed_inside_a_publish(
+    broker: ApacheKafkaBroker, out: str, watch: _Watch, proc: subprocess.Popen[bytes], delay: float
+) -> set[str]:
     """Run until records appear in ``out`` (beyond transaction markers), wait ``delay``, SIGKILL the job; the
     tags of the transaction it was publishing then (empty: it was not inside a publish, or it had exited)."""
-    base = sum(broker.end_offsets(out).values())
-    markers = len(broker.end_offsets(out))  # an abort or commit adds one marker per partition
-    while proc.poll() is None and sum(broker.end_offsets(out).values()) <= base + markers:
-        time.sleep(0.002)
+    base = watch.end()
+    while proc.poll() is None and watch.end() <= base + len(watch.parts):  # a commit or an abort adds a marker
+        time.sleep(0.001)  # per partition
     time.sleep(delay)
     if proc.poll() is not None:
         return set()
@@ -108,8 +131,9 @@ def _killed_inside_a_publish(broker: ApacheKafkaBroker, out: str, proc: subproce
 
 
 def kill_scenario(broker: ApacheKafkaBroker, tmp: Path, seed: int, kills: int, delays: tuple[float, ...], enough: int) -> None:
-    """Up to ``kills`` kills, then a run to the end. The first kill comes as soon as records appear (so one
-    lands inside a publish however slow the machine), the others after one of ``delays``; the kills stop once
+    """Up to ``kills`` kills, then a run to the end. Until a kill landed inside a publish, runs publish
+    slowly (:data:`SLOW`) and are killed as soon as records appear, so one lands inside however loaded the
+    machine; later runs draw their producer settings and a delay from ``delays``. The kills stop once
     ``enough`` landed inside a large publish, or a run finished on its own (all is published then)."""
     rng = random.Random(seed)
     src, out = f"kills-src-{seed}-{tmp.name}", f"kills-out-{seed}-{tmp.name}"
@@ -121,23 +145,29 @@ def kill_scenario(broker: ApacheKafkaBroker, tmp: Path, seed: int, kills: int, d
     (tmp / "job.py").write_text(JOB)
     env = {**os.environ, "JOB_BOOTSTRAP": broker.bootstrap, "JOB_TOPIC": src, "JOB_OUT": out, "JOB_HEADER": HEADER,
            "JOB_STOPS": json.dumps([(src, p, o) for p, o in broker.end_offsets(src).items()]),
-           "JOB_CHECKPOINTS": str(tmp / "chk"), "JOB_PARALLELISM": str(rng.choice([1, 2]))}  # fmt: skip
+           "JOB_CHECKPOINTS": str(tmp / "chk")}  # fmt: skip
     cmd = [sys.executable, "-m", "sluice.cli", "run", str(tmp / "job.py"), "--runtime", "local"]
     inside: list[set[str]] = []
-    for _ in range(kills):
-        proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            tags = _killed_inside_a_publish(broker, out, proc, rng.choice(delays) if inside else 0.0)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            output = proc.communicate(timeout=60)[0].decode(errors="replace")
-        assert proc.returncode in (0, -signal.SIGKILL), output[-3000:]
-        if tags:
-            inside.append(tags)
-        if len(inside) >= enough or proc.returncode == 0:
-            break
-    last = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
+    watch = _Watch(broker, out)
+    try:
+        for _ in range(kills):
+            producer = rng.choice([SLOW, {}]) if inside else SLOW
+            proc = subprocess.Popen(cmd, env={**env, "JOB_PRODUCER": json.dumps(producer)}, cwd=tmp,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+            try:
+                tags = _killed_inside_a_publish(broker, out, watch, proc, rng.choice(delays) if inside else 0.0)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                output = proc.communicate(timeout=60)[0].decode(errors="replace")
+            assert proc.returncode in (0, -signal.SIGKILL), output[-3000:]
+            if tags:
+                inside.append(tags)
+            if len(inside) >= enough or proc.returncode == 0:
+                break
+    finally:
+        watch.close()
+    last = subprocess.run(cmd, env={**env, "JOB_PRODUCER": "{}"}, cwd=tmp, capture_output=True, text=True, timeout=600)
     assert last.returncode == 0 and "finished" in last.stdout, last.stdout[-3000:] + last.stderr[-3000:]
     committed = broker.read_committed(out)
     got = Counter(json.loads(r.value)["id"] for r in committed if r.value is not None)
