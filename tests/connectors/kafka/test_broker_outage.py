@@ -29,7 +29,9 @@ from tests.connectors.kafka.test_kafka_e2e import SCHEMA, wait_for
 from tests.control.conftest import sluice
 from tests.faults.shapes import record
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+    "outages are cuts of a fault proxy in front of a broker that keeps running; plain records, no 'latest', no transactions (a crash of Apache Kafka itself: test_apache_kafka_source.py)"
+)]
 
 
 def _job(pb: ProxiedBroker, t: str, tmp_path: Path, name: str, **options: Any) -> Pipeline:
@@ -141,7 +143,8 @@ def test_a_stop_with_a_savepoint_during_an_outage_ends_at_once(
         wait_for(lambda: "STALLED" in summary_line(client.monitor), client)
         stopper = threading.Thread(target=lambda: stopped.append(client.stop(savepoint=True)), daemon=True)
         stopper.start()
-        stopper.join(timeout=60)  # well below request_timeout_s: a savepoint behind discovery waits 120 s
+        stopper.join(timeout=100)  # below request_timeout_s: a savepoint behind discovery waits 120 s
+            # (60 s was too short on a machine at load 37, where the stop took longer)
         assert stopped and stopped[0].stopped_at, "the stop did not end while the brokers were unreachable"
     finally:
         if not stopped:

@@ -200,7 +200,8 @@ def test_idle_partition_is_left_out() -> None:
         ({"format": "json", "schema_sample_size": -1}, "schema_sample_size must be an integer >= 0"),
         ({"max_prefetch_bytes": 1000}, "max_prefetch_bytes must be an integer >= 4 MiB"),
         ({"fetch_thread": "yes"}, "fetch_thread must be True or False"),
-        ({"idle_timeout_s": -1}, "idle_timeout_s must be a number of seconds > 0 or None"),
+        ({"idle_timeout_s": -1}, "KafkaSource: idle_timeout_s: must be a duration > 0"),
+        ({"idle_timeout_s": "soon"}, "KafkaSource: idle_timeout_s: 'soon' is not a duration"),
     ],
 )
 def test_validate_names_the_option(kwargs: dict[str, object], message: str) -> None:
@@ -291,6 +292,20 @@ def test_position_is_last_offset_plus_one_across_gaps(monkeypatch: pytest.Monkey
     assert out.batches[0].column("id").to_pylist() == [10, 11, 15]
     assert reader.snapshot_state(1) == [KafkaSplit("t:0", 16, None)]
     assert reader.poll_next(out) is InputStatus.NOTHING_AVAILABLE
+
+
+def test_unbounded_position_moves_past_a_trailing_marker_at_partition_eof(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transactional input ends with a commit marker, never delivered: the end of the partition moves the
+    position past it (else the lag and the committed group offsets stay one behind per partition)."""
+    reader, consumer, _ = make_reader(monkeypatch)
+    assert consumer.conf["enable.partition.eof"] is True
+    reader.add_splits([SourceSplit("t:0", 0)])
+    consumer.batches = [[rec(0), rec(1), rec(2), eof("t", 0, 4)], [eof("t", 0, 2)]]  # 3: a commit marker
+    out = CollectingOutput()
+    reader.poll_next(out)
+    assert reader.snapshot_state(1) == [KafkaSplit("t:0", 4, None)]
+    reader.poll_next(out)  # an earlier end never moves a position back
+    assert reader.snapshot_state(2) == [KafkaSplit("t:0", 4, None)]
 
 
 def test_bounded_split_ends_at_stop_offset(monkeypatch: pytest.MonkeyPatch) -> None:
