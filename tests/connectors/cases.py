@@ -26,7 +26,6 @@ from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
 from tests import listing
 from tests.apache_kafka import ApacheKafkaBroker
-from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
 from tests.sinks.conftest import MotoS3
 from tests.sinks.tables.helpers import Target

@@ -126,8 +126,10 @@ def test_committed_checkpoint_settles_earlier_transactions_before_it_reads_the_m
     p.close()
 
 
-def _kafka_job(broker: ApacheKafkaBroker, src: str, out: str, tmp: Path, faults: Any = None, interval: float = 0.05) -> Any:
-    p = Pipeline(f"k2k-{out}", parallelism=2, restart=FixedDelayRestart(attempts=4, delay=0),
+def _kafka_job(
+    broker: ApacheKafkaBroker, src: str, out: str, tmp: Path, faults: Any = None, interval: float = 0.05, parallelism: int = 2
+) -> Any:
+    p = Pipeline(f"k2k-{out}", parallelism=parallelism, restart=FixedDelayRestart(attempts=4, delay=0),
                  checkpoint=CheckpointConfig(interval=interval, storage=str(tmp / "chk")))  # fmt: skip
     ends = broker.end_offsets(src)
     source = KafkaSource(broker.bootstrap, src, format="json", schema=pa.schema([("id", pa.int64())]),
@@ -139,16 +141,18 @@ def _kafka_job(broker: ApacheKafkaBroker, src: str, out: str, tmp: Path, faults:
 def test_a_crash_inside_the_publish_of_a_large_transaction(
     apache_kafka: ApacheKafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    """Kafka -> Kafka, one checkpoint (the final one: the interval is longer than the run) holding 12,000
-    records per writer subtask. The crash hits its first publish with every record sent and the transaction
-    open; the restore aborts it and publishes the checkpoint again: a read_committed reader reads every input
-    record once, and the aborted copy (at least 10,000 records) is on the broker, invisible to it."""
+    """Kafka -> Kafka at parallelism 1, one checkpoint (the final one: the interval is longer than the run)
+    holding all 24,000 records (at parallelism 2 the reader that ends first triggers a checkpoint while the
+    other is still reading, so the sizes would depend on timing). The crash hits its publish with every
+    record sent and the transaction open; the restore aborts it and publishes the checkpoint again: a
+    read_committed reader reads every input record once, and the aborted copy (at least 10,000 records) is
+    on the broker, invisible to it."""
     src, out = kafka_topic(2), kafka_topic(3)
     for q in (0, 1):
         apache_kafka.produce(src, [json.dumps({"id": q * 10**6 + i}).encode() for i in range(LARGE)], partition=q)
     expected = Counter(q * 10**6 + i for q in (0, 1) for i in range(LARGE))
     faults = FaultInjector(point="commit", after=0)
-    result = _kafka_job(apache_kafka, src, out, tmp_path, faults, interval=600.0)
+    result = _kafka_job(apache_kafka, src, out, tmp_path, faults, interval=600.0, parallelism=1)
     got = _ids(apache_kafka, out)
     aborted = len(read_topic(apache_kafka, out)) - sum(got.values())
     fired = faults.all_fired and aborted >= 10_000
