@@ -27,7 +27,7 @@ from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.external import use_kafka, use_postgres
-from tests.faults.shapes import SHAPE, record, run_shape
+from tests.faults.shapes import LINGER_CHECKPOINTS, SHAPE, record, run_shape
 from tests.faults.test_exactly_once import alignment, check_exactly_once, reference, scenario
 from tests.postgres_server import PostgresServer
 
@@ -95,7 +95,12 @@ def crash_scenario(sink: str, i: int, tmp: Path) -> None:
     point = points[i % len(points)]
     count = hits.get(point, 0)
     assert count > 0, f"{shape} into {sink}: {point} was never reached ({hits})"
-    after = 0 if point == "final_checkpoint" else rng.randint(0, max(0, count // 2 - 1))
+    if point in ("process", "source"):  # hit once per batch: the count barely depends on timing
+        after = rng.randint(0, max(0, count // 2 - 1))
+    elif point in ("commit", "final_checkpoint"):  # a commit with data, the final checkpoint: certain once
+        after = 0
+    else:  # hit per checkpoint: certain LINGER_CHECKPOINTS times in every run, however fast or slow
+        after = rng.randint(0, max(0, min(count // 4, LINGER_CHECKPOINTS) - 1))
     faults = FaultInjector(plan=[PlannedFault(point, after)])
     run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), sink=sink, directory=str(tmp))
     label = f"{shape} {mode} into {sink} seed={seed} fired={faults.fired}"
