@@ -89,7 +89,7 @@ def run_job(kind: str, mode: str, work: Path, events: int, keys: int, interval: 
     rows = target.read().num_rows
     expected = live_keys(events, keys) if mode == "upsert" else events
     assert rows == expected, f"{kind} {mode}: {rows} rows in the table, expected {expected}"
-    checkpoints = sum(1 for s in result.checkpoints if s.status == "completed")
+    checkpoints = result.checkpoint_counts.completed
     return {"seconds": round(elapsed, 1), "events_per_s": round(events / elapsed), "checkpoints": checkpoints,
             "rows": rows}
 
