@@ -1,0 +1,70 @@
+"""RocksDB working folders a killed process left behind are deleted by the next one (issue 39: a job killed
+every few minutes left four folders each time, forever); folders a live process uses, and folders this
+module did not make, are left alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from sluice.state.config import StateBackendConfig
+from sluice.state.keygroups import KeyGroupRange
+from sluice.state.rocksdb.backend import RocksDBStateBackend
+from sluice.state.transfer import LocalFileTransfer
+
+CHILD = """
+import os, signal, sys, time
+from sluice.state.config import StateBackendConfig
+from sluice.state.keygroups import KeyGroupRange
+from sluice.state.rocksdb.backend import RocksDBStateBackend
+from sluice.state.transfer import LocalFileTransfer
+
+be = RocksDBStateBackend(StateBackendConfig(type="rocksdb", local_dir={local!r})).create_keyed_backend(
+    "dedup-0", KeyGroupRange(0, 3), 4, LocalFileTransfer({remote!r}))
+print(be.root, flush=True)
+if sys.argv[1] == "die":
+    os.kill(os.getpid(), signal.SIGKILL)  # no dispose, no atexit: what a kill -9 leaves
+sys.stdin.readline()  # "live": runs until told to end
+be.dispose()
+"""
+
+
+def child(tmp: Path, mode: str) -> tuple[subprocess.Popen[str], str]:
+    code = textwrap.dedent(CHILD.format(local=str(tmp / "local"), remote=str(tmp / "remote")))
+    p = subprocess.Popen([sys.executable, "-c", code, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    return p, p.stdout.readline().strip()
+
+
+def test_folders_of_killed_processes_are_deleted_by_the_next_backend(tmp_path: Path) -> None:
+    killed = []
+    for _ in range(2):
+        p, root = child(tmp_path, "die")
+        assert p.wait(60) == -9 and Path(root).is_dir(), root  # left behind
+        killed.append(root)
+    live, live_root = child(tmp_path, "live")
+    foreign = tmp_path / "local" / "not-ours"
+    foreign.mkdir()
+    (foreign / "data").write_text("kept")
+    try:
+        config = StateBackendConfig(type="rocksdb", local_dir=str(tmp_path / "local"))
+        be = RocksDBStateBackend(config).create_keyed_backend(
+            "dedup-0", KeyGroupRange(0, 3), 4, LocalFileTransfer(str(tmp_path / "remote"))
+        )
+        left = sorted(str(p) for p in (tmp_path / "local").iterdir())
+        assert left == sorted([live_root, be.root, str(foreign)]), left
+        # this process's own folder is in use as well: a second backend keeps it
+        other = RocksDBStateBackend(config).create_keyed_backend(
+            "dedup-1", KeyGroupRange(0, 3), 4, LocalFileTransfer(str(tmp_path / "remote"))
+        )
+        assert Path(be.root).exists() and Path(other.root).exists()
+        be.dispose()
+        other.dispose()
+    finally:
+        assert live.stdin is not None
+        live.stdin.write("end\n")
+        live.stdin.close()
+        assert live.wait(60) == 0
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["not-ours"]
