@@ -40,6 +40,7 @@ from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.finishing import TaskFinishing, TaskStatus
 from sluice.runtime.input_gate import InputGate
+from sluice.runtime.memory import start_trimmer
 from sluice.runtime.output import ChainOutput, SourceOutput, split_rows
 from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.task_spec import TaskSpec
@@ -158,7 +159,8 @@ class Task:
         self.signal.notify()
 
     def start(self) -> None:
-        """Start the task thread."""
+        """Start the task thread (and, once per process, the thread that trims malloc's free memory)."""
+        start_trimmer()
         self._thread = threading.Thread(target=self._run, name=f"task-{self.id}", daemon=True)
         self._thread.start()
 
