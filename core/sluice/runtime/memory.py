@@ -10,9 +10,10 @@ down to its peers' level at once (361 -> 256 MB, 77 ms on a loaded machine).
 
 So a daemon thread per process (:func:`start_trimmer`, called when the first task starts: in the local
 runtime's process and in every Spark slot's) reads every :data:`CHECK_EVERY_S` seconds how much free memory
-malloc keeps (``mallinfo2``) and trims once that is more than ``$SLUICE_MALLOC_TRIM_MB`` (default 64; 0
-turns it off). In steady state it keeps less, so the trim runs after bursts, not every time. Without glibc
-(musl, macOS) nothing is started.
+malloc keeps (``mallinfo2``) and trims when that grew by more than ``$SLUICE_MALLOC_TRIM_MB`` (default 64;
+0 turns it off) over its lowest level since the last trim (trimmed pages still count as free, so the level
+itself says nothing after a trim). In steady state it moves by less, so trims follow bursts only. Without
+glibc (musl, macOS) nothing is started.
 """
 
 from __future__ import annotations
@@ -93,13 +94,17 @@ def start_trimmer() -> None:
 
 
 def _loop(threshold: int) -> None:
+    low = 0  # the least free memory malloc kept since the last trim
     while True:
         time.sleep(CHECK_EVERY_S)
         try:
             kept = free_kept_bytes() or 0
-            if kept > threshold:
+            low = min(low, kept)
+            if kept - low > threshold:
                 t = time.perf_counter()
                 trim()
-                log.debug("gave %d MB of freed heap memory back (%.0f ms)", kept >> 20, (time.perf_counter() - t) * 1e3)
+                low = kept
+                log.debug("gave up to %d MB of freed heap memory back (%.0f ms)", kept >> 20,
+                          (time.perf_counter() - t) * 1e3)  # fmt: skip
         except Exception as exc:  # never fatal: memory is only kept longer
             log.debug("malloc_trim failed: %s", exc)
