@@ -415,6 +415,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "first_process_anon_mb": settled["first_anon_mb"],
         "restarted_anon_mb": settled["restarted_anon_mb"],
         "broker_rss_mb_max": round(broker_rss, 1),
+        # folders of killed processes are deleted by the next one; the last run ended cleanly: none left
+        "rocksdb_folders_left": len(os.listdir(work / "rocksdb")) if (work / "rocksdb").exists() else 0,
         **checked,
         "output_exact": bool(checked["raw_every_message_once"] and checked["windows_equal_reference"]),
         "all_flat": all(v["flat"] for v in figures.values()) and files_per_hour <= 1.5 * allowed,
