@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 
 import pyarrow as pa
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
@@ -23,7 +24,7 @@ from sluice.state.config import StateBackendConfig
 from sluice.windows import Tumbling, count, sum
 
 SCHEMA = pa.schema([("seq", pa.int64()), ("id", pa.int64()), ("key", pa.int64()), ("value", pa.int64()), ("ts", pa.int64())])  # fmt: skip
-WINDOW_MS = 10_000
+WINDOW = timedelta(seconds=10)
 DEDUP_WITHIN = "1 min"
 
 root = os.environ["ENDURANCE_ROOT"]
@@ -58,7 +59,7 @@ events.sink(FileSink(f"{root}/out/raw", format="parquet", compaction=compact), n
 windows = (
     events.deduplicate("id", within=DEDUP_WITHIN, event_time="ts")
     .key_by("key")
-    .window(Tumbling(WINDOW_MS), time="ts")
+    .window(Tumbling(WINDOW), time="ts")
     .aggregate(count(), sum("value"))
 )
 windows.sink(FileSink(f"{root}/out/windows", format="parquet", compaction=compact), name="windows")

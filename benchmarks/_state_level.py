@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 from sluice.state.api import ValueStateDescriptor
 from sluice.state.config import StateBackendConfig
+from sluice.state.factory import create_state_backend
 from sluice.state.handles import persisted_bytes, total_bytes
 from sluice.state.keygroups import key_group_range
 from sluice.state.spi import KeyedStateBackend
@@ -79,7 +80,7 @@ def backend(
 ) -> KeyedStateBackend:
     config = StateBackendConfig(type=kind, incremental=incremental, local_dir=os.path.join(root, "local"), memory=memory, **options)  # type: ignore[arg-type]
     transfer = transfer or LocalFileTransfer(os.path.join(root, "storage"))
-    be: KeyedStateBackend = config.create().create_keyed_backend("bench", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, transfer)
+    be: KeyedStateBackend = create_state_backend(config).create_keyed_backend("bench", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, transfer)
     return be
 
 

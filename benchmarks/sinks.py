@@ -119,7 +119,7 @@ def main() -> None:
 
             broker.create_topic("sinks-bench-out", PARTITIONS)
             work = root / "kafka"
-            sink = KafkaSink(broker.bootstrap, "sinks-bench-out", key="id", key_format="json")
+            sink = KafkaSink(broker.bootstrap, "sinks-bench-out", key_columns="id", key_format="json")
             secs, result = kafka_job(broker, "bench-kafka", ends, sink, work, par)
             published = int(result.metrics.get("kafka_published_records", 0))
             assert published == n, f"the Kafka sink published {published} of {n} records"

@@ -208,7 +208,7 @@ def kafka_sink(broker: TansuBroker) -> SinkCase:
     def target() -> SinkTarget:
         t = f"kafka-sink-{next(_names)}-{uuid.uuid4().hex[:6]}"
         broker.create_topic(t, 3)
-        sink = KafkaSink(broker.bootstrap, t, key="key", lineage_header=HEADER)
+        sink = KafkaSink(broker.bootstrap, t, key_columns="key", lineage_header=HEADER)
         return SinkTarget(sink, lambda: read_kafka_committed(broker, t).table(), lambda: [])
 
     return SinkCase(target, columns=["id", "key", "value"], parallelism=1)

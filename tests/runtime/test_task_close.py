@@ -333,7 +333,7 @@ def test_an_upload_thread_that_does_not_stop_in_time_is_named_in_a_warning(tmp_p
 def test_task_cancellation_timeout_is_checked_when_the_pipeline_is_built() -> None:
     from sluice import ConfigError
 
-    with pytest.raises(ConfigError, match="task_cancellation_timeout must be a finite number of seconds >= 0"):
+    with pytest.raises(ConfigError, match=r"Pipeline\(task_cancellation_timeout\): must be a duration >= 0 \(got -1\)"):
         Pipeline("bad", task_cancellation_timeout=-1)
 
 

@@ -105,7 +105,7 @@ def test_an_iceberg_rewrite_whose_files_a_merge_replaced_takes_its_turn_holding_
     for cid in range(1, 5):  # four small files: keys 100-109, 200-209, 300-309, 400-409
         up.checkpoint(cid, upserts(range(cid * 100, cid * 100 + 10), cid * 1000))
         apply_in_order(ref, upserts(range(cid * 100, cid * 100 + 10), cid * 1000))
-    sink = up.target.sink(mode="upsert", keys=["id"])
+    sink = up.target.sink(mode="upsert", key_columns=["id"])
     lock = threading.Lock()
     data = tmp_path / "lake" / "warehouse" / "db" / "events" / "data"
     done: list[int] = []

@@ -156,29 +156,36 @@ class IcebergUpsert:
         table = self._table(rows)
         if self._committed_in(table) >= checkpoint_id:
             return CommitOutcome.ALREADY_COMMITTED
-        table = self._evolve(table, rows)
+        new = self._new_columns(table, rows)
         fs, root = arrow_filesystem(table.location(), dict(self.storage_options))
-        files = merge_files(
-            table,
-            changes,
-            self.keys,
-            fs,
-            root,
-            lambda: merge_file_name(self.job_id, checkpoint_id, self.attempt, next(self._seq), self._run),
-            checkpoint_id,
-            self.compression,
-            self.target_file_size,
-        )
-        self.last = files
         props = {
             JOB_ID: self.job_id,
             SINK_UID: self.sink_uid,
             MAX_COMMITTED: str(checkpoint_id),
             OPERATION: "upsert",
         }
+        files = MergeFiles()
         try:
-            fault_hook("table_commit")
+            # one transaction: new columns (schema_mode="merge") join the table in the snapshot that brings
+            # the rows carrying them, never before it (nor, after a crash before the commit, in a restored
+            # job's table). The merge's files are written against the schema the transaction stages.
             with table.transaction() as tx:
+                if new:
+                    with tx.update_schema() as evolve:
+                        evolve.union_by_name(pa.schema(new))
+                files = merge_files(
+                    _staged(table, tx) if new else table,
+                    changes,
+                    self.keys,
+                    fs,
+                    root,
+                    lambda: merge_file_name(self.job_id, checkpoint_id, self.attempt, next(self._seq), self._run),
+                    checkpoint_id,
+                    self.compression,
+                    self.target_file_size,
+                )
+                self.last = files
+                fault_hook("table_commit")
                 update = tx.update_snapshot(snapshot_properties=props)
                 if files.replaced:
                     with update.overwrite() as overwrite:
@@ -195,8 +202,9 @@ class IcebergUpsert:
             raise
         return CommitOutcome.COMMITTED
 
-    def _evolve(self, table: Table, rows: pa.Schema) -> Table:
-        """TableSchemaError unless ``rows`` fits the table; new columns join it (``schema_mode="merge"``)."""
+    def _new_columns(self, table: Table, rows: pa.Schema) -> list[pa.Field]:
+        """TableSchemaError unless ``rows`` fits the table; the columns ``rows`` adds to it (nullable; allowed
+        with ``schema_mode="merge"``)."""
         from pyiceberg.catalog import Catalog
 
         have = {f.name: str(f.field_type) for f in table.schema().fields}
@@ -211,11 +219,7 @@ class IcebergUpsert:
                     + ([f"new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"] if new else [])
                 )
             )
-        if not new:
-            return table
-        with table.update_schema() as update:  # a lost race raises CommitFailedException: the merge reruns
-            update.union_by_name(pa.schema(new))
-        return self._table(rows)
+        return new
 
     def _table(self, rows: pa.Schema) -> Table:
         table = self.load(rows)
@@ -272,3 +276,10 @@ def pyiceberg_upsert(
         if upserts.num_rows:
             rows = conform(upserts, schema_to_pyarrow(table.schema(), include_field_ids=False))
             tx.upsert(rows, join_cols=list(keys), snapshot_properties=props)
+
+
+def _staged(table: Table, tx: Any) -> Table:
+    """``table`` as transaction ``tx`` leaves it (its staged schema; the same snapshot, files and location)."""
+    from pyiceberg.table import Table as _Table
+
+    return _Table(table.name(), tx.table_metadata, table.metadata_location, table.io, table.catalog)
