@@ -370,12 +370,23 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         producer.join(300)
         if producer.exitcode != 0:
             raise RuntimeError(f"the producer failed (exit {producer.exitcode})")
-        ends = broker.end_offsets(topic)
         produced_at_end = time.monotonic() - t0
-        # the last process: read up to the end, then finish (every window fires)
         job.send_signal(signal.SIGKILL)
         job.wait()
         processes[-1]["ended"] = produced_at_end
+        # the figures of the run, before the final run and the check (which take a while): kept if they fail
+        with open(work / "samples.json", "w") as f:
+            json.dump({"rows": samples.rows, "durations": samples.durations, "processes": processes}, f)
+        figures = series(samples, args.warmup, args.settle, produced_at_end, args.bin)
+        settled = process_memory(samples, processes, args.settle)
+        outputs = [(r["t"], r["output_files"]) for r in samples.rows if args.warmup <= r["t"] <= produced_at_end]
+        files_per_hour = slope(outputs, args.bin)
+        allowed = 2 * 3600 / (15 * args.interval)
+        without = args.parallelism * 2 * 3600 / args.interval
+        report(figures, settled, files_per_hour, allowed, without)
+        # the last process: read up to the end, then finish (every window fires); a broker holding an hour of
+        # events in memory answers slowly
+        ends = broker.end_offsets(topic, timeout=600)
         final = start_job({**env, "ENDURANCE_STOP_AT": json.dumps(ends)}, log)
         processes.append({"pid": final.pid, "started": time.monotonic() - t0, "final": True})
         try:
@@ -388,16 +399,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         samples.take(time.monotonic() - t0, len(processes) - 1, processes[-1]["started"], final.pid)
         produced = read_topic(broker.bootstrap, topic, ends)
         broker_rss = max(r.get("broker_rss_mb", 0.0) for r in samples.rows)
-    with open(work / "samples.json", "w") as f:  # for a closer look
-        json.dump({"rows": samples.rows, "durations": samples.durations, "processes": processes}, f)
     checked = check_output(work, produced)
-    figures = series(samples, args.warmup, args.settle, produced_at_end, args.bin)
-    settled = process_memory(samples, processes, args.settle)
-    outputs = [(r["t"], r["output_files"]) for r in samples.rows if r["t"] >= args.warmup and r["t"] <= produced_at_end]
-    files_per_hour = slope(outputs, args.bin)
-    allowed = 2 * 3600 / (15 * args.interval)
-    without = args.parallelism * 2 * 3600 / args.interval
-    report(figures, settled, checked, files_per_hour, allowed, without)
+    print(f"output: {json.dumps(checked)}")
     return {
         "duration_s": round(produced_at_end, 1),
         "rate": args.rate,
@@ -445,8 +448,8 @@ def process_memory(samples: Samples, processes: list[dict[str, Any]], settle: fl
 
 
 def report(
-    figures: dict[str, dict[str, Any]], settled: dict[str, Any], checked: dict[str, Any],
-    files_per_hour: float, allowed: float, without: float,
+    figures: dict[str, dict[str, Any]], settled: dict[str, Any], files_per_hour: float, allowed: float,
+    without: float,
 ) -> None:  # fmt: skip
     print("\nseries after warm-up: slope per hour (target |slope| <= limit)")
     for name, f in figures.items():
@@ -455,8 +458,7 @@ def report(
     print(f"  output files           {files_per_hour:+10.1f}/h (compaction allows {allowed:.0f}/h; without it "
           f"{without:.0f}/h)")  # fmt: skip
     print(f"first process settled at {settled['first_rss_mb']} MB RSS ({settled['first_anon_mb']} MB anonymous); "
-          f"restarted ones {settled['restarted_rss_mb']} ({settled['restarted_anon_mb']})")  # fmt: skip
-    print(f"output: {json.dumps(checked)}")
+          f"restarted ones {settled['restarted_rss_mb']} ({settled['restarted_anon_mb']})", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
