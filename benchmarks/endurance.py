@@ -62,10 +62,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from kafka_broker import TansuBroker  # noqa: E402
+sys.path.insert(0, str(ROOT))
 from sluice.checkpoint.stats_log import CheckpointStatsLog  # noqa: E402
 from sluice.checkpoint.storage import LocalCheckpointStorage  # noqa: E402
+
+from tests.kafka_broker import TansuBroker  # noqa: E402
 
 JOB = Path(__file__).resolve().parent / "_endurance_job.py"
 KEYS = 100
