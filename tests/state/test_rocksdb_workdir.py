@@ -1,6 +1,7 @@
 """RocksDB working folders a killed process left behind are deleted by the next one (issue 39: a job killed
 every few minutes left four folders each time, forever); folders a live process uses, and folders this
-module did not make, are left alone."""
+module did not make, are left alone. An attempt that fails before its tasks start closes their RocksDB
+instances at once (before: every such restart left its instances open and their folders on disk)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import pytest
+from sluice import CheckpointConfig, FixedDelayRestart, JobFailedError, Pipeline
+from sluice.connectors.generator import GeneratorSource
+from sluice.sinks.testing import TwoPhaseCommitTestSink
 from sluice.state.config import StateBackendConfig
 from sluice.state.keygroups import KeyGroupRange
 from sluice.state.rocksdb.backend import RocksDBStateBackend
@@ -68,3 +74,28 @@ def test_folders_of_killed_processes_are_deleted_by_the_next_backend(tmp_path: P
         live.stdin.close()
         assert live.wait(60) == 0
     assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["not-ours"]
+
+
+class EnumeratorFails(GeneratorSource):
+    """A source whose enumerator cannot start (as a Kafka source whose brokers are unreachable): the
+    attempt fails after its tasks were built (their keyed backends opened), before they started."""
+
+    def create_enumerator(self, ctx: Any, restored: Any | None) -> Any:
+        raise RuntimeError("no broker reachable (a test)")
+
+
+def test_an_attempt_that_fails_before_its_tasks_start_releases_their_rocksdb(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    p = Pipeline(
+        "unstarted",
+        parallelism=2,
+        checkpoint=CheckpointConfig(interval=1.0, storage=str(tmp_path / "chk")),
+        state_backend=StateBackendConfig(type="rocksdb", local_dir=str(local)),
+        restart=FixedDelayRestart(attempts=3, delay=0.0),
+    )
+    src = EnumeratorFails(num_splits=2, records_per_split=10)
+    p.source(src).deduplicate("id", within="1 min").sink(TwoPhaseCommitTestSink(str(tmp_path / "out")))
+    with pytest.raises(JobFailedError, match="no broker reachable"):
+        p.run(runtime="local", restore="none", control_endpoint=None)
+    # four attempts, two RocksDB instances each: all closed and deleted in this (still running) process
+    assert sorted(local.iterdir()) == [], sorted(local.iterdir())

@@ -81,7 +81,12 @@ class LocalRuntime:
                 )
                 a.register(sid, t)
                 tasks.append(t)
-        a.start_control()
+        try:
+            a.start_control()
+        except BaseException:
+            for t in tasks:
+                t.cancel()  # never started: what their operators hold is released now
+            raise
         for t in tasks:
             t.start()
         a.done.wait()

@@ -94,6 +94,7 @@ class Task:
             self.all_writers, any(op.emits_at_checkpoint for op in spec.operators), self._fault
         )
         self._thread: threading.Thread | None = None
+        self._discarded = False  #: closed without having started
         self._timer_check = 0.0
         #: built-in metrics (None if the job runs without: ``JobConfig.metrics``)
         self.io = TaskMetrics() if spec.metrics else None
@@ -162,9 +163,14 @@ class Task:
         self.post(self.reader.notify_no_more_splits)
 
     def cancel(self) -> None:
-        """Stop the task thread at the next turn of its loop, without reporting a failure."""
+        """Stop the task thread at the next turn of its loop, without reporting a failure. A task that never
+        started (its attempt failed first) closes its operators at once: their keyed state backends (an open
+        RocksDB and its folder) are released in this process, not when it ends."""
         self._cancelled = True
         self.signal.notify()
+        if self._thread is None and not self._discarded:
+            self._discarded = True
+            self._close(quiet=True)
 
     def start(self) -> None:
         """Start the task thread (and, once per process, the thread that trims malloc's free memory)."""
