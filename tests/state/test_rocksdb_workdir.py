@@ -1,7 +1,8 @@
 """RocksDB working folders a killed process left behind are deleted by the next one (issue 39: a job killed
 every few minutes left four folders each time, forever); folders a live process uses, and folders this
 module did not make, are left alone. An attempt that fails before its tasks start closes their RocksDB
-instances at once (before: every such restart left its instances open and their folders on disk)."""
+instances at once (before: every such restart left its instances open and their folders on disk), and so
+does one that fails while building its tasks (those built before the failure)."""
 
 from __future__ import annotations
 
@@ -98,4 +99,31 @@ def test_an_attempt_that_fails_before_its_tasks_start_releases_their_rocksdb(tmp
     with pytest.raises(JobFailedError, match="no broker reachable"):
         p.run(runtime="local", restore="none", control_endpoint=None)
     # four attempts, two RocksDB instances each: all closed and deleted in this (still running) process
+    assert sorted(local.iterdir()) == [], sorted(local.iterdir())
+
+
+class ReaderFails(GeneratorSource):
+    """A source whose readers cannot be made (as a client that fails at once): its tasks are built after
+    the deduplicating tasks, which had opened their RocksDB instances by then."""
+
+    def create_reader(self, ctx: Any) -> Any:
+        raise RuntimeError("reader not made (a test)")
+
+
+def test_tasks_built_before_a_failure_in_building_the_others_release_their_rocksdb(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    p = Pipeline(
+        "half-built",
+        parallelism=2,
+        checkpoint=CheckpointConfig(interval=1.0, storage=str(tmp_path / "chk")),
+        state_backend=StateBackendConfig(type="rocksdb", local_dir=str(local)),
+        restart=FixedDelayRestart(attempts=2, delay=0.0),
+    )
+    src = GeneratorSource(num_splits=2, records_per_split=10)
+    p.source(src).deduplicate("id", within="1 min").sink(TwoPhaseCommitTestSink(str(tmp_path / "out")))
+    broken = ReaderFails(num_splits=2, records_per_split=10)
+    p.source(broken, name="broken").sink(TwoPhaseCommitTestSink(str(tmp_path / "out2"), name="sink2"))
+    with pytest.raises(JobFailedError, match="reader not made"):
+        p.run(runtime="local", restore="none", control_endpoint=None)
+    # three attempts, each built both deduplicating tasks before the broken source's: all closed and deleted
     assert sorted(local.iterdir()) == [], sorted(local.iterdir())
