@@ -24,6 +24,8 @@ from sluice.sinks.files import FileSink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
+from tests import listing
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
 from tests.sinks.conftest import MotoS3
@@ -33,6 +35,9 @@ from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
 SOURCE_CASES = ["generator_source", "kafka_source"]
+#: the cases on the session's Apache Kafka: their tests are marked ``apache_kafka`` (the fixture is asked for
+#: through the case, which the marking in tests/conftest.py cannot see)
+APACHE_KAFKA_CASES = {"kafka_source"}
 #: sink cases (fixture names) every sink check runs against; add a sink here
 SINK_CASES = [
     "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
@@ -50,14 +55,17 @@ def generator_source() -> SourceCase:
 
 
 @pytest.fixture(scope="module")
-def kafka_source(broker: TansuBroker) -> SourceCase:
-    """JSON records in 3 partitions; the source stops 7 records before each partition's end, so a reader
-    that reads past its stop offset emits records no bounded run may emit."""
+def kafka_source(apache_kafka: ApacheKafkaBroker) -> SourceCase:
+    """JSON records in 3 partitions of a topic on Apache Kafka; the source stops 7 records before each
+    partition's end (the broker's high watermark), so a reader that reads past its stop offset emits
+    records no bounded run may emit."""
+    broker = apache_kafka
     topic = f"conformance-{next(_names)}-{uuid.uuid4().hex[:6]}"
     broker.create_topic(topic, 3)
     for p in range(3):
         broker.produce(topic, [json.dumps({"id": p * 1000 + i}).encode() for i in range(90)], partition=p)
     ends = broker.end_offsets(topic)
+    assert ends == {0: 90, 1: 90, 2: 90}
     stops = {(topic, p): end - 7 for p, end in ends.items()}
     src = KafkaSource(
         broker.bootstrap,
@@ -74,12 +82,7 @@ def kafka_source(broker: TansuBroker) -> SourceCase:
 
 # -- sinks ----------------------------------------------------------------------------------------------
 def _hidden_files(root: str) -> list[str]:
-    return sorted(
-        os.path.relpath(os.path.join(d, f), root)
-        for d, _, fs in os.walk(root)
-        for f in fs
-        if f.startswith((".", "_"))
-    )
+    return [rel for rel in listing.files(root) if rel.rsplit("/", 1)[-1].startswith((".", "_"))]
 
 
 def _local_files(base: Path, **options: Any) -> Callable[[], SinkTarget]:
@@ -171,12 +174,8 @@ def _table(kind: str, base: Path) -> Callable[[], SinkTarget]:
         def staged() -> list[str]:
             """Parquet files in the table's location that its current version does not reference."""
             referenced = {f.removeprefix("file://") for f in t.files()} if t.exists() else set()
-            return sorted(
-                os.path.join(d, f)
-                for d, _, fs in os.walk(t.root)
-                for f in fs
-                if f.endswith(".parquet") and os.path.join(d, f) not in referenced
-            )
+            paths = (os.path.join(t.root, rel) for rel in listing.files(t.root))
+            return sorted(p for p in paths if p.endswith(".parquet") and p not in referenced)
 
         return SinkTarget(t.sink(), lambda: t.read() if t.exists() else None, staged, t.versions)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests import listing
 from tests.connectors.kafka.helpers import produce_json
 from tests.faults.shapes import record
 from tests.kafka_broker import TansuBroker
@@ -147,11 +148,12 @@ def scenario(
         uploads = s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
         assert not uploads, f"multipart uploads left open: {uploads}"
     else:
-        left = [f for f in (tmp_path / "out").rglob("*") if f.is_file() and not FINAL.match(f.name)]
+        left = [f for f in listing.file_paths(tmp_path / "out") if not FINAL.match(f.name)]
         assert not left, f"hidden files left: {left}"
 
 
 @pytest.mark.faults
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, seed: int) -> None:
@@ -159,6 +161,7 @@ def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, se
 
 
 @pytest.mark.faults
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.s3
 def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path) -> None:
@@ -166,6 +169,7 @@ def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: 
 
 
 @pytest.mark.soak
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.parametrize("seed", range(100, 130))
 def test_soak_sigkill(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path, seed: int) -> None:

@@ -41,6 +41,7 @@ from sluice.state.rocksdb.backend import RocksDBKeyedStateBackend
 from sluice.state.rocksdb.snapshot import IncrementalSnapshot
 from sluice.testing.faults import InjectedFault
 
+from tests import listing
 from tests.sinks.conftest import local_files, read_visible, same_rows
 
 DEADLINE = 120.0  # seconds a latch waits for the engine before the test gives up (a generous bound)
@@ -396,7 +397,7 @@ def test_a_changelog_materialization_starts_between_batches_without_a_checkpoint
     shared = tmp_path / "chk" / "task-close" / "shared"
     problems: list[str] = []
     try:
-        found = wait_until(lambda: any(f.is_file() for f in shared.rglob("*-m*")), "a materialization", problems)
+        found = wait_until(lambda: bool(listing.file_paths(shared, "*-m*")), "a materialization", problems)
     finally:
         hold.set()
     result = client.wait(DEADLINE)
