@@ -7,6 +7,7 @@ with the services of its runtime (coordinator gateway, checkpoint storage, fault
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -125,9 +126,10 @@ class TaskSpec:
     def close(self, quiet: bool = False) -> None:
         """Close the operators (in chain order), then the reader; ``quiet``: a failure to close one is not
         raised and the others are closed still (a failed, cancelled or never started task)."""
-        for closeable in [*self.operators, *([self.reader] if self.reader is not None else [])]:
+        closers: list[Callable[[], None]] = [op.close for op in self.operators]
+        for close in closers + ([self.reader.close] if self.reader is not None else []):
             try:
-                closeable.close()
+                close()
             except Exception:
                 if not quiet:
                     raise
