@@ -190,3 +190,12 @@ def test_version() -> None:
     import sluice
 
     assert invoke("--version") == f"sluice {version('sluice-etl')}\n" == f"sluice {sluice.__version__}\n"
+
+
+def test_a_duration_flag_refused_names_what_was_typed() -> None:
+    for args, typed in ((["savepoint", "--timeout", "0"], "'0'"), (["stop", "--timeout", "-5"], "'-5'")):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, r.output
+        assert f"'--timeout': must be a duration > 0 (got {typed})" in r.output, r.output
+    r = CliRunner().invoke(main, ["stop", "--timeout", "0s"])
+    assert "(got '0s')" in r.output, r.output

@@ -15,6 +15,7 @@ restores the newest checkpoint this run completed (never an older one), else wha
 from __future__ import annotations
 
 import logging
+import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ class JobResult:
             bytes and batches in and out, busy / idle / backpressured seconds, side-output rows (dead
             letters), counters and gauges (see :mod:`sluice.runtime.task_metrics`); empty if the job ran
             without metrics.
+        reported: True when ``sluice run`` ran the job (the job file's ``pipeline.run()`` under it) and has
+            printed :meth:`summary` and, for a stopped job, how to resume: a job file that prints its own
+            result line skips it then, so the line shows once under ``python job.py`` and ``sluice run``.
     """
 
     job_id: str
@@ -64,6 +68,16 @@ class JobResult:
     failures: list[str]
     stopped_at: str | None = None
     vertex_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reported: bool = False
+
+    def summary(self) -> str:
+        """One line: ``job <id>: <status> after <n> attempt(s)`` and where it ended (the savepoint or
+        checkpoint of a stopped job, else its last checkpoint)."""
+        if self.stopped_at:
+            ended = f" at {posixpath.basename(self.stopped_at.rstrip('/'))}"
+        else:
+            ended = f"; last checkpoint {self.last_checkpoint}"
+        return f"job {self.job_id}: {self.status} after {self.attempts} attempt(s){ended}"
 
 
 @dataclass
