@@ -135,7 +135,7 @@ def add_pending_columns(table: Table, columns: Sequence[pa.Field]) -> None:
         identifier_field_ids=current.identifier_field_ids,
     )
     table.catalog.commit_table(
-        table, (AssertLastAssignedFieldId(last_assigned_field_id=last),), (AddSchemaUpdate(schema=schema),)
+        table, (AssertLastAssignedFieldId.model_validate({"last-assigned-field-id": last}),), (AddSchemaUpdate(schema=schema),)
     )
     log.info("%s: columns %s added to a schema that becomes current with their first commit",
              table.name(), [c.name for c in columns])  # fmt: skip
@@ -174,8 +174,8 @@ def stage_new_columns(tx: Transaction, table: Table, file_schemas: Sequence[pa.S
     )
     existing = next((s.schema_id for s in table.metadata.schemas if s == union), None)
     updates: tuple[Any, ...] = (
-        (SetCurrentSchemaUpdate(schema_id=existing),)
+        (SetCurrentSchemaUpdate.model_validate({"schema-id": existing}),)
         if existing is not None
-        else (AddSchemaUpdate(schema=union), SetCurrentSchemaUpdate(schema_id=-1))
+        else (AddSchemaUpdate(schema=union), SetCurrentSchemaUpdate.model_validate({"schema-id": -1}))
     )
-    tx._apply(updates, (AssertCurrentSchemaId(current_schema_id=current.schema_id),))
+    tx._apply(updates, (AssertCurrentSchemaId.model_validate({"current-schema-id": current.schema_id}),))
