@@ -206,3 +206,42 @@ def test_an_iceberg_append_adds_a_new_column_in_the_snapshot_that_brings_it_neve
     table = target.iceberg_table()
     by_snapshot = [[f.name for f in table.schemas()[s.schema_id].fields] for s in table.snapshots()]
     assert by_snapshot == [["id", "b"], ["id", "b", "note", "score"], ["id", "b", "note", "score"]], by_snapshot
+
+
+def test_a_delta_append_adds_a_new_column_in_the_version_that_brings_its_rows_never_before(tmp_path: Path) -> None:
+    """``schema_mode="merge"``: a column the stream brings joins the Delta table in the version that commits
+    the checkpoint's rows and its app transaction. Before, the committer added it in a version of its own
+    (``alter.add_columns``) ahead of the rows: a crash between the two left the table with a column no
+    committed row carries, and a reader saw it."""
+    from deltalake import DeltaTable
+
+    target = Target("delta", str(tmp_path / "lake"), {}, str(tmp_path))
+    sink = target.sink(schema_mode="merge", partition_by=["b"])
+    sink.create_global_committer(GCtx()).commit(1, precommit(sink, 1, 0))
+
+    def crash() -> None:
+        raise RuntimeError("crash before the commit")
+
+    crashing = sink.create_global_committer(GCtx(at_table_commit=crash))  # made before the tasks start
+    w = sink.create_writer(Ctx(subtask=0), [])
+    w.write(_with(batch(10), "note", [f"n{i}" for i in range(10)]))
+    files = w.prepare_commit(2)
+    with pytest.raises(CommitError, match="crash before"):
+        crashing.commit(2, files)
+    assert target.read().column_names == ["id", "b"], "a column joined the table before its rows"
+    assert ids(target.read()) == list(range(10))
+    assert sink.create_global_committer(GCtx(restored=2)).commit(2, files) is CommitOutcome.COMMITTED
+    assert sink.create_global_committer(GCtx(restored=2)).commit(2, files) is CommitOutcome.ALREADY_COMMITTED
+    rows = {r["id"]: r for r in target.read().to_pylist()}
+    assert sorted(rows) == list(range(20))
+    assert (rows[3]["note"], rows[13]["note"], rows[13]["b"]) == (None, "n3", "1")
+    path = str(tmp_path / "lake" / "table")
+    for version in range(DeltaTable(path).version() + 1):  # every version: a column only with rows carrying it
+        table = DeltaTable(path, version=version).to_pyarrow_table()
+        if "note" in table.column_names:
+            assert table.column("note").null_count < table.num_rows, f"version {version}: 'note' without rows"
+    assert DeltaTable(path).transaction_version("sluice-job-sink") == 2
+    w = sink.create_writer(Ctx(subtask=0), [])  # the column is the table's now: a plain append
+    w.write(_with(batch(20), "note", ["again"] * 10))
+    assert sink.create_global_committer(GCtx(restored=2)).commit(3, w.prepare_commit(3)) is CommitOutcome.COMMITTED
+    assert sorted(r["id"] for r in target.read().to_pylist() if r["note"] == "again") == list(range(20, 30))
