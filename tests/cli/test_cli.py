@@ -106,8 +106,8 @@ def test_table_templates_run_against_kafka(template: str, apache_kafka, kafka_to
     out = invoke("run", "lake_job.py", "--runtime", "local")
     assert "finished after 1 attempt(s)" in out
     if template == "kafka-to-parquet":
-        rows = pyarrow.dataset.dataset(str(tmp_path / "output" / "events"), format="parquet").to_table()
-        dead = pyarrow.dataset.dataset(str(tmp_path / "output" / "dead-letters"), format="json").to_table()
+        rows = pyarrow.dataset.dataset(str(tmp_path / "output" / "lake-job" / "events"), format="parquet").to_table()
+        dead = pyarrow.dataset.dataset(str(tmp_path / "output" / "lake-job" / "dead-letters"), format="json").to_table()
         assert sorted(rows.column("id").to_pylist()) == [i for i in range(40) if i != 7]
         assert dead.num_rows == 1 and dead.column("offset").to_pylist() == [40]
         return
