@@ -9,7 +9,10 @@ number of sample events: the Kafka templates that need no service beside the bro
 in one folder and run at the same time, as a newcomer trying several would. Each output must equal the valid
 sample events, computed from their definition (the input: ``sample_event``), not from the job; each job,
 stopped with SIGTERM, must end with status 0 at a savepoint, its output unchanged (nothing written twice);
-each ``Read it`` line must run as written and show the rows.
+each ``Read it`` line must run as written and show the rows. Between them, what README says reaches a
+running job from another shell: ``sluice jobs`` lists the four, ``sluice status`` without a job id names them
+(several run), ``sluice status JOB`` shows one; after the stop ``sluice checkpoints list ./checkpoints`` asks
+which job, and lists its completed checkpoints when told.
 
 The README's and docs' job examples are run by tests/test_docs_jobs.py, the demo by tests/cli/test_demo.py,
 the templates one at a time on Apache Kafka by tests/cli/test_cli.py; this is the walk between them.
@@ -74,7 +77,9 @@ def _committed_ids(bootstrap: str, topic: str) -> list[int] | None:
     try:
         partitions = c.list_topics(topic, timeout=10).topics[topic].partitions
         c.assign([TopicPartition(topic, p, 0) for p in partitions])
-        ids, ended, deadline = [], set(), time.monotonic() + 20
+        ids: list[int] = []
+        ended: set[int] = set()
+        deadline = time.monotonic() + 20
         while len(ended) < len(partitions) and time.monotonic() < deadline:
             m = c.poll(0.5)
             if m is None:
@@ -82,7 +87,7 @@ def _committed_ids(bootstrap: str, topic: str) -> list[int] | None:
             if m.error():
                 ended.add(m.partition())
             else:
-                ids.append(json.loads(m.value())["id"])
+                ids.append(json.loads(m.value() or b"{}")["id"])
         return sorted(ids) if len(ended) == len(partitions) else None
     finally:
         c.close()
@@ -168,6 +173,13 @@ def test_a_newcomer_tours_readme_and_the_templates(tmp_path: Path) -> None:
         for template in TOURED:
             n = len(got.get(template) or [])
             assert got.get(template) == want, f"{template}: {n} of {len(want)} ids: {_err(tmp_path, modules[template])}"
+        # README: "sluice jobs|status|... reach it from another shell"
+        listing = _sluice(["jobs"], tmp_path)
+        for module in modules.values():
+            assert re.search(rf"^ *{module} +running ", listing, re.M), listing
+        r = subprocess.run([str(BIN / "sluice"), "status"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and all(m in r.stderr for m in modules.values()), r.stdout + r.stderr  # which one?
+        assert "running" in _sluice(["status", modules["kafka-to-parquet"]], tmp_path)
         for proc in jobs.values():
             proc.send_signal(signal.SIGTERM)
         for template, proc in jobs.items():
@@ -181,6 +193,11 @@ def test_a_newcomer_tours_readme_and_the_templates(tmp_path: Path) -> None:
         for proc in jobs.values():
             _stop(proc)
         _stop(broker)
+    r = subprocess.run([str(BIN / "sluice"), "checkpoints", "list", "./checkpoints"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 1 and "holds several jobs: pass --job (one of try_kafka_to_delta," in r.stderr, r.stderr
+    # the windowed template's "Inspect" line, with a job named
+    assert " completed " in _sluice(["checkpoints", "list", "./checkpoints", "--job", modules["kafka-to-delta"]], tmp_path)
     for template in ("kafka-to-delta", "kafka-to-iceberg"):  # the "Read it" lines, as written
         words = shlex.split(_doc_line(docs[template], "Read it"))
         assert words[:2] == ["python", "-c"], words
