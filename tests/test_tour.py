@@ -85,7 +85,7 @@ def _committed_ids(bootstrap: str, topic: str) -> list[int] | None:
             if m is None:
                 continue
             if m.error():
-                ended.add(m.partition())
+                ended.add(m.partition() or 0)
             else:
                 ids.append(json.loads(m.value() or b"{}")["id"])
         return sorted(ids) if len(ended) == len(partitions) else None
