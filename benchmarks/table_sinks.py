@@ -179,8 +179,7 @@ def throughput_runs(broker: TansuBroker, n: int, ends: dict[int, int], args: arg
         shutil.rmtree(work, ignore_errors=True)
         return timing
 
-    timings = alternate(SIDES, args.rounds, run, warmup=not args.no_warmup,
-                        show=lambda t: f"{t}  {n / t.wall:,.0f} rec/s")  # fmt: skip
+    timings = alternate(SIDES, args.rounds, run, warmup=not args.no_warmup)
     out: dict[str, Any] = {}
     rate = {s: statistics.median(n / t.wall for t in ts) for s, ts in timings.items()}
     out["parquet_rec_s"] = round(rate["parquet"])
@@ -198,7 +197,7 @@ def throughput_runs(broker: TansuBroker, n: int, ends: dict[int, int], args: arg
                 "commit_ms_p99": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None,
                 "files_per_partition_max": max(files[side]) if files[side] else None,
             }
-            print(f"{side}: {out[side]}", flush=True)
+            print(f"{side}: {out[side]}; rounds {', '.join(f'{n / t.wall:,.0f}' for t in timings[side])} rec/s", flush=True)
         ratios(out, f"{kind}_compaction_vs_off", timings[f"{kind}_compaction"], timings[f"{kind}_no_compaction"],
                args.metric, ">= 0.85")  # fmt: skip
     with_runs(out, "timings_wall_cpu", timings)

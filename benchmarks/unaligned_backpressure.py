@@ -36,7 +36,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _checks import IdSink, check_generator_output, read_ids  # type: ignore[import-not-found]
-from _common import Stopwatch, alternate, check_rounds, load_average, report  # type: ignore[import-not-found]
+from _common import Stopwatch, alternate, load_average, report  # type: ignore[import-not-found]
 from sluice import CheckpointConfig, Pipeline
 from sluice.connectors.generator import GeneratorSource
 
@@ -113,8 +113,11 @@ def main() -> None:
         args.seconds = 6.0
     if args.plot is None:
         args.plot = "" if args.quick else "docs/unaligned-checkpoints.png"
-    args.metric = "median checkpoint duration"  # the only metric here: wall/CPU time of the runs are beside
-    check_rounds(args)
+    if args.rounds < 3:
+        raise SystemExit(f"--rounds must be at least 3 (got {args.rounds}): a median of fewer says little")
+    print(f"metric: a run's median checkpoint duration (named before the run; wall and CPU time beside), "
+          f"{args.rounds} alternated rounds, warm-up {'off' if args.no_warmup else 'on'}, load average "
+          f"{load_average()}", flush=True)  # fmt: skip
     capacity = 2 * BATCH / args.delay  # rows/s of the two slow subtasks
     fast = 5 * capacity  # input at 5x the operator: it runs at ~20% of the input rate
     sides = {"reference": ("aligned", 1, capacity / 4), "adaptive_quiet": ("adaptive", 1, capacity / 4),
