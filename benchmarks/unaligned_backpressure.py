@@ -56,27 +56,29 @@ def slow_op(delay: float) -> Any:
 
 
 def run(mode: str, buffers: int, seconds: float, delay: float, source_rate: float | None, max_batch_rows: int) -> dict[str, Any]:
-    """One bounded run whose input lasts about ``seconds`` at the slow operator's (or the source's) rate."""
+    """One run of an unbounded input for ``seconds``, then stopped with a last checkpoint (its sink commits it,
+    so the output is each split's first rows)."""
     modes: dict[str, dict[str, Any]] = {
         "aligned": {},
         "unaligned": {"unaligned": True},
         "adaptive": {"aligned_checkpoint_timeout": 1.0},
     }
-    capacity = 2 * BATCH / delay
-    per_split = int(min(capacity, 2 * (source_rate or capacity)) * seconds / 2)  # rows_per_second is per reader
     with tempfile.TemporaryDirectory() as d:
         p = Pipeline(f"bp-{mode}-{buffers}", parallelism=2, buffers_per_channel=buffers, max_batch_rows=max_batch_rows,
                      checkpoint=CheckpointConfig(interval=1.0, timeout=TIMEOUT, tolerable_failed_checkpoints=1000,
                                                  storage=f"{d}/chk", **modes[mode]))  # fmt: skip
-        src = GeneratorSource(num_splits=2, records_per_split=per_split, batch_size=BATCH, num_keys=KEYS,
+        src = GeneratorSource(num_splits=2, records_per_split=None, batch_size=BATCH, num_keys=KEYS,
                               rows_per_second=source_rate)  # fmt: skip
         # a rebalance exchange (unaligned-capable) into the slow operator; the sink is chained to it
         p.source(src).rebalance().map_batches(slow_op(delay), name="slow").sink(IdSink(f"{d}/out"))
         with Stopwatch() as sw:
-            result = p.run(runtime="local", restore="none")
-        check_generator_output(read_ids(f"{d}/out"), 2, KEYS, per_split, label=f"{mode} x{buffers}")
-    done = [c for c in result.checkpoints
-            if c.status == "completed" or (c.status == "failed" and c.failure_reason == "EXPIRED")]  # fmt: skip
+            client = p.start(runtime="local", restore="none")
+            time.sleep(seconds)
+            stopped = time.time()  # checkpoints triggered after this (the stop's own) are not counted
+            result = client.stop(savepoint=False)
+        checked = check_generator_output(read_ids(f"{d}/out"), 2, KEYS, label=f"{mode} x{buffers}")
+    done = [c for c in result.checkpoints if c.trigger_time < stopped and (
+            c.status == "completed" or (c.status == "failed" and c.failure_reason == "EXPIRED"))]  # fmt: skip
     durations = [TIMEOUT if c.status == "failed" else c.duration_s for c in done]
     return {
         "median_s": statistics.median(durations) if durations else TIMEOUT,
@@ -86,7 +88,7 @@ def run(mode: str, buffers: int, seconds: float, delay: float, source_rate: floa
         "switched": sum(1 for c in done if c.switched_to_unaligned),
         "wall_s": round(sw.timing.wall, 2),
         "cpu_s": round(sw.timing.cpu, 2),
-        "rows_checked": 2 * per_split,
+        "rows_checked": checked["rows"],
     }
 
 
