@@ -85,3 +85,30 @@ def test_the_id_sink_publishes_only_committed_checkpoints(tmp_path: Path) -> Non
     assert checks.read_ids(str(tmp_path / "out")).column("id").to_pylist() == [0, 1, 2, 3]
     committer.commit(first + second)  # a retry with the older committable again: idempotent
     assert sorted(checks.read_ids(str(tmp_path / "out")).column("id").to_pylist()) == list(range(10))
+
+
+def _load_script(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A benchmark script loaded by path; the sys.path entries it adds, and its neighbours it imports by bare
+    name, are gone after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    mod = _load(name)
+    for neighbour in ("_common", "_checks", "cpu", "kafka_ceiling"):
+        if neighbour not in before:
+            sys.modules.pop(neighbour, None)
+    return mod
+
+
+def test_the_checkpoint_overhead_reference_is_the_generators_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _load_script("checkpoint_overhead", monkeypatch)
+    rows = checks.generator_rows(bench.SPLITS, 1000, bench.KEYS)
+    sums = rows.group_by("key").aggregate([("value", "sum")]).sort_by("key")
+    assert bench.expected_sums(4000).tolist() == sums.column("value_sum").to_pylist()
+
+
+def test_the_table_sinks_reference_is_its_messages_below_the_end_offsets(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _load_script("table_sinks", monkeypatch)
+    ends = {0: 3, 1: 2, 2: 2, 3: 0}  # message i is offset i // 4 of partition i % 4
+    got = bench.expected_rows(20, ends).to_pylist()
+    want = [json.loads(bench.value(i)) for i in range(20) if i // 4 < ends[i % 4]]
+    assert got == want and [r["id"] for r in got] == [0, 1, 2, 4, 5, 6, 8]
