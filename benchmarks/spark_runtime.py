@@ -21,12 +21,21 @@ partitions (the data of ``kafka_ceiling.py``) and runs the same exactly-once job
    (tests/cluster/standalone.py), the job submitted with spark-submit, one executor JVM SIGKILLed; the
    figure includes the worker relaunching the executor JVM. Recorded, no target.
 
-The last line is ``RESULT {json}``.
+The metric is named before the run (``--metric``: ``steady`` by default, the steady-state rate of figure
+1; ``wall``, records over the whole run from ``run()`` to its end, and ``cpu``, records per CPU-second of the
+whole process tree, JVMs and Python workers included, printed beside). The three steady-state jobs and the
+restart job (figure 3) run in alternated rounds (``--rounds``, at least 3, the order rotated) after an
+untimed warm-up of each (benchmarks/_common.py); ``spark_2slots_vs_in_process`` and
+``spark_2slots_vs_1slot`` are the medians of the per-round ratios, the restart figure the median of the
+rounds, each printed with every round and the spread. Every run's Parquet output (the restarted one
+included) is read back and compared row by row with the produced messages, never counted from the job's
+metrics. Figure 2's floor and figure 4 run once, after the rounds. The last line is ``RESULT {json}``.
 
-Usage: python benchmarks/spark_runtime.py [--messages 1500000] [--no-standalone]
-(``--as-job ...`` is how the standalone part runs this file under spark-submit.)
+Usage: python benchmarks/spark_runtime.py [--quick] [--messages 1500000] [--rounds 3] [--metric steady|wall|cpu]
+       [--no-standalone]
+(``--quick``: 300k messages, no standalone part. ``--as-job ...`` is how the standalone part runs this file
+under spark-submit.)
 """
-
 from __future__ import annotations
 
 import argparse
@@ -34,6 +43,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -44,12 +54,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 from confluent_kafka import Producer
-from cpu import CpuSampler  # type: ignore[import-not-found]
-from kafka_ceiling import PARTITIONS, SCHEMA, TOPIC, produce, value  # type: ignore[import-not-found]
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/kafka_broker.py imports tests.*
+from _checks import ceiling_rows  # type: ignore[import-not-found]
+from _common import (  # type: ignore[import-not-found]
+    Stopwatch,
+    alternate,
+    load_average,
+    report,
+    same_table,
+)
+from cpu import CpuSampler  # type: ignore[import-not-found]
 from kafka_broker import TansuBroker
+from kafka_ceiling import PARTITIONS, SCHEMA, TOPIC, produce, value  # type: ignore[import-not-found]
 from sluice.api import Pipeline
 from sluice.config import FixedDelayRestart, NoRestart
 from sluice.connectors.kafka import KafkaSource
@@ -57,6 +76,8 @@ from sluice.sinks.files import FileSink
 
 BATCH = 10_000
 ROOT = Path(__file__).resolve().parent.parent
+SIDES = ("in_process_p2", "spark_local2_1slot", "spark_local2_2slot", "spark_local2_restart")
+METRICS = ("steady", "wall", "cpu")
 
 
 class Probe:
@@ -104,12 +125,13 @@ def build(
     return p
 
 
-def run(p: Pipeline, runtime: str, out: Path, n: int, **kw: Any) -> dict[str, float]:
+def run(p: Pipeline, runtime: str, out: Path, n: int, expected: pa.Table, **kw: Any) -> dict[str, float]:
     t0 = time.time()
-    with CpuSampler() as cpu:
+    with CpuSampler() as cpu, Stopwatch() as sw:
         result = p.run(runtime=runtime, restore="none", **kw)
     wall = time.time() - t0
-    rows = ds.dataset(str(out / "parquet"), format="parquet").count_rows()
+    got = ds.dataset(str(out / "parquet"), format="parquet").to_table()
+    rows = got.num_rows
     batches = [b for log in probes(out / "probe").values() for b in log]
     first, last = min(t for t, _ in batches), max(t for t, _ in batches)
     steady = n / (last - first)
@@ -119,9 +141,11 @@ def run(p: Pipeline, runtime: str, out: Path, n: int, **kw: Any) -> dict[str, fl
         f"{first - t0:.2f}s after run(); steady {steady:,.0f} rec/s with {busy:.2f} cores busy; {rows:,} rows",
         flush=True,
     )
-    if rows != n:
-        raise RuntimeError(f"{out.name}: committed {rows} rows, expected {n}")
-    return {"steady": steady, "wall": n / wall, "start": first - t0, "t0": t0, "cores_busy": busy}
+    differs = same_table(got, expected)
+    if differs is not None:
+        raise RuntimeError(f"{out.name}: the Parquet output differs from the input ({differs})")
+    return {"steady": steady, "wall": n / wall, "cpu": n / sw.timing.cpu, "start": first - t0, "t0": t0,
+            "cores_busy": busy}
 
 
 def restart_gap(logs: dict[str, list[tuple[float, int]]], killed_at: float | None = None) -> float:
@@ -133,13 +157,12 @@ def restart_gap(logs: dict[str, list[tuple[float, int]]], killed_at: float | Non
     return min(later) - killed_at
 
 
-def local_restart(bootstrap: str, ends: dict[int, int], n: int, work: Path) -> float:
+def local_restart(bootstrap: str, ends: dict[int, int], n: int, out: Path, expected: pa.Table) -> float:
     from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
-    out = work / "spark_local2_restart"
     per_slot = n // 2 // BATCH  # batches each slot's source emits
     faults = SparkFaultInjector([SlotCrash("source", after=max(1, per_slot // 3), slot=1, how="kill")])
-    run(build(out, 2, bootstrap, TOPIC, ends, restarts=2), "spark", out, n, faults=faults)
+    run(build(out, 2, bootstrap, TOPIC, ends, restarts=2), "spark", out, n, expected, faults=faults)
     if len(faults.fired) != 1:
         raise RuntimeError(f"the slot crash did not fire: {faults.fired}")
     gap = restart_gap(probes(out / "probe"))
@@ -245,55 +268,83 @@ def main() -> None:
     if sys.argv[1:2] == ["--as-job"]:
         as_job(sys.argv[2:])
         return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="300k messages, no standalone part")
     ap.add_argument("--messages", type=int, default=1_500_000)
     ap.add_argument("--no-standalone", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="alternated rounds, at least 3 (default 3)")
+    ap.add_argument("--metric", choices=METRICS, default="steady",
+                    help="the metric the targets are judged by (default steady; the others printed beside)")  # fmt: skip
+    ap.add_argument("--no-warmup", action="store_true", help="no untimed run of each side before the rounds")
     args = ap.parse_args()
+    if args.quick:
+        args.messages, args.no_standalone = 300_000, True
+    if args.rounds < 3:
+        raise SystemExit(f"--rounds must be at least 3 (got {args.rounds}): a median of fewer says little")
+    print(f"metric: {args.metric} rate (named before the run; the others printed beside), {args.rounds} alternated "
+          f"rounds, warm-up {'off' if args.no_warmup else 'on'}, load average {load_average()}", flush=True)  # fmt: skip
     n = args.messages
+    res: dict[str, Any] = {"messages": n, "source": "kafka", "cores": os.cpu_count(), "metric": args.metric,
+                           "rounds": args.rounds, "loadavg_before": load_average()}  # fmt: skip
+    expected = ceiling_rows(n)
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
-    figures: dict[str, dict[str, float]] = {}
     standalone: dict[str, float] = {}
-    with TansuBroker() as broker:
-        broker.create_topic(TOPIC, PARTITIONS)
-        produce(broker.bootstrap, n)
-        ends = broker.end_offsets(TOPIC, timeout=60)
-        bs = broker.bootstrap
-        figures["in_process_p2"] = run(build(work / "local-p2", 2, bs, TOPIC, ends), "local", work / "local-p2", n)
-        from sluice.runtime.spark import spark_context
+    try:
+        with TansuBroker() as broker:
+            broker.create_topic(TOPIC, PARTITIONS)
+            produce(broker.bootstrap, n)
+            ends = broker.end_offsets(TOPIC, timeout=60)
+            bs = broker.bootstrap
+            from sluice.runtime.spark import spark_context
 
-        t0 = time.perf_counter()
-        spark_context(2)
-        print(f"  SparkContext local[2,1] started in {time.perf_counter() - t0:.1f}s (not counted)", flush=True)
-        for slots in (1, 2):
-            name = f"spark_local2_{slots}slot"
-            figures[name] = run(build(work / name, slots, bs, TOPIC, ends), "spark", work / name, n)
-        restart = local_restart(bs, ends, n, work)
-        floor = empty_stage_start(2)
-        if not args.no_standalone:
-            standalone = standalone_restart(broker, work)
-    shutil.rmtree(work, ignore_errors=True)
-    steady = {k: v["steady"] for k, v in figures.items()}
-    base = steady["in_process_p2"]
-    two, one = steady["spark_local2_2slot"], steady["spark_local2_1slot"]
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "messages": n,
-                "source": "kafka",
-                "cores": os.cpu_count(),
-                "steady_rec_s": {k: round(v) for k, v in steady.items()},
-                "steady_cores_busy": {k: round(v["cores_busy"], 2) for k, v in figures.items()},
-                "wall_rec_s": {k: round(v["wall"]) for k, v in figures.items()},
-                "spark_2slots_vs_in_process": round(two / base, 3),
-                "spark_2slots_vs_1slot": round(two / one, 3),
-                "start_to_first_record_s": {k: round(v["start"], 2) for k, v in figures.items()},
-                "local_restart_to_first_record_s": round(restart, 2),
-                "empty_barrier_stage_start_s": round(floor, 2),
-                "standalone": standalone,
-            }
-        )
-    )
+            t0 = time.perf_counter()
+            spark_context(2)
+            print(f"  SparkContext local[2,1] started in {time.perf_counter() - t0:.1f}s (not counted)", flush=True)
+
+            def one(side: str, r: int) -> dict[str, float]:
+                out = work / f"{side}-{r}"
+                if side == "spark_local2_restart":
+                    got = {"restart": local_restart(bs, ends, n, out, expected)}
+                else:
+                    slots = 2 if side in ("in_process_p2", "spark_local2_2slot") else 1
+                    got = run(build(out, slots, bs, TOPIC, ends), "local" if side == "in_process_p2" else "spark", out,
+                              n, expected)  # fmt: skip
+                shutil.rmtree(out, ignore_errors=True)
+                return got
+
+            def show(f: dict[str, float]) -> str:
+                if "restart" in f:
+                    return f"restart to first record {f['restart']:.2f} s"
+                return (f"steady {f['steady']:,.0f} rec/s, whole run {f['wall']:,.0f} rec/s, {f['cpu']:,.0f} rec/CPU-s, "
+                        f"first record {f['start']:.2f} s, {f['cores_busy']:.2f} cores busy")  # fmt: skip
+
+            figures = alternate(SIDES, args.rounds, one, warmup=not args.no_warmup, show=show)
+            floor = empty_stage_start(2)
+            if not args.no_standalone:
+                standalone = standalone_restart(broker, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    steady = {k: figures[k] for k in SIDES[:3]}
+    for m in (args.metric, *(x for x in METRICS if x != args.metric)):
+        suffix = "" if m == args.metric else f"_{m}"
+        for key, a, b, target in (("spark_2slots_vs_in_process", "spark_local2_2slot", "in_process_p2", ">= 0.9"),
+                                  ("spark_2slots_vs_1slot", "spark_local2_2slot", "spark_local2_1slot", ">= 1.7")):  # fmt: skip
+            per_round = [x[m] / y[m] for x, y in zip(steady[a], steady[b], strict=True)]
+            report(res, key + suffix, per_round, target if m == args.metric else None)
+    report(res, "local_restart_to_first_record_s", [f["restart"] for f in figures["spark_local2_restart"]], "<= 3", 2)
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    res.update({
+        "steady_rec_s": {k: round(med(v, "steady")) for k, v in steady.items()},
+        "steady_rec_s_runs": {k: [round(r["steady"]) for r in v] for k, v in steady.items()},
+        "steady_cores_busy": {k: round(med(v, "cores_busy"), 2) for k, v in steady.items()},
+        "wall_rec_s": {k: round(med(v, "wall")) for k, v in steady.items()},
+        "cpu_rec_s": {k: round(med(v, "cpu")) for k, v in steady.items()},
+        "start_to_first_record_s": {k: round(med(v, "start"), 2) for k, v in steady.items()},
+        "empty_barrier_stage_start_s": round(floor, 2),
+        "standalone": standalone,
+        "loadavg_after": load_average(),
+    })  # fmt: skip
+    print("RESULT " + json.dumps(res))
 
 
 if __name__ == "__main__":

@@ -4,17 +4,28 @@ Starts a tansu broker (tests/kafka_broker.py), produces ``--messages`` JSON mess
 field with 4 values) into 4 partitions, then runs bounded jobs over the same topic on the local runtime with
 exactly-once checkpoints every second at ``--parallelism`` (default 2), every sink partitioned by ``kind``:
 
-(a) baseline: ``FileSink(parquet, bucket_by=["kind"])``;
+(a) baseline ``parquet``: ``FileSink(parquet, bucket_by=["kind"])``;
 (b) ``DeltaSink`` and ``IcebergSink``, with the compactor stage (default) and without.
 
-It reports throughput and its ratio to the baseline (target >= 0.8x), compaction on vs off (target >=
-0.85x), and each table commit's latency (median, p99; the global commit runs on the driver inside the
-checkpoint's completion). Then, for each table format, a ``--seconds`` (default 60) unbounded generator job
-with 1 s checkpoints at parallelism 2 and compaction on: data files per partition at the end, and after one
-background-rewrite round (targets: at most one per checkpoint before, below 10 after). Last line:
-``RESULT {json}``.
+The metric is named before the run (``--metric``: wall time by default; CPU time of the whole process
+tree, the broker included, printed beside). The five jobs run in alternated rounds (``--rounds``, at least
+3, the order rotated) after an untimed warm-up of each over the first tenth of the topic
+(benchmarks/_common.py), each timed from its start to its end (``run()`` returns after the last commit is
+visible). Ratios, each the median of the per-round ratios with every round and the spread:
+``<kind>_vs_parquet`` (compaction on; target >= 0.8), ``<kind>_no_compaction_vs_parquet`` and
+``<kind>_compaction_vs_off`` (target >= 0.85). Every run's output is read back (the Parquet files; the
+table through its own library) and compared row by row with the produced messages, never counted from the
+sink's metrics. Each table commit's latency (median, p99 over all timed rounds; the global commit runs on
+the driver inside the checkpoint's completion) is printed for information.
 
-Usage: python benchmarks/table_sinks.py [--messages 1000000] [--seconds 60] [--parallelism 2]
+Then, for each table format, a ``--seconds`` (default 60) unbounded generator job with 1 s checkpoints at
+parallelism 2 and compaction on, stopped with a last checkpoint: its table checked against the generator's
+rows (each split's first rows, none twice), data files per partition at the end, and after one
+background-rewrite round (targets: at most one per checkpoint before, below 10 after; the rewrite must not
+change the rows). One run each: a count, not a comparison. Last line: ``RESULT {json}``.
+
+Usage: python benchmarks/table_sinks.py [--quick] [--messages 1000000] [--seconds 60] [--parallelism 2]
+       [--rounds 3] [--metric wall|cpu]
 """
 
 from __future__ import annotations
@@ -30,12 +41,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from confluent_kafka import Producer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _checks import check_generator_output  # type: ignore[import-not-found]
+from _common import (  # type: ignore[import-not-found]
+    Stopwatch,
+    Timing,
+    add_round_options,
+    alternate,
+    check_rounds,
+    load_average,
+    ratios,
+    same_table,
+    with_runs,
+)
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.connectors.generator import GeneratorSource
 from sluice.connectors.kafka import KafkaSource
@@ -48,17 +73,32 @@ from tests.sinks.tables.helpers import Target
 SCHEMA = pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("kind", pa.string()), ("amount", pa.float64()), ("payload", pa.string())])
 TOPIC = "tables-bench"
 PARTITIONS = 4
+PAYLOAD = "x" * 30
+SIDES = ("parquet", "delta_compaction", "delta_no_compaction", "iceberg_compaction", "iceberg_no_compaction")
 
 
 def value(i: int) -> bytes:
-    return b'{"id": %d, "ts": %d, "kind": "k%d", "amount": %d.5, "payload": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}' % (
-        i, 1_700_000_000_000 + i, (i // PARTITIONS) % 4, i % 1000,  # every Kafka partition holds every kind
-    )
+    return b'{"id": %d, "ts": %d, "kind": "k%d", "amount": %d.5, "payload": "%s"}' % (
+        i, 1_700_000_000_000 + i, (i // PARTITIONS) % 4, i % 1000, PAYLOAD.encode(),  # every partition holds every kind
+    )  # fmt: skip
+
+
+def expected_rows(n: int, ends: dict[int, int] | None = None) -> pa.Table:
+    """The messages as rows (message ``i`` is offset ``i // 4`` of partition ``i % 4``); with ``ends``, only
+    those below each partition's end offset."""
+    i = np.arange(n, dtype=np.int64)
+    if ends is not None:
+        i = i[i // PARTITIONS < np.array([ends[q] for q in range(PARTITIONS)])[i % PARTITIONS]]
+    return pa.table({
+        "id": i, "ts": 1_700_000_000_000 + i,
+        "kind": pa.array(np.char.add("k", ((i // PARTITIONS) % 4).astype(str)).astype(object), pa.string()),
+        "amount": (i % 1000) + 0.5, "payload": pa.array(np.full(len(i), PAYLOAD, dtype=object), pa.string()),
+    }, schema=SCHEMA)  # fmt: skip
 
 
 def produce(bootstrap: str, n: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
-                  "queue.buffering.max.messages": 2_000_000, "log_level": 0})
+                  "queue.buffering.max.messages": 2_000_000, "log_level": 0})  # fmt: skip
     for i in range(n):
         while True:
             try:
@@ -94,47 +134,73 @@ class TimedCommits:
         sink.create_global_committer = timed
 
 
-def kafka_job(broker: TansuBroker, n: int, ends: dict[int, int], sink: Any, work: Path, parallelism: int) -> float:
+def kafka_job(broker: TansuBroker, ends: dict[int, int], sink: Any, work: Path, parallelism: int) -> Timing:
+    """The job from its start to its end (``run()`` returns after the last commit is visible)."""
     p = Pipeline("tables-bench", parallelism=parallelism, restart=NoRestart(),
-                 checkpoint=CheckpointConfig(interval=1.0, storage=str(work / "chk")))
+                 checkpoint=CheckpointConfig(interval=1.0, storage=str(work / "chk")))  # fmt: skip
     src = KafkaSource(broker.bootstrap, TOPIC, format="json", schema=SCHEMA, batch_size=10_000,
-                      stopping_offsets={(TOPIC, q): off for q, off in ends.items()})
+                      stopping_offsets={(TOPIC, q): off for q, off in ends.items()})  # fmt: skip
     p.source(src).sink(sink)
-    t0 = time.perf_counter()
-    p.run(runtime="local", restore="none")
-    return n / (time.perf_counter() - t0)
+    with Stopwatch() as sw:
+        p.run(runtime="local", restore="none")
+    return sw.timing
 
 
-def throughput_runs(broker: TansuBroker, n: int, ends: dict[int, int], parallelism: int, root: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    work = root / "parquet"
-    rate = kafka_job(broker, n, ends, FileSink(str(work / "out"), bucket_by=["kind"]), work, parallelism)
-    rows = ds.dataset(str(work / "out"), format="parquet", partitioning="hive").count_rows()
-    assert rows == n, f"the file sink committed {rows} of {n} rows"
-    out["parquet_rec_s"] = round(rate)
-    print(f"parquet file sink: {rate:,.0f} rec/s", flush=True)
-    for kind in ("delta", "iceberg"):
-        for compaction in (True, False):
-            work = root / f"{kind}-{compaction}"
+def check(label: str, got: pa.Table, expected: pa.Table) -> None:
+    differs = same_table(got, expected)
+    if differs is not None:
+        raise RuntimeError(f"{label}: the output differs from the input ({differs})")
+
+
+def throughput_runs(broker: TansuBroker, n: int, ends: dict[int, int], args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    full, warm_ends = expected_rows(n), {q: off // 10 for q, off in ends.items()}
+    warm = expected_rows(n, warm_ends)
+    latencies: dict[str, list[float]] = {s: [] for s in SIDES}
+    files: dict[str, list[int]] = {s: [] for s in SIDES}
+
+    def run(side: str, r: int) -> Timing:
+        work = root / f"{side}-{r}"
+        stop, expected = (warm_ends, warm) if r == 0 else (ends, full)
+        if side == "parquet":
+            timing = kafka_job(broker, stop, FileSink(str(work / "out"), bucket_by=["kind"]), work, args.parallelism)
+            got = ds.dataset(str(work / "out"), format="parquet", partitioning="hive").to_table()
+            check(f"parquet, round {r}", got.set_column(got.schema.get_field_index("kind"), "kind",
+                                                        pc.cast(got.column("kind"), pa.string())), expected)  # fmt: skip
+        else:
+            kind, compaction = side.split("_", 1)
             target = Target(kind, str(work / "lake"), {}, str(work))
-            sink = target.sink(partition_by=["kind"], compaction=compaction)
+            sink = target.sink(partition_by=["kind"], compaction=compaction == "compaction")
             timer = TimedCommits(sink)
-            rate = kafka_job(broker, n, ends, sink, work, parallelism)
-            rows = target.read().num_rows
-            assert rows == n, f"{kind} committed {rows} of {n} rows"
-            lat = sorted(timer.latencies)
-            key = f"{kind}_{'compaction' if compaction else 'no_compaction'}"
-            out[key] = {
-                "rec_s": round(rate),
-                "ratio_to_parquet": round(rate / out["parquet_rec_s"], 3),
-                "commits": len(lat),
+            timing = kafka_job(broker, stop, sink, work, args.parallelism)
+            check(f"{side}, round {r} (read back)", target.read(), expected)
+            if r:
+                latencies[side] += timer.latencies
+                files[side].append(max(target.files_per_partition().values()))
+        shutil.rmtree(work, ignore_errors=True)
+        return timing
+
+    timings = alternate(SIDES, args.rounds, run, warmup=not args.no_warmup)
+    out: dict[str, Any] = {}
+    rate = {s: statistics.median(n / t.wall for t in ts) for s, ts in timings.items()}
+    out["parquet_rec_s"] = round(rate["parquet"])
+    for kind in ("delta", "iceberg"):
+        for compaction in ("compaction", "no_compaction"):
+            side = f"{kind}_{compaction}"
+            key = f"{kind}_vs_parquet" if compaction == "compaction" else f"{side}_vs_parquet"
+            ratios(out, key, timings[side], timings["parquet"], args.metric, ">= 0.8" if compaction == "compaction" else None)
+            lat = sorted(latencies[side])
+            out[side] = {
+                "rec_s": round(rate[side]),
+                "ratio_to_parquet": out[key],
+                "commits": round(len(lat) / args.rounds, 1),
                 "commit_ms_median": round(1000 * statistics.median(lat), 1) if lat else None,
                 "commit_ms_p99": round(1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None,
-                "files_per_partition_max": max(target.files_per_partition().values()),
+                "files_per_partition_max": max(files[side]) if files[side] else None,
             }
-            print(f"{key}: {out[key]}", flush=True)
-        on, off = out[f"{kind}_compaction"]["rec_s"], out[f"{kind}_no_compaction"]["rec_s"]
-        out[f"{kind}_compaction_vs_off"] = round(on / off, 3)
+            print(f"{side}: {out[side]}; rounds {', '.join(f'{n / t.wall:,.0f}' for t in timings[side])} rec/s", flush=True)
+        ratios(out, f"{kind}_compaction_vs_off", timings[f"{kind}_compaction"], timings[f"{kind}_no_compaction"],
+               args.metric, ">= 0.85")  # fmt: skip
+    with_runs(out, "timings_wall_cpu", timings)
     return out
 
 
@@ -148,10 +214,13 @@ def files_run(kind: str, seconds: float, root: Path) -> dict[str, Any]:
     p.source(src).map_batches(kinds).sink(sink)
     job = p.start(runtime="local", restore="none")
     time.sleep(seconds)
-    result = job.cancel()
+    result = job.stop(savepoint=False)  # a last checkpoint, committed: the table is a prefix of each split
     checkpoints = result.checkpoint_counts.completed
     before = target.files_per_partition()
-    rows = target.read().num_rows
+    table = target.read()
+    check_generator_output(table, 2, 100, label=f"{kind} table after {seconds} s")
+    if not pc.all(pc.equal(table.column("kind"), pc.cast(pc.bit_wise_and(table.column("key"), 3), pa.string()))).as_py():
+        raise RuntimeError(f"{kind}: a row's kind is not its key & 3")
     policy = RewritePolicy(every=1, min_files=2, target_size=128 * 1024 * 1024)
     t0 = time.perf_counter()
     if kind == "delta":
@@ -164,11 +233,13 @@ def files_run(kind: str, seconds: float, root: Path) -> dict[str, Any]:
         iceberg_rewrite(sink.options, policy, threading.Lock())  # type: ignore[attr-defined]
     rewrite_s = time.perf_counter() - t0
     after = target.files_per_partition()
-    assert target.read().num_rows == rows, "the rewrite changed the table's rows"
+    differs = same_table(target.read(), table)
+    if differs is not None:
+        raise RuntimeError(f"{kind}: the rewrite changed the table's rows ({differs})")
     res = {
         "seconds": seconds,
         "completed_checkpoints": checkpoints,
-        "rows": rows,
+        "rows": table.num_rows,
         "files_per_partition_before_max": max(before.values()),
         "files_per_partition_after_max": max(after.values()),
         "rewrite_s": round(rewrite_s, 2),
@@ -178,11 +249,18 @@ def files_run(kind: str, seconds: float, root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="200k messages, 15 s file-count runs")
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--parallelism", type=int, default=2)
+    add_round_options(ap)
     args = ap.parse_args()
+    if args.quick:
+        args.messages, args.seconds = 200_000, 15.0
+    check_rounds(args)
+    result: dict[str, Any] = {"messages": args.messages, "parallelism": args.parallelism, "metric": args.metric,
+                              "rounds": args.rounds, "loadavg_before": load_average()}  # fmt: skip
     root = Path(tempfile.mkdtemp(prefix="sluice-tables-bench-"))
     try:
         with TansuBroker() as broker:
@@ -190,11 +268,10 @@ def main() -> None:
             produce(broker.bootstrap, args.messages)
             ends = broker.end_offsets(TOPIC)
             assert sum(ends.values()) == args.messages, ends
-            result = throughput_runs(broker, args.messages, ends, args.parallelism, root)
+            result.update(throughput_runs(broker, args.messages, ends, args, root))
         for kind in ("delta", "iceberg"):
             result[f"{kind}_files"] = files_run(kind, args.seconds, root)
-        result["messages"] = args.messages
-        result["parallelism"] = args.parallelism
+        result["loadavg_after"] = load_average()
         print("RESULT " + json.dumps(result))
     finally:
         shutil.rmtree(root, ignore_errors=True)
