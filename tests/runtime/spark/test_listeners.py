@@ -84,3 +84,18 @@ def test_idle_connections_to_every_listener_do_not_stall_the_job(
     planes = [w for w in flood.flooded if " data plane " in w]
     assert len(drivers) == result.attempts and len(planes) >= 2 * result.attempts, flood.flooded
     assert got == list(expected), "committed output differs"
+
+
+def test_a_listener_closed_before_its_thread_runs_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() may come before the accept thread first runs (a job torn down while it starts): that thread
+    must end, not die on the closed socket (it raised EBADF from settimeout)."""
+    from sluice.runtime.spark.listener import Listener
+
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    server = socket.create_server(("127.0.0.1", 0))
+    listener = Listener(server, b"secret", None, lambda sock, addr: None, "early-close")
+    listener.close()
+    listener.start()
+    listener._thread.join(5.0)
+    assert not listener._thread.is_alive() and died == []

@@ -62,6 +62,8 @@ class Listener:
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         self._server = server
+        # set here, not in the accept thread: a close() before that thread runs would make it fail (EBADF)
+        self._server.settimeout(0.25)  # to end late handshakes and notice close() between connections
         self._secret = secret
         self._tls = tls.server_context() if tls is not None else None  # once, not per connection
         self._on_peer = on_peer
@@ -96,7 +98,6 @@ class Listener:
             self._thread.join(2.0)
 
     def _accept(self) -> None:
-        self._server.settimeout(0.25)  # to end late handshakes and notice close() between connections
         while not self._closed:
             try:
                 sock, addr = self._server.accept()
