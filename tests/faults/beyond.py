@@ -223,7 +223,9 @@ def log_scenario(
 
 
 #: names a job may leave in its checkpoint folder: completed checkpoints, savepoints, its records
-_KEPT = re.compile(r"^(chk-\d+|savepoint-\d+|_stats\.jsonl|_control\.json|_control\.token|_checkpoints)$")
+_KEPT = re.compile(r"^(chk-\d+|savepoint-\d+|_stats|_stats\.jsonl|_control\.json|_control\.token|_checkpoints)$")
+#: the kept names that are checkpoints (a folder of them without ``_metadata`` never completed)
+_CHECKPOINT = re.compile(r"^(chk|savepoint)-\d+$")
 
 
 def leftovers(checkpoints: Path, out: Path | None = None) -> list[str]:
@@ -237,7 +239,7 @@ def leftovers(checkpoints: Path, out: Path | None = None) -> list[str]:
         for entry in sorted(job.iterdir()):
             if not _KEPT.match(entry.name):
                 left[str(entry)] = "unknown"
-            elif entry.is_dir() and not (entry / "_metadata").exists():
+            elif _CHECKPOINT.match(entry.name) and not (entry / "_metadata").exists():
                 left[str(entry)] = "a checkpoint that never completed"
         for rel, st in listing.files(job).items():
             if st.st_size == 0 or ".tmp" in rel.rsplit("/", 1)[-1]:
