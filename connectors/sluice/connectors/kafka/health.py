@@ -102,6 +102,11 @@ class BrokerHealth:
         self._why = ""
 
     # -- what the reader asks --------------------------------------------------------------------------
+    @property
+    def down(self) -> bool:
+        """No connection to any broker is up now (however briefly)."""
+        return self._down_since is not None
+
     def outage(self) -> tuple[float, float, str] | None:
         """``(seconds so far, epoch seconds it began, why)`` of an outage that lasted :data:`GRACE_S`."""
         with self._lock:

@@ -12,6 +12,7 @@ checkpoint completes, for lag monitoring only.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,7 +111,13 @@ class KafkaSourceReader(SourceReader):
             self._fetcher = None
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
-            consumer.close()
+            if self._outages.health.down:
+                # librdkafka's close waits for requests in flight, an offset commit to a group coordinator
+                # that does not answer among them, until they time out (request_timeout_s): a failover must
+                # not wait for a courtesy commit (positions live in checkpoints), so it closes in the background
+                threading.Thread(target=consumer.close, name=f"{self.options.name}-close", daemon=True).start()
+            else:
+                consumer.close()
 
     # -- splits ----------------------------------------------------------------------------------------
     def add_splits(self, splits: list[SourceSplit]) -> None:
