@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -191,18 +192,16 @@ class Bench:
         expected = ref.num_rows if ref is not None else table.num_rows
         run = run_job(self.engine(engine)[0], cfg, watch, expected, self.args.timeout)
         run.extra = check(f"{engine} {case}", case, normalized(engine, read_output(watch, case), case), table, ref)
+        run.extra["records"] = table.num_rows
         shutil.rmtree(cfg["out"], ignore_errors=True)
         return run
 
 
-def show(n: int) -> Any:
-    def fmt(r: JobRun) -> str:
-        first = f"{r.first_visible:.1f}" if r.first_visible is not None else "-"
-        return (f"{n / r.wall:10,.0f} rec/s {n / r.cpu:9,.0f} rec/CPU-s  wall {r.wall:6.1f} s (first output "
-                f"{first} s)  CPU {r.cpu:6.1f} s  peak RSS {r.peak_rss >> 20:5d} MiB"
-                + (f"  duplicates {r.extra['duplicates']}" if r.extra.get("duplicates") else ""))  # fmt: skip
-
-    return fmt
+def show(r: JobRun) -> str:
+    n, first = r.extra["records"], f"{r.first_visible:.1f}" if r.first_visible is not None else "-"
+    return (f"{n / r.wall:10,.0f} rec/s {n / r.cpu:9,.0f} rec/CPU-s  wall {r.wall:6.1f} s (first output "
+            f"{first} s)  CPU {r.cpu:6.1f} s  peak RSS {r.peak_rss >> 20:5d} MiB"
+            + (f"  duplicates {r.extra['duplicates']}" if r.extra.get("duplicates") else ""))  # fmt: skip
 
 
 def summarize(result: dict[str, Any], case: str, n: int, runs: dict[str, list[JobRun]], metric: str) -> None:
@@ -240,6 +239,7 @@ def main() -> None:
     ap.add_argument("--install", action="store_true", help="install the peers' venvs and jars, then exit")
     add_round_options(ap)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the jobs on a plain kill
     if args.quick:
         args.rounds, args.no_warmup, args.latency_seconds = 1, True, 8.0
     elif args.rounds < 3:
@@ -277,7 +277,7 @@ def main() -> None:
                     topic, t = ("peers-in", table) if r else ("peers-warm", warm)
                     return bench.run(engine, case, topic, t, refs[topic] if case == "window" else None)
 
-                runs = alternate(sides, args.rounds, one, warmup=not args.no_warmup, show=show(table.num_rows))
+                runs = alternate(sides, args.rounds, one, warmup=not args.no_warmup, show=show)
                 summarize(result, case, table.num_rows, runs, args.metric)
             for case in [c for c in cases if c != "window"]:
                 sides = [e for e in CASES[case] if e in engines]
