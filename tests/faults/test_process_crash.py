@@ -153,6 +153,7 @@ def scenario(
 
 
 @pytest.mark.faults
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, seed: int) -> None:
@@ -160,6 +161,7 @@ def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, se
 
 
 @pytest.mark.faults
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.s3
 def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path) -> None:
@@ -167,6 +169,7 @@ def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: 
 
 
 @pytest.mark.soak
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.parametrize("seed", range(100, 130))
 def test_soak_sigkill(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path, seed: int) -> None:

@@ -29,7 +29,9 @@ from tests.connectors.kafka.test_kafka_e2e import SCHEMA, wait_for
 from tests.control.conftest import sluice
 from tests.faults.shapes import record
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+    "outages are cuts of a fault proxy in front of a broker that keeps running; plain records, no 'latest', no transactions (a crash of Apache Kafka itself: test_apache_kafka_source.py)"
+)]
 
 
 def _job(pb: ProxiedBroker, t: str, tmp_path: Path, name: str, **options: Any) -> Pipeline:
@@ -193,5 +195,5 @@ def test_broker_health_from_errors_and_statistics() -> None:
 def test_broker_unavailable_timeout_is_checked(bad: object) -> None:
     from sluice.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="broker_unavailable_timeout_s must be"):
+    with pytest.raises(ConfigError, match="broker_unavailable_timeout_s: "):
         KafkaSource("localhost:9092", "t", broker_unavailable_timeout_s=bad).validate()  # type: ignore[arg-type]
