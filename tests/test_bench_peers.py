@@ -96,3 +96,18 @@ def test_a_cached_classpath_serves_only_the_pom_it_was_resolved_from(tmp_path: P
     jar.unlink()
     with pytest.raises(JarsUnavailableError, match="x's jars are not in"):
         maven_classpath("x", "<project>one</project>", tmp_path, resolve=False)
+
+
+def test_every_engines_window_output_is_read_the_same_way() -> None:
+    ref = pa.table({"user": [3, 5], "window_start": [60_000, 120_000], "count": [2, 1],
+                    "sum_amount": [1.5, 2.0], "max_amount": [1.0, 2.0]})  # fmt: skip
+    flink = ref.set_column(1, "window_start", pa.array([60_000, 120_000], pa.timestamp("ms")))
+    quix = pa.table({"_key": ["3", "5"], "start": [60_000, 120_000], "end": [120_000, 180_000], "count": [2, 1],
+                     "sum_amount": [1.5, 2.0], "max_amount": [1.0, 2.0]})  # fmt: skip
+    spark = flink.cast(flink.schema.set(1, pa.field("window_start", pa.timestamp("us", "UTC"))))
+    for engine, got in (("sluice-local", ref), ("flink", flink), ("spark", spark)):
+        assert peers.normalized(engine, got, "window").equals(ref), engine
+    assert peers.normalized("quix", quix, "window").equals(ref)
+    rows = pa.table({"amount": [1.0], "ts": [7], "user": [2], "_key": ["2"]})
+    want = pa.table({"user": [2], "amount": [1.0], "ts": [7]}, schema=peers.SCHEMA)
+    assert peers.normalized("quix", rows, "parquet").equals(want)
