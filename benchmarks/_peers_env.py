@@ -1,7 +1,7 @@
 """What benchmarks/peers.py needs of the peers, installed on first use and cached: a venv per peer (each pins
 packages the project's own venv must not take: PyFlink pins old pyarrow/numpy/pandas, Quix Streams
 confluent-kafka < 2.13, the Spark peer a pyspark whose Kafka connector is on Maven Central) and the peers'
-jars, resolved by Maven through ``tests/apache_kafka_jars.maven_classpath`` (the code that resolves the
+jars, resolved by Maven through ``maven_classpath`` of tests/apache_kafka_jars.py (the code that resolves the
 Apache Kafka broker's jars).
 
 Everything lives under ``~/.cache/sluice-bench/`` (``$XDG_CACHE_HOME`` if set); ``python
