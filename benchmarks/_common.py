@@ -36,6 +36,8 @@ __all__ = [
     "report",
     "same_table",
     "tree_cpu_seconds",
+    "tree_pids",
+    "tree_rss_bytes",
     "with_runs",
 ]
 
@@ -80,24 +82,45 @@ def _proc_stat(pid: str) -> tuple[int, int] | None:
     return int(fields[1]), sum(int(x) for x in fields[11:15])  # ppid; utime stime cutime cstime
 
 
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and every process below it (brokers, JVMs, database servers, child
-    processes), each with its waited-for children: the CPU time of the whole process tree so far.
+def tree_pids(root: int | None = None) -> list[int]:
+    """``root`` (default: this process) and every process below it, alive now."""
+    stats = {int(pid): s for pid in os.listdir("/proc") if pid.isdigit() and (s := _proc_stat(pid)) is not None}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [os.getpid() if root is None else root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds of this process (or ``root``) and every process below it (brokers, JVMs, database servers,
+    child processes), each with its waited-for children: the CPU time of the whole process tree so far.
 
     A child that exits between two calls moves from its own count into its parent's waited-for count, so a
     difference of two calls counts it once."""
-    stats = {pid: s for pid in os.listdir("/proc") if pid.isdigit() and (s := _proc_stat(pid)) is not None}
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(int(pid))
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        s = stats.get(str(pid))
-        if s is not None:
-            total += s[1]
-        todo.extend(children.get(pid, ()))
+    total = sum(s[1] for pid in tree_pids(root) if (s := _proc_stat(str(pid))) is not None)
     return total / _TICK
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss_bytes(root: int | None = None) -> int:
+    """Resident memory of this process (or ``root``) and every process below it, summed (pages two of them
+    share count twice: an upper bound)."""
+    total = 0
+    for pid in tree_pids(root):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except (OSError, IndexError):
+            pass  # exited since the listing
+    return total
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,16 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["KAFKA_VERSION", "ApacheKafkaUnavailableError", "cache_dir", "class_archive", "find_java", "kafka_classpath"]
+__all__ = [
+    "KAFKA_VERSION",
+    "ApacheKafkaUnavailableError",
+    "JarsUnavailableError",
+    "cache_dir",
+    "class_archive",
+    "find_java",
+    "kafka_classpath",
+    "maven_classpath",
+]
 
 KAFKA_VERSION = "4.3.1"
 #: the log4j2 that kafka_2.13 KAFKA_VERSION depends on; log4j-slf4j-impl routes Kafka's slf4j 1.7 logging to it
@@ -38,7 +47,11 @@ _POM = f"""\
 _HOW_TO_GET = "run .ci/run, or: apt-get install openjdk-17-jre-headless maven && python -m tests.apache_kafka --resolve"
 
 
-class ApacheKafkaUnavailableError(RuntimeError):
+class JarsUnavailableError(RuntimeError):
+    """Jars Maven was to resolve cannot be had; the message says how to get them."""
+
+
+class ApacheKafkaUnavailableError(JarsUnavailableError):
     """Java or Apache Kafka's jars cannot be had; the message says how to get them."""
 
 
@@ -57,8 +70,11 @@ def find_java() -> str:
     return java
 
 
-def _cached_classpath(cache: Path) -> str | None:
+def _cached_classpath(cache: Path, pom: str) -> str | None:
+    """The cached classpath if it was resolved from ``pom`` and every jar on it exists."""
     try:
+        if (cache / "pom.xml").read_text() != pom:
+            return None
         classpath = (cache / "classpath.txt").read_text().strip()
     except OSError:
         return None
@@ -77,22 +93,47 @@ def kafka_classpath(resolve: bool = True, cache: Path | None = None, repo_local:
     Raises:
         ApacheKafkaUnavailableError: the jars are not cached and cannot be resolved.
     """
-    cache = cache or cache_dir()
-    if (classpath := _cached_classpath(cache)) is not None:
+    try:
+        return maven_classpath(f"Apache Kafka {KAFKA_VERSION}", _POM, cache or cache_dir(), resolve, repo_local, _HOW_TO_GET)
+    except JarsUnavailableError as exc:
+        raise ApacheKafkaUnavailableError(str(exc)) from None
+
+
+def maven_classpath(
+    what: str,
+    pom: str,
+    cache: Path,
+    resolve: bool = True,
+    repo_local: Path | None = None,
+    how_to_get: str = "apt-get install maven",
+) -> str:
+    """The classpath of the dependencies ``pom`` names, from ``cache`` when every jar on it exists, else
+    resolved by Maven (``dependency:build-classpath``) into Maven's local repository and cached.
+
+    Args:
+        what: what the jars are, for the messages (``"Apache Kafka 4.3.1"``).
+        pom: a pom whose dependencies are the jars wanted (packaging ``pom``).
+        cache: the folder of the generated pom and the classpath file; a changed pom resolves anew.
+        resolve: run Maven when the cache is incomplete (else raise).
+        repo_local: Maven's local repository (default: Maven's own, ``~/.m2/repository``).
+        how_to_get: the end of the message when the jars cannot be had.
+
+    Raises:
+        JarsUnavailableError: the jars are not cached and cannot be resolved.
+    """
+    if (classpath := _cached_classpath(cache, pom)) is not None:
         return classpath
     if not resolve:
-        raise ApacheKafkaUnavailableError(f"Apache Kafka {KAFKA_VERSION}'s jars are not in {cache}: {_HOW_TO_GET}")
+        raise JarsUnavailableError(f"{what}'s jars are not in {cache}: {how_to_get}")
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise ApacheKafkaUnavailableError(
-            f"Apache Kafka {KAFKA_VERSION}'s jars are not in {cache} and Maven (mvn) is not installed: {_HOW_TO_GET}"
-        )
+        raise JarsUnavailableError(f"{what}'s jars are not in {cache} and Maven (mvn) is not installed: {how_to_get}")
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "lock", "w") as lock:  # pytest-xdist workers resolve once, one at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (classpath := _cached_classpath(cache)) is not None:
+        if (classpath := _cached_classpath(cache, pom)) is not None:
             return classpath
-        (cache / "pom.xml").write_text(_POM)
+        (cache / "pom.xml").write_text(pom)
         cmd = [mvn, "-q", "-B", "-f", str(cache / "pom.xml"), f"{_DEPENDENCY_PLUGIN}:build-classpath",
                f"-Dmdep.outputFile={cache / 'classpath.tmp'}"]  # fmt: skip
         if repo_local is not None:
@@ -100,10 +141,10 @@ def kafka_classpath(resolve: bool = True, cache: Path | None = None, repo_local:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
         if r.returncode != 0:
             tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
-            raise ApacheKafkaUnavailableError(f"Maven could not resolve Apache Kafka {KAFKA_VERSION}'s jars:\n{tail}")
+            raise JarsUnavailableError(f"Maven could not resolve {what}'s jars:\n{tail}")
         os.replace(cache / "classpath.tmp", cache / "classpath.txt")
-    if (classpath := _cached_classpath(cache)) is None:
-        raise ApacheKafkaUnavailableError(f"Maven wrote an incomplete classpath to {cache / 'classpath.txt'}")
+    if (classpath := _cached_classpath(cache, pom)) is None:
+        raise JarsUnavailableError(f"Maven wrote an incomplete classpath to {cache / 'classpath.txt'}")
     return classpath
 
 

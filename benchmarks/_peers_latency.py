@@ -1,0 +1,101 @@
+"""benchmarks/peers.py's latency rounds: produce timestamp -> record visible in the output, for one job.
+
+The job starts on an empty topic; a record every 0.1 s primes it until its first output is visible (its
+consumer assigned, its first checkpoint committed); then ``--latency-rate`` records/s for
+``--latency-seconds``, each carrying the time it was produced (``ts``, ms). A record's latency is the time
+its file, or the consumer batch that read it, was first seen by the watcher (polled every 50 ms) minus its
+``ts``; only the steady records count. p50 and p99 over them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from _peers_watch import KafkaWatch, ParquetWatch, run_job  # type: ignore[import-not-found]
+from confluent_kafka import Producer
+
+PARTITIONS = 4
+
+
+class SteadyProducer(threading.Thread):
+    """Primes (a record every 0.1 s) until ``ready`` is set, then produces ``rate`` records/s for
+    ``seconds``; ``sent`` is the total once ``done`` is set."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int, seconds: float, keys: int = 1_000) -> None:
+        super().__init__(name="steady-producer", daemon=True)
+        self.bootstrap, self.topic, self.rate, self.seconds, self.keys = bootstrap, topic, rate, seconds, keys
+        self.ready, self.done, self.stop = threading.Event(), threading.Event(), threading.Event()
+        self.sent, self.steady_from_ms = 0, 0
+
+    def _one(self, p: Producer, i: int) -> None:
+        u = i % self.keys
+        value = b'{"user": %d, "amount": %d.5, "ts": %d}' % (u, i % 1000, time.time_ns() // 1_000_000)
+        while True:
+            try:
+                p.produce(self.topic, value, key=b"%d" % u, partition=u % PARTITIONS)
+                return
+            except BufferError:
+                p.poll(0.01)
+
+    def run(self) -> None:
+        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "log_level": 0})
+        i = 0
+        while not self.ready.wait(0.1) and not self.stop.is_set():
+            self._one(p, i)
+            p.poll(0)
+            i += 1
+        self.steady_from_ms = time.time_ns() // 1_000_000
+        total, t0 = int(self.rate * self.seconds), time.perf_counter()
+        for j in range(total):
+            if self.stop.is_set():
+                return
+            due = (time.perf_counter() - t0) * self.rate
+            if j > due:
+                time.sleep((j - due) / self.rate)
+                p.poll(0)
+            self._one(p, i + j)
+        p.flush(60)
+        self.sent = i + total
+        self.done.set()
+
+
+def latency_round(bench: Any, engine: str, case: str, args: argparse.Namespace) -> dict[str, float]:
+    """One latency run of ``engine`` on ``case``: p50 and p99 in seconds, and how many records counted."""
+    topic = f"peers-lat-{engine}-{case}-{bench.runs + 1}"
+    bench.broker.create_topic(topic, PARTITIONS)
+    cfg = bench.config(engine, case, topic)
+    watch = bench.watch(engine, cfg)
+    prod = SteadyProducer(bench.broker.bootstrap, topic, args.latency_rate, args.latency_seconds)
+    prod.start()
+
+    def seen(n: int) -> None:
+        if n > 0:
+            prod.ready.set()
+
+    try:
+        run_job(bench.engine(engine)[0], cfg, watch, lambda: prod.sent if prod.done.is_set() else None,
+                args.timeout, seen=seen)  # fmt: skip
+    finally:
+        prod.stop.set()
+        prod.join()
+    lat: list[np.ndarray] = []
+    if isinstance(watch, KafkaWatch):
+        for t, values in watch.batches:
+            ts = np.array([json.loads(v)["ts"] for v in values], dtype=np.int64)
+            lat.append(t - ts[ts >= prod.steady_from_ms] / 1000)
+    else:
+        assert isinstance(watch, ParquetWatch)
+        for path, (_rows, t) in watch.files.items():
+            ts = pq.read_table(path, columns=["ts"]).column("ts").to_numpy()
+            lat.append(t - ts[ts >= prod.steady_from_ms] / 1000)
+    every = np.concatenate(lat) if lat else np.array([])
+    if len(every) < int(args.latency_rate * args.latency_seconds):
+        raise RuntimeError(f"{engine} {case} latency: {len(every)} steady records seen, expected "
+                           f"{int(args.latency_rate * args.latency_seconds)}")  # fmt: skip
+    return {"p50_s": float(np.percentile(every, 50)), "p99_s": float(np.percentile(every, 99)), "records": len(every)}
