@@ -83,6 +83,7 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
         table = open_or_create(options, None)
         if table is not None:
             self._start(table)
+            self._sweep(table)
         if options.rewrite is not None:
             from sluice.sinks.iceberg.mor.rewrite import fold_deletes
 
@@ -91,7 +92,7 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
 
     # -- the table as the committer sees it ----------------------------------------------------------------
     def _start(self, table: Table) -> None:
-        """Once per attempt: the index's base checked, leftovers of commits that never landed deleted."""
+        """Once per attempt (or at the first commit, if the writers made the table): the index's base."""
         self._started = True
         if table.metadata.format_version != 2:
             raise ConfigError(
@@ -105,16 +106,20 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
             self.base = current.snapshot_id if current is not None else None
         elif foreign:
             raise self._changed(foreign, table)
-        fs, root = self.storage(table)
-        committed = max_committed_checkpoint(table, self.ctx.job_id, self.ctx.sink_uid)
-        remove_orphaned_changes(fs, root, self.ctx.job_id, committed, self.ctx.restored_checkpoint_id)
-        self._remove_orphans(table, committed)
         if not reached and has_rows(table) and not self.options.rebuild_index:
             raise IndexLineageError(
                 f"{self.name}: write_mode='merge-on-read' starts with an empty index, and the table holds rows "
                 f"this job and sink did not write (snapshot {current.snapshot_id if current else None}): set "
                 "rebuild_index=True to build the index from the table"
             )
+
+    def _sweep(self, table: Table) -> None:
+        """Once per attempt, before its first commit: staged positions, position-delete files and rewrite maps
+        of commits that never landed deleted."""
+        fs, root = self.storage(table)
+        committed = max_committed_checkpoint(table, self.ctx.job_id, self.ctx.sink_uid)
+        remove_orphaned_changes(fs, root, self.ctx.job_id, committed, self.ctx.restored_checkpoint_id)
+        self._remove_orphans(table, committed)
 
     def _changed(self, foreign: list[Any], table: Table) -> IndexLineageError:
         newest = foreign[0]
@@ -215,7 +220,7 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
 
         table = self.load()
         if not self._started:
-            self._start(table)  # the table was created after this committer (by the writers)
+            self._start(table)  # the writers made the table after this committer: nothing to sweep
         done = max_committed_checkpoint(table, self.ctx.job_id, self.ctx.sink_uid)
         if done >= checkpoint_id:
             if checkpoint_id not in self._tried and checkpoint_id > (self.ctx.restored_checkpoint_id or 0):

@@ -107,6 +107,7 @@ class MergeOnReadWriter(ChangeWriter):
                 out.append(f)
                 new_files[idx[order]] = file_id(f"{location}/{f.path}")
                 new_pos[idx[order]] = np.arange(len(order))
+            self.ctx.fault_hook("pre_commit")  # data files written, index not yet updated
             self.index.put(take_keys(keys, upserted), pack(new_files, new_pos))
         gone = np.flatnonzero(is_delete & present)
         if len(gone):
