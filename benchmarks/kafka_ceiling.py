@@ -242,7 +242,7 @@ def sluice_job(
         if f.endswith(".parquet")
     )
     print(
-        f"  sluice: {result.status}, {len([c for c in result.checkpoints if c.status == 'completed'])} "
+        f"  sluice: {result.status}, {result.checkpoint_counts.completed} "
         f"checkpoints, {rows:,} rows committed",
         flush=True,
     )

@@ -1,11 +1,7 @@
 """A task: one subtask of a job vertex, running its operator chain in one thread with a mailbox.
 
-Everything that touches operators happens on the task thread: input batches, barriers, timers, and the
-control messages the coordinator posts to the mailbox (trigger, complete, abort, split assignment). The
-only other thread is the asynchronous part of checkpoints, which serializes frozen snapshots and uploads
-them, then acknowledges. Between batches the task starts keyed backends' periodic work (changelog
-materializations). The upload thread ends before the operators (and their state backends) close, as Flink
-closes its ``AsyncCheckpointRunnable``s first: see :meth:`SubtaskCheckpointing.stop`.
+Operators are touched only on the task thread; the one other thread uploads checkpoints' frozen snapshots,
+acknowledges, and ends before the operators close (Flink's ``AsyncCheckpointRunnable``s: ``checkpointing.stop``).
 
 The task (Flink ``StreamTask`` with its ``MailboxProcessor``) keeps the mailbox loop and the task's
 lifecycle, and wires the roles of the protocol:
@@ -34,12 +30,13 @@ import pyarrow as pa
 from sluice.checkpoint.barriers import barrier_handler
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.subtask import CheckpointResponder, SubtaskCheckpointing
-from sluice.events import AlignmentMode, CheckpointBarrier, EndOfChannelState
+from sluice.events import AlignmentMode, CheckpointBarrier
 from sluice.graph import SubtaskId
 from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.finishing import TaskFinishing, TaskStatus
 from sluice.runtime.input_gate import InputGate
+from sluice.runtime.memory import start_trimmer
 from sluice.runtime.output import ChainOutput, SourceOutput, split_rows
 from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.task_spec import TaskSpec
@@ -93,6 +90,7 @@ class Task:
             self.all_writers, any(op.emits_at_checkpoint for op in spec.operators), self._fault
         )
         self._thread: threading.Thread | None = None
+        self._discarded = False  #: closed without having started
         self._timer_check = 0.0
         #: built-in metrics (None if the job runs without: ``JobConfig.metrics``)
         self.io = TaskMetrics() if spec.metrics else None
@@ -161,12 +159,18 @@ class Task:
         self.post(self.reader.notify_no_more_splits)
 
     def cancel(self) -> None:
-        """Stop the task thread at the next turn of its loop, without reporting a failure."""
+        """Stop the task thread at the next turn of its loop, without reporting a failure. A task that never
+        started (its attempt failed first) closes its operators at once: their keyed state backends (an open
+        RocksDB and its folder) are released in this process, not when it ends."""
         self._cancelled = True
         self.signal.notify()
+        if self._thread is None and not self._discarded:
+            self._discarded = True
+            self.spec.close(quiet=True)
 
     def start(self) -> None:
-        """Start the task thread."""
+        """Start the task thread (and, once per process, the thread that trims malloc's free memory)."""
+        start_trimmer()
         self._thread = threading.Thread(target=self._run, name=f"task-{self.id}", daemon=True)
         self._thread.start()
 
@@ -215,7 +219,7 @@ class Task:
             # the running upload reads state the operators dispose of when they close: it ends first (it is
             # cancelled at its next step: the coordinator uses the finished task's final state from now on)
             self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
-            self._close()
+            self.spec.close()
         except _Cancelled:
             self._stop_quietly()
         except BaseException as exc:
@@ -230,7 +234,7 @@ class Task:
         try:
             self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
         finally:
-            self._close(quiet=True)
+            self.spec.close(quiet=True)
 
     def _initialize(self) -> None:
         r = self.spec.restore
@@ -248,18 +252,7 @@ class Task:
         if self.reader is not None:
             self.reader.start()
         if r is not None:
-            # output channel state first, then input channel state, before any new input
-            for idx, batch in r.resend_output:
-                self.all_writers[idx].emit(batch)
-            if r.recovers_channel_state:
-                # what follows (from its input channel state, then new input) is newer than every sender's
-                # output channel state: receivers hold it until all senders got here (runtime.input_gate)
-                for w in self.all_writers:
-                    w.broadcast(EndOfChannelState())
-            for pos, input_index, batch in r.inject:
-                self.operators[pos].process_batch(batch, input_index)
-            for input_index, batch in r.replay_input:
-                self._head.process_batch(batch, input_index)
+            r.recover_channel_state(self.all_writers, self.operators)
 
     def _loop(self) -> None:
         while True:
@@ -395,20 +388,6 @@ class Task:
         self.handler.on_aborted(checkpoint_id)
         self.finishing.checkpoint_aborted(checkpoint_id)
         self.checkpointing.notify_aborted(checkpoint_id)
-
-    def _close(self, quiet: bool = False) -> None:
-        for op in self.operators:
-            try:
-                op.close()
-            except Exception:
-                if not quiet:
-                    raise
-        if self.reader is not None:
-            try:
-                self.reader.close()
-            except Exception:
-                if not quiet:
-                    raise
 
 
 class _Cancelled(Exception):
