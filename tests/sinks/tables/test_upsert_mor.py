@@ -17,6 +17,7 @@ from sluice.sinks.iceberg.mor.deletes import PATH_ID, POS_ID
 from sluice.sinks.iceberg.mor.snapshot import check_pyiceberg
 from sluice.testing.faults import FaultInjector
 
+from tests.iceberg_spark import spark_snapshots
 from tests.sinks.tables.cdc import Stream, check_versions, pipeline, replay, table_state, version_states
 from tests.sinks.tables.helpers import Target
 from tests.sinks.tables.mor import MOR, check_index, index_in_checkpoint, orphan_deletes
@@ -58,6 +59,28 @@ def test_each_checkpoint_commits_new_rows_and_position_deletes_that_readers_appl
     check_index(t, index_in_checkpoint(f"{tmp_path}/chk", "cdc"))
     assert orphan_deletes(t) == []
     assert t.read_independently().num_rows == len(STREAM.final())  # Polars applies the deletes too
+
+
+def test_spark_with_the_iceberg_runtime_reads_what_pyiceberg_reads_at_every_snapshot(tmp_path: Path) -> None:
+    """Every snapshot (checkpoint commits with position deletes, rewrites that folded them) read by Spark with
+    the Iceberg runtime from Maven, apart from pyiceberg: the same rows, each a per-split prefix of the
+    changes (checked on pyiceberg's read by ``check_versions``), the last the replay of all of them."""
+    t = target(tmp_path)
+    result = run(t, tmp_path, partition_by=["bucket(2, id)"], rewrite={"every": 2, "min_files": 2})
+    assert not isinstance(result, Exception), result
+    assert check_versions(STREAM, t) > 3
+    assert t.rewrites() >= 1, "no rewrite committed: the test would not read folded deletes"
+    table = t.iceberg_table()
+    snapshots = [s.snapshot_id for s in table.snapshots()]
+    with_deletes = [s for s in snapshots if any(task.delete_files for task in table.scan(snapshot_id=s).plan_files())]
+    assert with_deletes, "no snapshot with position deletes"
+    spark = spark_snapshots(table.metadata_location, snapshots, ["id", "name", "amount"])
+    pyiceberg = {s: table_state(table.scan(snapshot_id=s).to_arrow()) for s in snapshots}
+    for s in snapshots:
+        rows = spark[s]
+        assert len({r[0] for r in rows}) == len(rows), f"snapshot {s}: Spark reads a key twice"
+        assert {r[0]: (r[1], r[2]) for r in rows} == pyiceberg[s], f"snapshot {s}: Spark and pyiceberg differ"
+    assert pyiceberg[snapshots[-1]] == STREAM.final()
 
 
 def _crash_then_restore_later(t: Target, tmp: Path) -> None:
