@@ -25,7 +25,17 @@ transaction (``pyiceberg_upsert``) runs in the same rounds and is reported besid
 rounds (rotated order) after an untimed warm-up of each; every side's table is compared with the replay in
 every round.
 
-``upsert_vs_append`` (per format, and the lower of the two): end-to-end throughput of a change-data job into
+``iceberg_mor_vs_cow`` (target <= 0.05) and ``iceberg_mor_vs_pyiceberg`` (target <= 0.1): a merge-on-read
+checkpoint of the same changes (``write_mode="merge-on-read"``: the writer's pre-commit, index look-ups and
+new data files, plus the commit of position-delete files; benchmarks/upsert_mor.py) as a fourth side of the
+same alternated rounds, against sluice's copy-on-write merge and pyiceberg's ``overwrite``; its index is
+built from the table before the clock starts (``--mor-backend``, RocksDB by default), its parts reported in
+``mor_parts_s``. ``mor_read_cost``: a full pyiceberg scan after ``--read-checkpoints`` (10) merge-on-read
+checkpoints, before and after one background rewrite round (median of ``--scans``), both checked against the
+replay (``--skip-read-cost`` skips it).
+
+``upsert_vs_append`` (per format, and the lower of Delta's and Iceberg copy-on-write's;
+``upsert_vs_append_mor`` for Iceberg merge-on-read, target >= 0.8; ``--e2e-formats``): end-to-end throughput of a change-data job into
 the sink in upsert mode, 10 s checkpoints, / the same job appending the same events, alternated rounds
 (benchmarks/upsert_e2e.py; ``--e2e-events``, ``--e2e-keys``; ``--e2e-only`` skips the merge figures,
 ``--skip-e2e`` this one). Target >= 0.5. Last line: ``RESULT {json}`` (every ratio with ``<key>_runs`` and
@@ -33,7 +43,8 @@ the sink in upsert mode, 10 s checkpoints, / the same job appending the same eve
 
 Usage: python benchmarks/upserts.py [--quick] [--rows 10000000] [--changes 100000] [--checkpoints 3]
        [--files 10] [--hot 1.0] [--rounds 3] [--metric wall|cpu] [--skip-pyiceberg] [--e2e-events 4000000]
-       [--e2e-keys 500000] [--e2e-interval 10] [--e2e-only | --skip-e2e]
+       [--e2e-keys 500000] [--e2e-interval 10] [--e2e-only | --skip-e2e] [--e2e-formats delta,iceberg,iceberg_mor]
+       [--mor-backend rocksdb|hashmap] [--read-checkpoints 10] [--scans 3] [--skip-read-cost]
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
         live = self.live(table)
         added = [self._data_file(table, c) for c in committables if not is_staged_deletes(c)]
         staged = [c for c in committables if is_staged_deletes(c)]
-        fs, root = self.storage(table)
+        fs, _ = self.storage(table)
         written: list[str] = []
         try:
             deletes = self._deletes(table, live, added, staged, checkpoint_id, written)

@@ -72,7 +72,7 @@ def _ours(summary: Any, job_id: str, sink_uid: str) -> bool:
 def foreign_snapshots(table: Table, job_id: str, sink_uid: str, base: int | None) -> tuple[list[Any], bool]:
     """The snapshots from the current one back to the newest of this job and sink (or to ``base``) that are
     not this job's and sink's, newest first, and whether such a snapshot (or ``base``) was reached."""
-    out = []
+    out: list[Any] = []
     snapshot = table.current_snapshot()
     while snapshot is not None:
         if snapshot.snapshot_id == base or _ours(snapshot.summary, job_id, sink_uid):

@@ -42,7 +42,6 @@ from sluice.sinks.tables.rewrite import RewritePolicy, take_turn
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask, Table
-
     from sluice.sinks.iceberg.mor.committer import MergeOnReadCommitter
 
 __all__ = ["fold_deletes"]
@@ -89,7 +88,6 @@ def _rewrite(committer: MergeOnReadCommitter, policy: RewritePolicy, part: tuple
     if not tasks:
         return 0
     fs, root = committer.storage(table)
-    location = table.location().rstrip("/")
     stored = schema_to_pyarrow(table.schema())
     deletes: dict[str, pa.Table] = {}
     kept, old_files, old_pos = [], [], []

@@ -85,7 +85,7 @@ def _producer_class() -> type:
     from pyiceberg.table.update.snapshot import _SnapshotProducer
     from pyiceberg.typedef import EMPTY_DICT
 
-    class _RowDelta(_SnapshotProducer["_RowDelta"]):  # type: ignore[misc]
+    class _RowDelta(_SnapshotProducer["_RowDelta"]):
         """See :class:`RowDelta`."""
 
         def __init__(
@@ -136,7 +136,8 @@ def _producer_class() -> type:
             with writer:
                 for how, entry in entries:
                     getattr(writer, how)(entry)
-            return writer.to_manifest_file()
+            manifest: ManifestFile = writer.to_manifest_file()
+            return manifest
 
         def _manifests(self) -> list[ManifestFile]:
             meta = self._transaction.table_metadata
@@ -161,11 +162,11 @@ def _producer_class() -> type:
                 raise ValidationException(f"files to remove are not in the table: {sorted(missing)[:3]}")
             for (spec_id, is_delete), entries in kept.items():
                 out.append(self._write(spec_id, is_delete, entries))
-            for is_delete, files in itertools.groupby(
+            for group, files in itertools.groupby(
                 sorted(self._added_data_files, key=lambda f: (f.spec_id, f.content != DataFileContent.DATA)),
                 key=lambda f: (f.spec_id, f.content != DataFileContent.DATA),
             ):
-                spec_id, deletes = is_delete
+                spec_id, deletes = group
                 added = [
                     (
                         "add_entry",
