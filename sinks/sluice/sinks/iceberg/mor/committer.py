@@ -290,6 +290,13 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
             known[file_id(f.file_path)] = f
         is_live = known.__contains__
         files, positions, lost = self.maps(table).translate(files, positions, is_live)
+        if lost and self.options.rebuild_index:  # a restored checkpoint staged before the table changed
+            raise IndexLineageError(
+                f"{self.name}: checkpoint {checkpoint_id}: its deletes were staged against data files the table "
+                f"no longer holds ({len(lost)}; it changed behind the job while this checkpoint's commit was "
+                "pending), so rebuild_index=True cannot place them: restore an earlier checkpoint with "
+                "allow_reprocessing=True, or start without restore and rebuild_index=True"
+            )
         if lost:
             raise IndexLineageError(
                 f"{self.name}: checkpoint {checkpoint_id}: the merge-on-read index names rows in {len(lost)} data "

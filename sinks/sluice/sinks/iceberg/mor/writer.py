@@ -70,6 +70,11 @@ class MergeOnReadWriter(ChangeWriter):
 
     def prepare_commit(self, checkpoint_id: int) -> list[TableFile]:
         if not self._buffer:
+            if self._rebuild:  # no change yet: rebuild anyway, or this checkpoint would hold the stale index
+                table = self.fmt.loaded()
+                if table is not None:
+                    self._rebuild = False
+                    rebuild_index(self, table, None)
             return []
         changes = self._collapsed()
         self._buffer, self._rows, self._limit = [], 0, self.collapse_rows
@@ -129,10 +134,11 @@ class MergeOnReadWriter(ChangeWriter):
         return self._layouts[fp]
 
 
-def rebuild_index(writer: MergeOnReadWriter, table: Any, key_types: list[pa.DataType]) -> int:
+def rebuild_index(writer: MergeOnReadWriter, table: Any, key_types: list[pa.DataType] | None) -> int:
     """Drop ``writer``'s index and read it from ``table``: every live row of the key groups the writer owns
-    (its key columns cast to the stream's ``key_types``); returns the entries written. A key the table holds
-    twice is refused (merge-on-read needs one row per key)."""
+    (its key columns cast to the stream's ``key_types``; None, before any change arrived: the data files'
+    types, large strings and binaries as the plain ones a stream carries); returns the entries written. A key
+    the table holds twice is refused (merge-on-read needs one row per key)."""
     from pyiceberg.manifest import DataFileContent
 
     backend, keys = writer.backend, writer.keys
@@ -156,7 +162,8 @@ def rebuild_index(writer: MergeOnReadWriter, table: Any, key_types: list[pa.Data
         live = np.ones(rows.num_rows, bool)
         for positions in deleted:
             live[positions[positions < rows.num_rows]] = False
-        cols = [rows.column(k).cast(t) for k, t in zip(keys, key_types, strict=True)]
+        types = key_types if key_types is not None else [_plain(rows.column(k).type) for k in keys]
+        cols = [rows.column(k).cast(t) for k, t in zip(keys, types, strict=True)]
         batch = KeyBatch.of(cols, backend.max_parallelism)
         mine = live & (batch.key_groups >= owned.start) & (batch.key_groups < owned.end)
         at = np.flatnonzero(mine)
@@ -174,6 +181,14 @@ def rebuild_index(writer: MergeOnReadWriter, table: Any, key_types: list[pa.Data
         entries += len(at)
     writer.ctx.metric("mor_index_rebuilt", entries)
     return entries
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    return t
 
 
 def _in_fs(uri: str) -> str:
