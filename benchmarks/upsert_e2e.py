@@ -32,6 +32,13 @@ from tests.sinks.tables.helpers import Target
 
 SPLITS = 2
 
+#: the tables measured: Delta, Iceberg copy-on-write, Iceberg merge-on-read (``sink`` options added in upsert mode)
+FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
+    "delta": ("delta", {}),
+    "iceberg": ("iceberg", {}),
+    "iceberg_mor": ("iceberg", {"write_mode": "merge-on-read", "key_columns": ["id"]}),
+}
+
 
 def change_batch(split: int, start: int, end: int, keys: int) -> pa.RecordBatch:
     """Events ``start..end`` of ``split``: snapshot reads of keys ``0..keys-1``, then random changes."""
@@ -80,7 +87,8 @@ def expected_tables(events: int, keys: int) -> dict[str, pa.Table]:
 def run_job(
     kind: str, mode: str, work: Path, events: int, keys: int, interval: float, batch: int, expected: pa.Table
 ) -> tuple[Timing, dict[str, Any]]:
-    target = Target(kind, str(work / "lake"), {}, str(work))
+    fmt, extra = FORMATS[kind]
+    target = Target(fmt, str(work / "lake"), {}, str(work))
     source = GeneratorSource(
         num_splits=SPLITS,
         records_per_split=events // SPLITS,
@@ -93,7 +101,7 @@ def run_job(
         checkpoint=CheckpointConfig(interval=interval, storage=str(work / "chk")),
         restart=NoRestart(),
     )
-    p.source(source, parallelism=SPLITS).sink(target.sink(mode=mode), parallelism=SPLITS)
+    p.source(source, parallelism=SPLITS).sink(target.sink(mode=mode, **(extra if mode == "upsert" else {})), parallelism=SPLITS)
     with Stopwatch() as sw:  # start to finished job: its last commit is visible when run() returns
         result = p.run(runtime="local", restore="none")
     got = target.read()
@@ -104,13 +112,14 @@ def run_job(
 
 
 def upsert_vs_append(
-    root: Path, events: int, keys: int, interval: float, batch: int, rounds: int, metric: str, warmup: bool = True
+    root: Path, events: int, keys: int, interval: float, batch: int, rounds: int, metric: str, warmup: bool = True,
+    formats: tuple[str, ...] = tuple(FORMATS),
 ) -> dict[str, Any]:
     """Per format: every round of both jobs and the ratio upsert / append (median, spread, rounds)."""
     out: dict[str, Any] = {}
     expected = expected_tables(events, keys)
     small = expected_tables(20_000, 2_000)
-    for kind in ("delta", "iceberg"):
+    for kind in formats:
         info: dict[str, list[dict[str, Any]]] = {"append": [], "upsert": []}
 
         def run(mode: str, r: int, kind: str = kind, info: dict[str, list[dict[str, Any]]] = info) -> Timing:

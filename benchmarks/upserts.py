@@ -25,7 +25,17 @@ transaction (``pyiceberg_upsert``) runs in the same rounds and is reported besid
 rounds (rotated order) after an untimed warm-up of each; every side's table is compared with the replay in
 every round.
 
-``upsert_vs_append`` (per format, and the lower of the two): end-to-end throughput of a change-data job into
+``iceberg_mor_vs_cow`` (target <= 0.05) and ``iceberg_mor_vs_pyiceberg`` (target <= 0.1): a merge-on-read
+checkpoint of the same changes (``write_mode="merge-on-read"``: the writer's pre-commit, index look-ups and
+new data files, plus the commit of position-delete files; benchmarks/upsert_mor.py) as a fourth side of the
+same alternated rounds, against sluice's copy-on-write merge and pyiceberg's ``overwrite``; its index is
+built from the table before the clock starts (``--mor-backend``, RocksDB by default), its parts reported in
+``mor_parts_s``. ``mor_read_cost``: a full pyiceberg scan after ``--read-checkpoints`` (10) merge-on-read
+checkpoints, before and after one background rewrite round (median of ``--scans``), both checked against the
+replay (``--skip-read-cost`` skips it).
+
+``upsert_vs_append`` (per format, and the lower of Delta's and Iceberg copy-on-write's;
+``upsert_vs_append_mor`` for Iceberg merge-on-read, target >= 0.8; ``--e2e-formats``): end-to-end throughput of a change-data job into
 the sink in upsert mode, 10 s checkpoints, / the same job appending the same events, alternated rounds
 (benchmarks/upsert_e2e.py; ``--e2e-events``, ``--e2e-keys``; ``--e2e-only`` skips the merge figures,
 ``--skip-e2e`` this one). Target >= 0.5. Last line: ``RESULT {json}`` (every ratio with ``<key>_runs`` and
@@ -33,7 +43,8 @@ the sink in upsert mode, 10 s checkpoints, / the same job appending the same eve
 
 Usage: python benchmarks/upserts.py [--quick] [--rows 10000000] [--changes 100000] [--checkpoints 3]
        [--files 10] [--hot 1.0] [--rounds 3] [--metric wall|cpu] [--skip-pyiceberg] [--e2e-events 4000000]
-       [--e2e-keys 500000] [--e2e-interval 10] [--e2e-only | --skip-e2e]
+       [--e2e-keys 500000] [--e2e-interval 10] [--e2e-only | --skip-e2e] [--e2e-formats delta,iceberg,iceberg_mor]
+       [--mor-backend rocksdb|hashmap] [--read-checkpoints 10] [--scans 3] [--skip-read-cost]
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ from sluice.sinks.iceberg.upsert import pyiceberg_overwrite, pyiceberg_upsert
 from sluice.sinks.tables.changes import Op, change_table
 
 from benchmarks.upsert_e2e import upsert_vs_append
+from benchmarks.upsert_mor import MorJob, props_of, read_cost
 from tests.sinks.tables.helpers import Target
 from tests.sinks.tables.upserts import Upserts
 
@@ -174,8 +186,9 @@ def run_format(kind: str, root: Path, args: argparse.Namespace, sets: list[pa.Ta
     return res
 
 
-#: the sides of ``iceberg_vs_pyiceberg_upsert``: sluice's merge, pyiceberg's best path, its slower path
-SIDES = ("sluice", "pyiceberg_overwrite", "pyiceberg_delete_upsert")
+#: the sides of the alternated rounds: sluice's copy-on-write merge, its merge-on-read checkpoint, pyiceberg's
+#: best path, its slower path
+SIDES = ("sluice", "sluice_mor", "pyiceberg_overwrite", "pyiceberg_delete_upsert")
 
 
 def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table, expected: pa.Table) -> dict[str, Any]:
@@ -194,11 +207,16 @@ def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table, ex
     collapsed = collapse(changes, ["id"])
     props = {"sluice.max-committed-checkpoint-id": "1"}
 
+    mor: dict[str, list[float]] = {"write_s": [], "commit_s": [], "index_s": []}
+
     def run(who: str, r: int) -> Timing:
         name = f"db.{who}_{r}"
         table = catalog.register_table(name, base)
+        job = MorJob(props_of(catalog), name, args.mor_backend, work) if who == "sluice_mor" else None
         with Stopwatch() as sw:
-            if who == "sluice":
+            if job is not None:  # the index was built from the table above, untimed
+                job.checkpoint(1, changes)
+            elif who == "sluice":
                 engine = IcebergUpsert(lambda _s: catalog.load_table(name), ("id",), "bench", "sink")
                 assert engine.apply(1, collapsed).value == "committed"
             elif who == "pyiceberg_overwrite":
@@ -206,6 +224,10 @@ def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table, ex
             else:
                 pyiceberg_upsert(table, collapsed, ["id"], props)
         check(f"{who}, round {r}", catalog.load_table(name).scan().to_arrow(), expected)
+        if job is not None:
+            job.close()
+            for k in mor:
+                mor[k].append(round(getattr(job, k), 3))
         catalog.drop_table(name)  # its files stay: the next copy registers the base metadata again
         return sw.timing
 
@@ -213,12 +235,30 @@ def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table, ex
     out: dict[str, Any] = {}
     ratios(out, "iceberg_vs_pyiceberg_upsert", timings["sluice"], timings["pyiceberg_overwrite"], args.metric,
            "<= 0.1", of="time")  # fmt: skip
+    ratios(out, "iceberg_mor_vs_cow", timings["sluice_mor"], timings["sluice"], args.metric, "<= 0.05", of="time")
+    ratios(out, "iceberg_mor_vs_pyiceberg", timings["sluice_mor"], timings["pyiceberg_overwrite"], args.metric,
+           "<= 0.1", of="time")  # fmt: skip
+    out["mor_parts_s"] = mor  # per round: the writer's pre-commit, the commit, the index build (untimed)
     ratios(out, "iceberg_vs_pyiceberg_delete_upsert", timings["sluice"], timings["pyiceberg_delete_upsert"],
            args.metric, of="time")  # fmt: skip
     with_runs(out, "pyiceberg_rounds_wall_cpu", timings)
     for who in SIDES:
         out[f"{who}_s"] = round(statistics.median(t.of(args.metric) for t in timings[who]), 3)
     return out
+
+
+def mor_read_cost(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A full scan after ``--read-checkpoints`` merge-on-read checkpoints, before and after a rewrite round."""
+    sets = change_sets(args.rows, args.changes, args.read_checkpoints, args.hot, seed=11)
+    expected = replays(args.rows, sets)
+    work = root / "read-cost"
+    work.mkdir(parents=True)
+    up = Upserts(Target("iceberg", str(work / "lake"), {}, str(work)))
+    build(up, args.rows, args.files)
+    res = read_cost(up, args.mor_backend, sets, expected, args.scans, check)
+    res["scan_after_vs_before"] = round(res["scan_after_s"] / res["scan_before_s"], 3)
+    print(f"merge-on-read read cost: {res}", flush=True)
+    return res
 
 
 def main() -> None:
@@ -236,7 +276,14 @@ def main() -> None:
     ap.add_argument("--e2e-interval", type=float, default=10.0)
     ap.add_argument("--e2e-batch", type=int, default=10_000)
     ap.add_argument("--e2e-only", action="store_true")
+    ap.add_argument("--e2e-formats", default="delta,iceberg,iceberg_mor",
+                    help="comma-separated: delta, iceberg (copy-on-write), iceberg_mor (merge-on-read)")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--mor-backend", choices=("hashmap", "rocksdb"), default="rocksdb",
+                    help="the keyed state backend of the merge-on-read index")  # fmt: skip
+    ap.add_argument("--read-checkpoints", type=int, default=10, help="merge-on-read checkpoints before the read cost")
+    ap.add_argument("--scans", type=int, default=3, help="full scans per read-cost figure (median)")
+    ap.add_argument("--skip-read-cost", action="store_true")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.changes, args.e2e_events, args.e2e_keys, args.e2e_interval = 200_000, 20_000, 40_000, 5_000, 1.0
@@ -246,9 +293,14 @@ def main() -> None:
     try:
         if not args.skip_e2e:
             e2e = upsert_vs_append(root, args.e2e_events, args.e2e_keys, args.e2e_interval, args.e2e_batch,
-                                   args.rounds, args.metric, warmup=not args.no_warmup)  # fmt: skip
+                                   args.rounds, args.metric, warmup=not args.no_warmup,
+                                   formats=tuple(args.e2e_formats.split(",")))  # fmt: skip
             result["e2e"] = e2e
-            worse = min(("delta", "iceberg"), key=lambda k: e2e[k]["upsert_vs_append"])
+            if "iceberg_mor" in e2e:  # merge-on-read's own key (target >= 0.8)
+                for suffix in ("", "_runs", "_spread"):
+                    result[f"upsert_vs_append_mor{suffix}"] = e2e["iceberg_mor"][f"upsert_vs_append{suffix}"]
+            worse = min((k for k in ("delta", "iceberg") if k in e2e), key=lambda k: e2e[k]["upsert_vs_append"],
+                        default="iceberg_mor")  # fmt: skip
             for suffix in ("", "_runs", "_spread"):  # the lower of the two formats' medians, and its rounds
                 result[f"upsert_vs_append{suffix}"] = e2e[worse][f"upsert_vs_append{suffix}"]
             result["upsert_vs_append_format"] = worse
@@ -263,6 +315,8 @@ def main() -> None:
             result["iceberg_merge_s"] = result["iceberg"]["median_s"]
             if not args.skip_pyiceberg:
                 result.update(pyiceberg_rounds(root, args, sets[0], expected[0]))
+            if not args.skip_read_cost:
+                result["mor_read_cost"] = mor_read_cost(root, args)
             result.update(rows=args.rows, changes=args.changes, checkpoints=args.checkpoints, files=args.files,
                           hot=args.hot)  # fmt: skip
         result["loadavg_after"] = load_average()

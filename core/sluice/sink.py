@@ -22,11 +22,14 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
 from sluice.serializers import PickleSerializer, SimpleVersionedSerializer
+
+if TYPE_CHECKING:
+    from sluice.state.spi import KeyedStateBackend
 
 __all__ = [
     "CommitOutcome",
@@ -63,6 +66,12 @@ class SinkContext(Protocol):
     def metric(self, name: str, increment: int = 1) -> None: ...
     def gauge(self, name: str, value: float) -> None: ...
     def fault_hook(self, point: str) -> None: ...
+    def keyed_state(self) -> KeyedStateBackend:
+        """The subtask's keyed state backend, for a sink whose writers keep keyed state
+        (:attr:`Sink.keyed_writer`): checkpointed with the writer's pre-commit, restored and redistributed by
+        key group (rescaling), per key or batch-wise (:meth:`~sluice.state.spi.KeyedStateBackend.batch_state`).
+        Its keys are the sink's :meth:`Sink.input_key_columns`."""
+        ...
 
 
 class GlobalCommitterContext(Protocol):
@@ -198,11 +207,14 @@ class Sink(ABC, Generic[C]):
             one atomic commit per checkpoint) instead of a per-subtask :class:`Committer`.
         compacts: True if :meth:`create_compactor` returns a compactor: the job then runs the sink as a
             writer stage and a compactor/committer stage keyed by :meth:`Compactor.key`.
+        keyed_writer: True if the writers keep keyed state (``SinkContext.keyed_state``), keyed by
+            :meth:`input_key_columns` (which must then name columns): e.g. a table's primary-key index.
     """
 
     name: str = "sink"
     global_commit: bool = False
     compacts: bool = False
+    keyed_writer: bool = False
 
     @abstractmethod
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[C]:

@@ -198,6 +198,11 @@ class Stream(DedupJoinMethods):
             sink.validate_schema(self.schema)
         p = self.pipeline
         key = sink.input_key_columns(self.schema)
+        if sink.keyed_writer and not key:
+            raise ConfigError(
+                f"sink {sink.name!r}: its writers keep keyed state, so the stream must be keyed by columns the "
+                "sink names (input_key_columns), and it names none: give the sink its key columns"
+            )
         edge = self._edge(Partitioning.HASH, KeySelector(key)) if key else self._edge()
         # an unnamed sink is named after its kind; a second one of that kind gets "-2" (as other steps)
         name = name if name is not None else p._fresh(sink.name)

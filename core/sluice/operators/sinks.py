@@ -12,7 +12,7 @@ import pyarrow as pa
 from sluice.errors import ConfigError
 from sluice.graph import LogicalEdge, LogicalGraph, LogicalNode, NodeKind, Partitioning
 from sluice.keys import KeySelector
-from sluice.operators.base import Operator, OperatorSnapshot
+from sluice.operators.base import Collector, Operator, OperatorContext, OperatorSnapshot
 from sluice.operators.committables import (
     commit_with_retry,
     decode_committables,
@@ -23,6 +23,7 @@ from sluice.operators.committables import (
     unpack_writer_state,
 )
 from sluice.sink import CommittableWithLineage, Committer, Compactor, Sink, SinkWriter
+from sluice.state.spi import KeyedStateBackend
 
 __all__ = ["SINK_RECORDS", "NodeAdder", "SinkOperator", "SinkWriterOperator", "add_sink"]
 
@@ -58,8 +59,17 @@ class SinkOperator(Operator):
         self._pending: dict[int, list[Any]] = {}
         self._incoming: list[Any] = []
         self._restored: list[Any] = []
+        #: the writer's keyed state (:attr:`Sink.keyed_writer`), made in ``setup``
+        self.backend: KeyedStateBackend | None = None
+
+    def setup(self, ctx: OperatorContext, output: Collector) -> None:
+        super().setup(ctx, output)
+        if self.sink.keyed_writer and not self.collect:
+            self.backend = ctx.create_keyed_backend(self.name)
 
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
+        if keyed and self.backend is not None:
+            self.backend.restore(keyed)
         writer_states = []
         for st in operator_states:
             if not st:
@@ -96,6 +106,8 @@ class SinkOperator(Operator):
     def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         writer_state = self.writer.snapshot_state(checkpoint_id) if self.writer is not None else None
         snap = OperatorSnapshot(operator={"writer": pack_writer_state(self.sink, writer_state), "pending": []})
+        if self.backend is not None:
+            snap.keyed = self.backend.snapshot(checkpoint_id, savepoint)
         if self.global_commit:
             snap.committables = self._lineage(checkpoint_id)
         own = self._pending.get(checkpoint_id) if self.compactor is not None else None
@@ -130,8 +142,14 @@ class SinkOperator(Operator):
             snap.operator["pending"] = pack_pending(self.sink, mine)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        if self.backend is not None:
+            self.backend.notify_checkpoint_complete(checkpoint_id)
         self.ctx.fault_hook("complete_to_commit")
         self._commit_upto(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        if self.backend is not None:
+            self.backend.notify_checkpoint_aborted(checkpoint_id)
 
     def _commit_upto(self, checkpoint_id: int) -> None:
         ready = sorted(k for k in self._pending if k <= checkpoint_id)
@@ -152,9 +170,13 @@ class SinkOperator(Operator):
             self.writer.end_input()
 
     def close(self) -> None:
-        for part in (self.writer, self.compactor, self.committer):
-            if part is not None:
-                part.close()
+        try:
+            for part in (self.writer, self.compactor, self.committer):
+                if part is not None:
+                    part.close()
+        finally:
+            if self.backend is not None:
+                self.backend.dispose()
 
 
 class SinkWriterOperator(Operator):
@@ -175,8 +197,16 @@ class SinkWriterOperator(Operator):
         self.writer: SinkWriter[Any]
         self._key: Callable[[Any], str]
         self._restored: list[Any] = []
+        self.backend: KeyedStateBackend | None = None
+
+    def setup(self, ctx: OperatorContext, output: Collector) -> None:
+        super().setup(ctx, output)
+        if self.sink.keyed_writer:
+            self.backend = ctx.create_keyed_backend(self.name)
 
     def initialize_state(self, keyed: list[dict[str, Any]], operator_states: list[Any]) -> None:
+        if keyed and self.backend is not None:
+            self.backend.restore(keyed)
         states = [unpack_writer_state(self.sink, st.get("writer"), self.name) for st in operator_states if st]
         self._restored = [w for w in states if w is not None]
 
@@ -198,14 +228,27 @@ class SinkWriterOperator(Operator):
 
     def snapshot_state(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         state = pack_writer_state(self.sink, self.writer.snapshot_state(checkpoint_id))
-        return OperatorSnapshot(operator={"writer": state})
+        keyed = self.backend.snapshot(checkpoint_id, savepoint) if self.backend is not None else None
+        return OperatorSnapshot(keyed=keyed, operator={"writer": state})
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        if self.backend is not None:
+            self.backend.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        if self.backend is not None:
+            self.backend.notify_checkpoint_aborted(checkpoint_id)
 
     def end_input(self) -> None:
         self.writer.end_input()
 
     def close(self) -> None:
-        if hasattr(self, "writer"):
-            self.writer.close()
+        try:
+            if hasattr(self, "writer"):
+                self.writer.close()
+        finally:
+            if self.backend is not None:
+                self.backend.dispose()
 
 
 class _Ctx:
@@ -213,6 +256,7 @@ class _Ctx:
 
     def __init__(self, op: SinkOperator | SinkWriterOperator) -> None:
         self._c = op.ctx
+        self._op = op
 
     @property
     def subtask(self) -> int:
@@ -238,6 +282,14 @@ class _Ctx:
 
     def fault_hook(self, point: str) -> None:
         self._c.fault_hook(point)
+
+    def keyed_state(self) -> KeyedStateBackend:
+        if self._op.backend is None:
+            raise ConfigError(
+                f"sink {self._op.name!r}: its writer asked for keyed state, but the sink does not declare "
+                "keyed_writer=True (or this is its compactor stage)"
+            )
+        return self._op.backend
 
 
 class NodeAdder(Protocol):

@@ -19,13 +19,17 @@ import copy
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from sluice.errors import ConfigError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import CommitOutcome, Committer, Compactor, GlobalCommitter, Sink, SinkWriter
 from sluice.testing.conformance.contracts import SINK_CONTRACTS, ConformanceError, through_serializer
+
+if TYPE_CHECKING:
+    from sluice.state.spi import KeyedStateBackend
 
 __all__ = ["Crash", "SinkAttempt", "SinkCheckpoint", "SinkTarget"]
 
@@ -118,6 +122,12 @@ class _Ctx:
     @property
     def restored_checkpoint_id(self) -> int | None:
         return self._a.restored_checkpoint_id
+
+    def keyed_state(self) -> KeyedStateBackend:
+        raise ConfigError(
+            "the sink conformance harness gives writers no keyed state: a sink with keyed_writer=True is tested "
+            "through a pipeline (its state checkpointed and restored by the runtime)"
+        )
 
     def metric(self, name: str, increment: int = 1) -> None:
         self._a.metrics[name] = self._a.metrics.get(name, 0) + increment

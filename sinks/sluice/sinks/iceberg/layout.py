@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from sluice.sinks.tables.files import TableFile, split_by
@@ -50,6 +51,26 @@ class IcebergLayout:
             path = self.spec.partition_to_path(Record(*values), self.schema) if self._sources else ""
             out.append((tuple(zip([f.name for f, _, _ in self._sources], values, strict=True)), path, part))
         return out
+
+    def partition_rows(self, table: pa.Table) -> list[tuple[tuple[tuple[str, Any], ...], str, np.ndarray[Any, Any]]]:
+        """``(partition values, partition path, row indices of table)`` per partition (first-seen order)."""
+        from pyiceberg.typedef import Record
+
+        if not self._sources:
+            return [((), "", np.arange(table.num_rows))]
+        rows = self._as_stored(table)
+        keys = [f.transform.pyarrow_transform(t)(rows.column(name)) for f, name, t in self._sources]
+        index = pa.table({"i": pa.array(np.arange(table.num_rows), pa.int64())})
+        out = []
+        for values, part in split_by(index, keys):
+            path = self.spec.partition_to_path(Record(*values), self.schema)
+            names = [f.name for f, _, _ in self._sources]
+            out.append((tuple(zip(names, values, strict=True)), path, part.column("i").to_numpy()))
+        return out
+
+    def as_stored(self, rows: pa.Table) -> pa.Table:
+        """``rows`` with the table's columns, in order, cast to the stored types (absent ones null)."""
+        return self._as_stored(rows)
 
     def _as_stored(self, rows: pa.Table) -> pa.Table:
         cols = []

@@ -12,7 +12,10 @@ from sluice.sinks.iceberg.partitioning import parse_partition, partition_fields
 from sluice.sinks.tables.options import TableSinkOptions
 from sluice.sinks.tables.storage import iceberg_io_options, split_uri
 
-__all__ = ["IcebergSinkOptions", "import_pyiceberg"]
+__all__ = ["WRITE_MODES", "IcebergSinkOptions", "import_pyiceberg"]
+
+#: how upserts reach the table: data files rewritten (``copy-on-write``), or new rows plus position deletes
+WRITE_MODES = ("copy-on-write", "merge-on-read")
 
 
 def import_pyiceberg() -> Any:
@@ -41,7 +44,14 @@ class IcebergSinkOptions(TableSinkOptions):
     warehouse: str | None = None
     compression: str = "zstd"
     table_properties: dict[str, Any] = Field(default_factory=dict)  # passed to pyiceberg as given
+    write_mode: str = "copy-on-write"
+    rebuild_index: bool = False
     name: str = "iceberg-sink"
+
+    @property
+    def merge_on_read(self) -> bool:
+        """Upserts merged on read: data files plus position deletes, positions from a keyed index."""
+        return self.mode == "upsert" and self.write_mode == "merge-on-read"
 
     @classmethod
     def check_format(cls, values: dict[str, Any]) -> None:
@@ -59,6 +69,16 @@ class IcebergSinkOptions(TableSinkOptions):
 
     @classmethod
     def check_partitioning(cls, values: dict[str, Any]) -> None:
+        if values["write_mode"] not in WRITE_MODES:
+            raise ConfigError(
+                f"IcebergSink: write_mode must be one of {', '.join(WRITE_MODES)} (got {values['write_mode']!r})"
+            )
+        if values["write_mode"] != "copy-on-write" and values["mode"] != "upsert":
+            raise ConfigError(f"IcebergSink: write_mode is for mode='upsert' only (got mode={values['mode']!r})")
+        if not isinstance(values["rebuild_index"], bool):
+            raise ConfigError(f"IcebergSink: rebuild_index must be True or False (got {values['rebuild_index']!r})")
+        if values["rebuild_index"] and values["write_mode"] != "merge-on-read":
+            raise ConfigError("IcebergSink: rebuild_index=True is for write_mode='merge-on-read' only")
         if values["table_schema"] is not None:
             partition_fields(values["partition_by"], values["table_schema"])
         _catalog_properties(values["catalog_properties"], values["warehouse"], values["storage_options"])

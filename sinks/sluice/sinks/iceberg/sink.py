@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 from sluice.errors import ConfigError, StorageError
-from sluice.sink import GlobalCommitter, GlobalCommitterContext
+from sluice.sink import GlobalCommitter, GlobalCommitterContext, SinkContext, SinkWriter
 from sluice.sinks.iceberg.catalog import (
     check_schema,
     check_spec,
@@ -69,6 +69,13 @@ class IcebergSink(TableSink):
             files; see ``docs/tables.md``).
         key_columns: upsert mode: the columns that identify a row (as ``PostgresSink``'s and the Kafka sink's
             ``key_columns``); none given, those the stream's schema names (a change format's).
+        write_mode: upsert mode: ``"copy-on-write"`` (the default: each checkpoint rewrites the data files that
+            hold changed keys) or ``"merge-on-read"`` (each checkpoint adds the new rows and position-delete
+            files of the old ones, found in a primary-key index in the job's keyed state: a commit costs what
+            changed, readers pay for the deletes until the background rewrite folds them; format-version 2
+            tables; see ``docs/tables.md``).
+        rebuild_index: merge-on-read: build the index from the table when the job starts (a table written by
+            another job or engine, or changed behind this job's back); without it such a table is refused.
         name: the sink operator's name.
     """
 
@@ -97,6 +104,8 @@ class IcebergSink(TableSink):
         table_properties: dict[str, str] | None = None,
         mode: str = "append",
         key_columns: Sequence[str] | str = (),
+        write_mode: str = "copy-on-write",
+        rebuild_index: bool = False,
         name: str = "iceberg-sink",
         **renamed: Any,
     ) -> None:
@@ -116,11 +125,24 @@ class IcebergSink(TableSink):
             table_properties=table_properties,
             mode=mode,
             key_columns=key_columns,
+            write_mode=write_mode,
+            rebuild_index=rebuild_index,
             name=name,
         )
 
     def __repr__(self) -> str:  # never shows credentials
         return f"IcebergSink({self.table!r}, partition_by={self.partition_by}, mode={self.mode!r})"
+
+    @property
+    def merges_on_read(self) -> bool:
+        return self.options.merge_on_read
+
+    def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
+        if self.merges_on_read:
+            from sluice.sinks.iceberg.mor.writer import MergeOnReadWriter
+
+            return MergeOnReadWriter(self.options, ctx)
+        return super().create_writer(ctx, restored)
 
     def validate_schema(self, schema: pa.Schema) -> None:
         """At build time: every partition field's column is in the stream, with a type its transform takes
@@ -141,6 +163,10 @@ class IcebergSink(TableSink):
 
     # -- Sink SPI --------------------------------------------------------------------------------------
     def create_global_committer(self, ctx: GlobalCommitterContext) -> GlobalCommitter[TableFile] | None:
+        if self.merges_on_read:
+            from sluice.sinks.iceberg.mor.committer import MergeOnReadCommitter
+
+            return MergeOnReadCommitter(self.options, ctx)
         if self.upserts:
             return upsert_committer(self.options, ctx)
         return IcebergCommitter(self.options, ctx)

@@ -57,6 +57,15 @@ class TableSink(Sink[TableFile]):
         from the changes' row columns)."""
 
     @property
+    def merges_on_read(self) -> bool:
+        """Whether upserts are merged on read (an index in the writers' keyed state); False here."""
+        return False
+
+    @property
+    def keyed_writer(self) -> bool:  # type: ignore[override]
+        return self.merges_on_read
+
+    @property
     def upserts(self) -> bool:
         """Whether the sink merges change batches by key (``mode="upsert"``)."""
         return self.options.mode == "upsert"
@@ -84,8 +93,12 @@ class TableSink(Sink[TableFile]):
         return pa.schema([f for f in schema if f.name not in (OP, ORDER)])
 
     def restore_config(self) -> dict[str, Any] | None:
-        """The mode and key columns: staged upsert changes are collapsed by them."""
-        return {"operator": type(self).__name__, "mode": self.options.mode, "key_columns": list(self.options.key_columns)}
+        """The mode and key columns: staged upsert changes are collapsed by them (and, merging on read, the
+        index in the writers' keyed state is keyed by them)."""
+        config = {"operator": type(self).__name__, "mode": self.options.mode, "key_columns": list(self.options.key_columns)}
+        if self.merges_on_read:
+            config["write_mode"] = "merge-on-read"
+        return config
 
     def input_key_columns(self, schema: pa.Schema | None) -> list[str] | None:
         """Upsert mode with ``key_columns``, unless the stream is known to be a change stream (whose order
@@ -93,7 +106,7 @@ class TableSink(Sink[TableFile]):
         per key wins."""
         if not self.upserts:
             return None
-        if schema is not None and OP in schema.names and ORDER in schema.names:
+        if schema is not None and OP in schema.names and ORDER in schema.names and not self.merges_on_read:
             return None
         keys = self.options.key_columns or (list(keys_of(schema)) if schema is not None else [])
         return list(keys) or None
@@ -105,7 +118,7 @@ class TableSink(Sink[TableFile]):
 
     @property
     def compacts(self) -> bool:  # type: ignore[override]
-        return self.options.compaction
+        return self.options.compaction and not self.merges_on_read
 
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
         if self.upserts:
