@@ -22,6 +22,9 @@ SINK_ALLOWED = (
     "sluice.io",
     "sluice.changes",  # the change model: a leaf the upsert sinks share with the change formats
     "sluice.sinks",
+    # keyed state for sink writers (merge-on-read's primary-key index): the state API user functions use
+    "sluice.state.api",
+    "sluice.state.spi",
 )
 
 

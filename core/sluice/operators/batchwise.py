@@ -11,38 +11,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sluice.errors import ConfigError
 from sluice.state.keygroups import KeyGroupRange, hash_columns, key_groups
-from sluice.state.spi import KeyBatch
 
-__all__ = ["ArrowBuffer", "distinct", "event_ms", "take_keys"]
-
-
-def distinct(keys: KeyBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's key as a dense code (in order of first appearance) and the first row of every code."""
-    if keys.fixed is not None and keys.fixed.shape[1]:
-        rows = np.ascontiguousarray(keys.fixed).view(f"V{keys.fixed.shape[1]}").ravel()
-        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    else:
-        enc = pc.dictionary_encode(pa.array(keys.keys, pa.binary()))
-        inverse = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        first = np.full(len(enc.dictionary), len(inverse), np.int64)
-        np.minimum.at(first, inverse, np.arange(len(inverse)))
-    # renumber by first appearance, so codes follow arrival order
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return rank[inverse.ravel()].astype(np.int64), first[order].astype(np.int64)
-
-
-def take_keys(keys: KeyBatch, rows: np.ndarray) -> KeyBatch:
-    """The keys of ``rows`` of ``keys`` (a new :class:`KeyBatch`)."""
-    if keys.fixed is not None:
-        return KeyBatch(None, keys.key_groups[rows], keys.fixed[rows])
-    all_keys = keys.keys
-    return KeyBatch([all_keys[i] for i in rows.tolist()], keys.key_groups[rows])
+__all__ = ["ArrowBuffer", "event_ms"]
 
 
 def event_ms(column: pa.Array | pa.ChunkedArray, option: str) -> np.ndarray:
@@ -55,7 +28,9 @@ def event_ms(column: pa.Array | pa.ChunkedArray, option: str) -> np.ndarray:
     elif pa.types.is_date(arr.type):
         arr = arr.cast(pa.timestamp("ms")).cast(pa.int64())
     elif not pa.types.is_integer(arr.type):
-        raise ConfigError(f"{option}: the event-time column must be a timestamp or integer milliseconds, not {arr.type}")
+        raise ConfigError(
+            f"{option}: the event-time column must be a timestamp or integer milliseconds, not {arr.type}"
+        )
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 

@@ -30,10 +30,10 @@ import pyarrow.compute as pc
 from sluice.errors import RestoreError
 from sluice.keys import KeySelector
 from sluice.operators.base import MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
-from sluice.operators.batchwise import distinct, event_ms, take_keys
+from sluice.operators.batchwise import event_ms
 from sluice.operators.horizons import HorizonStore, key_hashes
 from sluice.state.api import ValueStateDescriptor
-from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend, TimeDomain
+from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend, TimeDomain, distinct, take_keys
 
 __all__ = ["DeduplicateOperator"]
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sluice.errors import ConfigError
 from sluice.state.keycodec import encode_key, encode_keys, encode_keys_fixed, rows_as_bytes
@@ -43,6 +44,8 @@ __all__ = [
     "TimeDomain",
     "Timer",
     "TimerService",
+    "distinct",
+    "take_keys",
 ]
 
 #: a handle: plain data describing one subtask's keyed state in a checkpoint or savepoint
@@ -71,11 +74,15 @@ class TimerService(ABC):
     (timestamp, key, namespace)."""
 
     @abstractmethod
-    def register(self, domain: TimeDomain, timestamp: int, key_group: int, key: bytes, namespace: bytes = b"") -> None:
+    def register(
+        self, domain: TimeDomain, timestamp: int, key_group: int, key: bytes, namespace: bytes = b""
+    ) -> None:
         """Register a timer (again registering the same one is a no-op)."""
 
     @abstractmethod
-    def delete(self, domain: TimeDomain, timestamp: int, key_group: int, key: bytes, namespace: bytes = b"") -> None:
+    def delete(
+        self, domain: TimeDomain, timestamp: int, key_group: int, key: bytes, namespace: bytes = b""
+    ) -> None:
         """Delete a timer, if registered."""
 
     @abstractmethod
@@ -140,6 +147,31 @@ class KeyBatch:
 
     def __len__(self) -> int:
         return len(self.key_groups)
+
+
+def distinct(keys: KeyBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's key as a dense code (in order of first appearance) and the first row of every code."""
+    if keys.fixed is not None and keys.fixed.shape[1]:
+        rows = np.ascontiguousarray(keys.fixed).view(f"V{keys.fixed.shape[1]}").ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    else:
+        enc = pc.dictionary_encode(pa.array(keys.keys, pa.binary()))
+        inverse = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        first = np.full(len(enc.dictionary), len(inverse), np.int64)
+        np.minimum.at(first, inverse, np.arange(len(inverse)))
+    # renumber by first appearance, so codes follow arrival order
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank[inverse.ravel()].astype(np.int64), first[order].astype(np.int64)
+
+
+def take_keys(keys: KeyBatch, rows: np.ndarray) -> KeyBatch:
+    """The keys of ``rows`` of ``keys`` (a new :class:`KeyBatch`)."""
+    if keys.fixed is not None:
+        return KeyBatch(None, keys.key_groups[rows], keys.fixed[rows])
+    all_keys = keys.keys
+    return KeyBatch([all_keys[i] for i in rows.tolist()], keys.key_groups[rows])
 
 
 class BatchValueState(ABC):

@@ -28,11 +28,11 @@ import pyarrow.compute as pc
 from sluice.changes import OP, ORDER, Op
 from sluice.errors import RestoreError
 from sluice.operators.base import MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
-from sluice.operators.batchwise import ArrowBuffer, distinct, event_ms, take_keys
+from sluice.operators.batchwise import ArrowBuffer, event_ms
 from sluice.operators.joins.common import joined, right_names
 from sluice.operators.joins.rows import RowCodec, decode_rows
 from sluice.state.api import ValueStateDescriptor
-from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend
+from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend, distinct, take_keys
 
 __all__ = ["LatestJoinOperator"]
 

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -41,12 +41,33 @@ from sluice.sinks.tables.files import TableFile, write_parquet
 from sluice.sinks.tables.rewrite import RewritePolicy, take_turn
 
 if TYPE_CHECKING:
+    import threading
+
+    import pyarrow.fs as pafs
     from pyiceberg.table import FileScanTask, Table
-    from sluice.sinks.iceberg.mor.committer import MergeOnReadCommitter
+    from sluice.sink import GlobalCommitterContext
+    from sluice.sinks.iceberg.mor.maps import RewriteMaps
+    from sluice.sinks.iceberg.options import IcebergSinkOptions
 
 __all__ = ["fold_deletes"]
 
 log = logging.getLogger("sluice.sinks.iceberg")
+
+
+class MergeOnReadCommitter(Protocol):
+    """What the rewrite needs of the merge-on-read committer (sluice.sinks.iceberg.mor.committer), which
+    starts it: written here so that the two modules do not import each other."""
+
+    options: IcebergSinkOptions
+    ctx: GlobalCommitterContext
+    name: str
+    lock: threading.Lock
+    base: int | None
+
+    def load(self) -> Table: ...
+    def storage(self, table: Table) -> tuple[pafs.FileSystem, str]: ...
+    def maps(self, table: Table) -> RewriteMaps: ...
+    def forget_live(self) -> None: ...
 
 REWRITE = "sluice.rewrite"
 MAP = "sluice.rewrite-map"

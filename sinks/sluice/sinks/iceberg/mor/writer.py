@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sluice.changes import OP, Op
-from sluice.operators.batchwise import distinct, take_keys
 from sluice.sink import SinkContext
 from sluice.sinks.iceberg.format import IcebergFormat
 from sluice.sinks.iceberg.layout import IcebergLayout
@@ -47,7 +46,7 @@ from sluice.sinks.tables.changes import CHANGES_DIR, ChangeError, row_columns
 from sluice.sinks.tables.files import TableFile, data_file_name, schema_fingerprint, write_parquet
 from sluice.sinks.tables.storage import arrow_filesystem
 from sluice.sinks.tables.writer import write_file
-from sluice.state.spi import KeyBatch
+from sluice.state.spi import KeyBatch, distinct, take_keys
 
 __all__ = ["MergeOnReadWriter"]
 
