@@ -28,6 +28,20 @@ def pytest_configure(config: pytest.Config) -> None:
 SPARK_SLOTS = 4
 
 
+#: the Kafka source's two readers (sluice.connectors.kafka.native_reader): tests that hold on both take the
+#: ``kafka_reader`` fixture (module-wide: ``pytestmark = pytest.mark.usefixtures("kafka_reader")``)
+KAFKA_READERS = ("python", "native")
+
+
+@pytest.fixture(params=KAFKA_READERS)
+def kafka_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each Kafka reader in turn: ``reader="auto"`` sources (the default) run on it, in this process and in
+    the processes it starts (``SLUICE_KAFKA_READER``). The native one must be built: a test on it fails,
+    never skips, where it is not (``pip install -e .`` with cargo on the PATH builds it)."""
+    monkeypatch.setenv("SLUICE_KAFKA_READER", str(request.param))
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One SparkContext for the whole session (startup takes 5-20 s), reused by every Spark test."""

@@ -32,7 +32,7 @@ from tests.sinks.kafka.reader import read_committed as read_kafka_committed
 from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
-SOURCE_CASES = ["generator_source", "kafka_source"]
+SOURCE_CASES = ["generator_source", "kafka_source", "kafka_source_native"]
 #: sink cases (fixture names) every sink check runs against; add a sink here
 SINK_CASES = [
     "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
@@ -52,7 +52,17 @@ def generator_source() -> SourceCase:
 @pytest.fixture(scope="module")
 def kafka_source(broker: TansuBroker) -> SourceCase:
     """JSON records in 3 partitions; the source stops 7 records before each partition's end, so a reader
-    that reads past its stop offset emits records no bounded run may emit."""
+    that reads past its stop offset emits records no bounded run may emit. Today's reader (confluent-kafka)."""
+    return _kafka_case(broker, "python")
+
+
+@pytest.fixture(scope="module")
+def kafka_source_native(broker: TansuBroker) -> SourceCase:
+    """:func:`kafka_source` on the native reader (fetch and JSON decoding without the GIL)."""
+    return _kafka_case(broker, "native")
+
+
+def _kafka_case(broker: TansuBroker, reader: str) -> SourceCase:
     topic = f"conformance-{next(_names)}-{uuid.uuid4().hex[:6]}"
     broker.create_topic(topic, 3)
     for p in range(3):
@@ -66,6 +76,7 @@ def kafka_source(broker: TansuBroker) -> SourceCase:
         schema=pa.schema([("id", pa.int64())]),
         batch_size=20,
         stopping_offsets=stops,
+        reader=reader,
     )
     src.validate()
     expected = pa.table({"id": [p * 1000 + i for p in range(3) for i in range(stops[(topic, p)])]})

@@ -38,7 +38,7 @@ from tests.faults.contract import OVER_LIMIT, checkpoint_config, kafka_options, 
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import read_visible
 
-pytestmark = [pytest.mark.kafka, UNHANDLED_THREAD_ERRORS_FAIL]
+pytestmark = [pytest.mark.kafka, UNHANDLED_THREAD_ERRORS_FAIL, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 

@@ -21,7 +21,7 @@ from tests.connectors.kafka.test_kafka_e2e import SCHEMA, pipeline, produce_sing
 from tests.faults.shapes import record
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 
 def _start(

@@ -29,7 +29,7 @@ from tests.connectors.kafka.test_kafka_e2e import SCHEMA, wait_for
 from tests.control.conftest import sluice
 from tests.faults.shapes import record
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 
 def _job(pb: ProxiedBroker, t: str, tmp_path: Path, name: str, **options: Any) -> Pipeline:

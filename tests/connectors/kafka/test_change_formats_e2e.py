@@ -24,7 +24,7 @@ from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_
 from tests.connectors.kafka.test_formats_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 C, U, D, R = (int(o) for o in (Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ))
 

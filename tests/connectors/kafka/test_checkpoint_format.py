@@ -19,7 +19,7 @@ from tests.checkpoint_scan import assert_no_pickle
 from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 KEY = "kafka-format-test-key-0123456789"

@@ -64,6 +64,7 @@ def reader(monkeypatch: pytest.MonkeyPatch, src: KafkaSource) -> tuple[KafkaSour
         return consumers[-1]
 
     monkeypatch.setattr(KafkaSourceReader, "consumer_factory", staticmethod(factory))
+    monkeypatch.setenv("SLUICE_KAFKA_READER", "python")  # the fake consumer stands in for confluent-kafka's
     src.validate()
     r = src.create_reader(FakeReaderContext())
     assert isinstance(r, KafkaSourceReader)

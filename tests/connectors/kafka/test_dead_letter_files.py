@@ -15,7 +15,7 @@ from sluice.sinks.files import FileSink
 from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 
 def test_dead_letter_json_files_show_the_record_as_text(

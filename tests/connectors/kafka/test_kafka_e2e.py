@@ -28,7 +28,7 @@ from sluice.testing.faults import FaultInjector
 from tests.connectors.kafka.helpers import committed_ids, json_values, produce_json
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 RETRY = FixedDelayRestart(attempts=5, delay=0)

@@ -26,7 +26,7 @@ from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])
 AVRO = {
