@@ -153,6 +153,7 @@ def scenario(
 
 @pytest.mark.faults
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, seed: int) -> None:
     scenario(broker, topic(3), tmp_path, seed, kills=3, s3=None)
@@ -167,6 +168,7 @@ def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: 
 
 @pytest.mark.soak
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("seed", range(100, 130))
 def test_soak_sigkill(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path, seed: int) -> None:
     scenario(broker, topic(3), tmp_path, seed, kills=6, s3=moto_s3 if seed % 2 else None)
