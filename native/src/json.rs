@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, BinaryArray, RecordBatch};
-use arrow_json::reader::{Decoder, ReaderBuilder};
-use arrow_schema::{ArrowError, SchemaRef};
+use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch};
+use arrow_json::reader::{ArrayDecoder, Decoder, DecoderContext, DecoderFactory, ReaderBuilder, Tape, TapeElement};
+use arrow_schema::{ArrowError, DataType, FieldRef, SchemaRef};
 
 /// The decoding of a batch of values (indices refer to the values).
 pub struct Decoded {
@@ -38,6 +38,83 @@ fn error_text(e: &ArrowError) -> String {
     format!("ArrowInvalid: JSON parse error: {text}")
 }
 
+/// The one JSON kind each primitive column takes, as `pyarrow.json` (today's reader) has it: arrow-json
+/// on its own would also read `"7"` or `1.5` into an integer column (as 7 and 1) or a number into a
+/// timestamp; such values are bad records in both readers.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// an integer literal (no fraction, no exponent)
+    Integer,
+    /// any number
+    Number,
+    /// a string
+    Text,
+    /// true or false
+    Boolean,
+}
+
+impl Kind {
+    fn of(t: &DataType) -> Option<(Kind, &'static str)> {
+        use DataType::*;
+        Some(match t {
+            Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Date32 => (Kind::Integer, "an integer"),
+            Float16 | Float32 | Float64 => (Kind::Number, "a number"),
+            Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | Timestamp(_, _) => (Kind::Text, "a string"),
+            Boolean => (Kind::Boolean, "true or false"),
+            _ => return None,
+        })
+    }
+
+    fn accepts(self, tape: &Tape<'_>, e: TapeElement) -> bool {
+        match (self, e) {
+            (_, TapeElement::Null) => true,
+            (Kind::Integer, TapeElement::Number(idx)) => !tape.get_string(idx).bytes().any(|c| matches!(c, b'.' | b'e' | b'E')),
+            (Kind::Number, TapeElement::Number(_)) => true,
+            (Kind::Text, TapeElement::String(_)) => true,
+            (Kind::Boolean, TapeElement::True | TapeElement::False) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The builtin decoder of a column, after a check that every value is of the column's [`Kind`].
+struct Strict {
+    inner: Box<dyn ArrayDecoder>,
+    kind: Kind,
+    what: &'static str,
+}
+
+impl ArrayDecoder for Strict {
+    fn decode(&mut self, tape: &Tape<'_>, pos: &[u32]) -> Result<ArrayRef, ArrowError> {
+        for &p in pos {
+            if !self.kind.accepts(tape, tape.get(p)) {
+                return Err(tape.error(p, self.what));
+            }
+        }
+        self.inner.decode(tape, pos)
+    }
+}
+
+#[derive(Debug)]
+struct StrictFactory;
+
+impl DecoderFactory for StrictFactory {
+    fn make_default_decoder(
+        &self,
+        ctx: &DecoderContext,
+        field: &FieldRef,
+        is_nullable: bool,
+    ) -> Result<Option<Box<dyn ArrayDecoder>>, ArrowError> {
+        match Kind::of(field.data_type()) {
+            None => Ok(None),
+            Some((kind, what)) => {
+                let inner = ctx.make_builtin_decoder(field, is_nullable)?;
+                Ok(Some(Box::new(Strict { inner, kind, what })))
+            }
+        }
+    }
+}
+
 /// Decodes JSON objects into batches of `schema` (unknown fields ignored, missing ones null).
 pub struct JsonDecoder {
     schema: SchemaRef,
@@ -52,6 +129,7 @@ impl JsonDecoder {
         ReaderBuilder::new(Arc::clone(&self.schema))
             .with_batch_size(rows.max(1) + 1)
             .with_strict_mode(false)
+            .with_decoder_factory(Arc::new(StrictFactory))
             .build_decoder()
     }
 

@@ -58,7 +58,7 @@ class ArrowMessages(Messages):
         return self._values_list
 
     def __len__(self) -> int:
-        return self.fields.num_rows
+        return int(self.fields.num_rows)
 
     def topic_at(self, i: int) -> str:
         return self.tps[int(self.tp[i])][0]
