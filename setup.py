@@ -7,12 +7,13 @@ wheel (``tests/test_packaging.py`` builds the wheel and imports every module fro
 
 ``native/`` is a Rust crate (PyO3, abi3) built by setuptools-rust into ``sluice.connectors.kafka._native``:
 the Kafka read path without the GIL (``connectors/sluice/connectors/kafka/native_reader.py``). It is
-optional: where no Rust toolchain is found or the build fails, the install goes on without it and the
-Kafka source uses its Python reader (``reader="auto"``). ``SLUICE_NATIVE=0`` skips the build;
+optional: where no ``cargo`` is on the PATH or the build fails, the install goes on without it (a
+pure-Python wheel when there is no cargo) and the Kafka source uses its Python reader (``reader="auto"``). ``SLUICE_NATIVE=0`` skips the build;
 ``SLUICE_NATIVE_FEATURES`` adds Cargo features (``ssl``: librdkafka with the system's OpenSSL).
 """
 
 import os
+import shutil
 
 from setuptools import find_packages, setup
 
@@ -25,8 +26,8 @@ ROOTS = {
 
 
 def rust_extensions() -> list:
-    if os.environ.get("SLUICE_NATIVE", "1") == "0":
-        return []
+    if os.environ.get("SLUICE_NATIVE", "1") == "0" or shutil.which("cargo") is None:
+        return []  # a pure-Python wheel: the Kafka source takes its Python reader
     from setuptools_rust import Binding, RustExtension
 
     features = [f for f in os.environ.get("SLUICE_NATIVE_FEATURES", "").replace(",", " ").split() if f]
@@ -43,10 +44,13 @@ def rust_extensions() -> list:
     ]
 
 
+RUST = rust_extensions()
+
 setup(
     package_dir=ROOTS,
     packages=[f"{root}{'.' + sub if sub else ''}" for root, path in ROOTS.items() for sub in ["", *find_packages(path)]],
-    rust_extensions=rust_extensions(),
-    options={"bdist_wheel": {"py_limited_api": "cp311"}},
+    rust_extensions=RUST,
+    # the extension uses CPython's stable ABI (abi3, >= 3.11): one wheel per platform
+    options={"bdist_wheel": {"py_limited_api": "cp311"}} if RUST else {},
     zip_safe=False,
 )

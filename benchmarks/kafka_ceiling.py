@@ -28,6 +28,10 @@ load changes within a run, so ``--repeat N`` measures the ceiling, (c), then slu
 parallelism, N times in turn (the readers' order alternates between rounds); every output is counted
 against the input (Parquet row counts). The last line is ``RESULT {json}`` with, for each ratio, its
 median, ``<key>_runs`` (every round) and ``<key>_spread`` (min, max), the rounds' rates and load averages.
+Beside wall time, each run's CPU time per record (this process and its children; the broker's apart) is
+printed, and ``<reader>_p<n>_cpu_vs_ceiling`` (the ceiling's CPU per record over the job's): on a loaded
+machine a job of several threads gets a larger share of the cores than the one-thread ceiling, which
+flatters its wall-time ratio; the CPU ratio does not move with the load.
 
 Usage: python benchmarks/kafka_ceiling.py [--messages 2000000] [--partitions 4] [--parallelism 1 2]
     [--readers native python] [--repeat 3] [--probes] [--no-fetch-thread]
@@ -40,6 +44,7 @@ import io
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -270,6 +275,31 @@ def _ratios(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     }
 
 
+class CpuTime:
+    """CPU seconds of this process, its reaped children (the two-process loops) and the broker over a span:
+    a figure the machine's other load does not change the way it changes wall time."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+
+    def _now(self) -> tuple[float, float]:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        broker = 0.0
+        if self.broker_pid is not None:
+            with open(f"/proc/{self.broker_pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            broker = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, broker
+
+    def __enter__(self) -> CpuTime:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._now()
+        self.process_s, self.broker_s = end[0] - self._start[0], end[1] - self._start[1]
+
+
 def _rows(directory: Path) -> int:
     return sum(
         pq.ParquetFile(os.path.join(d, f)).metadata.num_rows
@@ -304,12 +334,20 @@ def main() -> None:
     HALVES = (list(range(PARTITIONS // 2)), list(range(PARTITIONS // 2, PARTITIONS)))
     if max(args.parallelism) > PARTITIONS:
         ap.error(f"--partitions ({PARTITIONS}) must be >= the largest parallelism ({max(args.parallelism)})")
+    # what a job imports the first time it runs (the control endpoint's aiohttp, the sink, the native
+    # extension): imported here, so round 1's first job does not pay the process's start-up
+    import sluice.connectors.kafka.native_reader
+    import sluice.control.server
+    import sluice.sinks.files  # noqa: F401
+
     work = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
     rounds: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load average {load_before:.1f}", flush=True)
     try:
         with TansuBroker() as broker:
+            proc = getattr(broker, "_proc", None)
+            pid = proc.pid if proc is not None else None
             broker.create_topic(TOPIC, PARTITIONS)
             produce(broker.bootstrap, args.messages)
             ends = broker.end_offsets(TOPIC, timeout=60)
@@ -318,12 +356,14 @@ def main() -> None:
                 row: dict[str, Any] = {"round": rnd + 1, "loadavg": round(os.getloadavg()[0], 1)}
                 cdir = work / f"ceiling-{rnd}"
                 cdir.mkdir()
-                with CpuSampler() as cpu:
+                with CpuSampler() as cpu, CpuTime(pid) as ct:
                     c_rate = ceiling(broker.bootstrap, args.messages, cdir)
                 if _rows(cdir) != args.messages:
                     raise RuntimeError(f"the ceiling wrote {_rows(cdir)} rows, expected {args.messages}")
                 shutil.rmtree(cdir)
                 row["ceiling_rec_s"] = round(c_rate)
+                row["ceiling_cpu_ns_per_rec"] = round(ct.process_s / args.messages * 1e9)
+                row["broker_cpu_ns_per_rec"] = round(ct.broker_s / args.messages * 1e9)
                 print(
                     f"(a) round {rnd + 1}: ceiling {c_rate:,.0f} rec/s, {cpu.cores_busy(0, float('inf')):.2f} cores busy",
                     flush=True,
@@ -358,7 +398,7 @@ def main() -> None:
                 for reader in readers:
                     for par in args.parallelism:
                         out = work / f"sluice-{rnd}-{reader}-{par}"
-                        with CpuSampler() as cpu:
+                        with CpuSampler() as cpu, CpuTime(pid) as ct:
                             s_rate = sluice_job(
                                 broker.bootstrap,
                                 args.messages,
@@ -373,6 +413,10 @@ def main() -> None:
                         row[f"{reader}_p{par}_rec_s"] = round(s_rate)
                         row[f"{reader}_p{par}_cores_busy"] = round(busy, 2)
                         row[f"{reader}_p{par}_vs_ceiling"] = round(s_rate / c_rate, 3)
+                        cpu_ns = ct.process_s / args.messages * 1e9
+                        row[f"{reader}_p{par}_cpu_ns_per_rec"] = round(cpu_ns)
+                        # the ceiling's CPU per record over this job's: > 1 is less CPU than the ceiling
+                        row[f"{reader}_p{par}_cpu_vs_ceiling"] = round(row["ceiling_cpu_ns_per_rec"] / cpu_ns, 3)
                         if par == 2 and "two_processes_rec_s" in row:
                             row[f"{reader}_p2_vs_two_processes"] = round(
                                 s_rate / row["two_processes_rec_s"], 3
@@ -381,7 +425,8 @@ def main() -> None:
                             row[f"{reader}_p{par}_vs_p1"] = round(s_rate / row[f"{reader}_p1_rec_s"], 3)
                         print(
                             f"(b) round {rnd + 1}: sluice exactly-once, {reader} reader, parallelism {par}: "
-                            f"{s_rate:,.0f} rec/s = {s_rate / c_rate:.2f}x the ceiling, {busy:.2f} cores busy",
+                            f"{s_rate:,.0f} rec/s = {s_rate / c_rate:.2f}x the ceiling, {busy:.2f} cores busy, "
+                            f"{cpu_ns:,.0f} ns CPU per record (the ceiling {row['ceiling_cpu_ns_per_rec']:,})",
                             flush=True,
                         )
                 rounds.append(row)
@@ -397,6 +442,7 @@ def main() -> None:
     for reader in args.readers:
         for par in args.parallelism:
             result.update(_ratios(rounds, f"{reader}_p{par}_vs_ceiling"))
+            result.update(_ratios(rounds, f"{reader}_p{par}_cpu_vs_ceiling"))
             if par > 1:
                 result.update(_ratios(rounds, f"{reader}_p{par}_vs_p1"))
         result.update(_ratios(rounds, f"{reader}_p2_vs_two_processes"))

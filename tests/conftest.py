@@ -127,16 +127,14 @@ def moto_s3() -> Iterator[MotoS3]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sluice wheel, built once per session from a clean copy of the checkout's tracked files (building
-    in the checkout would reuse its ``build/`` folder, where files deleted from the source linger)."""
+def clean_source_copy(dest: Path) -> Path:
+    """``dest`` filled with the checkout's tracked (and new, not ignored) files: a source tree to build a wheel
+    from (building in the checkout would reuse its ``build/`` folder, where files deleted from the source
+    linger)."""
     import shutil
     import subprocess
-    import sys
 
     root = Path(__file__).resolve().parent.parent
-    src = tmp_path_factory.mktemp("sluice-src")
     tracked = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=root, capture_output=True, timeout=120,
@@ -144,15 +142,28 @@ def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if tracked.returncode == 0:
         for name in filter(None, tracked.stdout.decode().split("\0")):
             if (root / name).is_file():
-                (src / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(root / name, src / name)
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / name, dest / name)
     else:  # not a git checkout (an unpacked source archive): everything but build products
-        shutil.copytree(root, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            ".venv", "build", "dist", "*.egg-info", "__pycache__", ".git"))  # fmt: skip
+        shutil.copytree(root, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".venv", "build", "dist", "*.egg-info", "__pycache__", ".git", "target", "*.so"))  # fmt: skip
+    return dest
+
+
+@pytest.fixture(scope="session")
+def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sluice wheel, built once per session from a clean copy of the checkout (:func:`clean_source_copy`)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    src = clean_source_copy(tmp_path_factory.mktemp("sluice-src"))
     dist = tmp_path_factory.mktemp("sluice-dist")
+    # the native reader's Rust build reuses the checkout's (native/target): warm, it takes seconds
+    env = {**os.environ, "CARGO_TARGET_DIR": str(root / "native" / "target")}
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = dist.glob("sluice_etl-*.whl")  # the distribution sluice-etl (the import name is sluice)
