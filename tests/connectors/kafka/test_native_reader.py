@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from sluice.connectors.kafka import KafkaSource
+from sluice.connectors.kafka import KafkaSource, native_choice
 from sluice.connectors.kafka import native_reader as nr
 from sluice.connectors.kafka.formats import Decoded, Messages
 from sluice.errors import ConfigError
@@ -33,7 +33,7 @@ SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])
 def test_the_native_reader_is_built_here() -> None:
     """The suite runs where cargo is: the install built the extension (a missing build fails here, once,
     naming why, instead of silently testing today's reader twice)."""
-    assert nr.native_problem(KafkaSource("localhost:9092", "t").options) is None
+    assert native_choice.native_problem(KafkaSource("localhost:9092", "t").options) is None
 
 
 @pytest.mark.parametrize("bad", ["rust", "", None, 1])
@@ -93,8 +93,8 @@ def test_a_callback_the_native_consumer_does_not_serve_falls_back(caplog: pytest
 def test_without_the_extension_auto_falls_back_and_native_is_refused(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(nr, "_native", None)
-    monkeypatch.setattr(nr, "_MISSING", "the extension sluice.connectors.kafka._native is not built (test)")
+    monkeypatch.setattr(native_choice, "_native", None)
+    monkeypatch.setattr(native_choice, "_MISSING", "the extension sluice.connectors.kafka._native is not built (test)")
     kind, lines = _choose(KafkaSource("localhost:9092", "t", name="unbuilt"), caplog)
     assert kind is nr.KafkaSourceReader and "is not built (test)" in lines[0]
     with pytest.raises(ConfigError) as err:

@@ -30,93 +30,22 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from sluice.connectors.kafka.formats import Decoded
+from sluice.connectors.kafka.native_choice import choose_reader, extension, settings
 from sluice.connectors.kafka.native_messages import ArrowMessages, NativeEvent
 from sluice.connectors.kafka.offsets import TopicPartitionKey
 from sluice.connectors.kafka.options import KafkaSourceOptions
 from sluice.connectors.kafka.prepared import Prepared
 from sluice.connectors.kafka.reader import KafkaSourceReader
-from sluice.errors import ConfigError
 from sluice.source import ReaderContext, SourceReader
 
-try:
-    from sluice.connectors.kafka import _native
-
-    _MISSING: str | None = None
-except ImportError as exc:  # not built (no Rust toolchain when it was installed)
-    _native = None  # type: ignore[assignment]
-    _MISSING = f"the extension sluice.connectors.kafka._native is not built ({exc})"
-
-__all__ = [
-    "NativeConsumer",
-    "NativeKafkaSourceReader",
-    "choose_reader",
-    "create_reader",
-    "native_problem",
-]
+__all__ = ["NativeConsumer", "NativeKafkaSourceReader", "create_reader"]
 
 log = logging.getLogger("sluice.kafka")
 
-#: confluent-kafka's callback settings the native consumer serves
-_CALLBACKS = ("on_commit", "error_cb", "stats_cb", "logger")
 #: syslog level -> logging level (as confluent-kafka maps librdkafka's log lines)
 _LEVELS = {0: 50, 1: 50, 2: 50, 3: 40, 4: 30, 5: 20, 6: 20, 7: 10}
-
-_problems: dict[int, tuple[KafkaSourceOptions, str | None]] = {}
 _logged: set[tuple[str, str]] = set()
 _lock = threading.Lock()
-
-
-def _settings(conf: Mapping[str, Any]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """librdkafka settings as strings, and the callbacks; ValueError for what the native consumer
-    cannot take (a callback it does not serve)."""
-    settings: list[tuple[str, str]] = []
-    callbacks: dict[str, Any] = {}
-    for key, value in conf.items():
-        if key in _CALLBACKS:
-            callbacks[key] = value
-        elif callable(value):
-            raise ValueError(f"consumer_config[{key!r}] is a callback the native reader does not serve")
-        elif isinstance(value, bool):
-            settings.append((key, "true" if value else "false"))
-        else:
-            settings.append((key, str(value)))
-    return settings, callbacks
-
-
-def native_problem(options: KafkaSourceOptions) -> str | None:
-    """Why the native reader cannot read this source (None: it can); asked once per options object."""
-    if _native is None:
-        return _MISSING
-    with _lock:
-        known = _problems.get(id(options))
-        if known is not None and known[0] is options:
-            return known[1]
-    problem: str | None = None
-    try:
-        settings, _ = _settings(options.consumer_conf("sluice-probe", bounded=options.bounded, reader=True))
-        _native.Consumer(settings).close()  # librdkafka checks names and values here (no network)
-    except ValueError as exc:
-        problem = str(exc)
-    except _native.KafkaNativeError as exc:
-        problem = f"librdkafka of the native reader refuses consumer_config: {exc.args[1]}"
-    with _lock:
-        _problems[id(options)] = (options, problem)
-    return problem
-
-
-def choose_reader(options: KafkaSourceOptions) -> tuple[str, str]:
-    """``("native" | "python", why)`` for this source in this process; ConfigError when ``reader="native"``
-    is asked for and cannot run."""
-    want = options.reader
-    if want == "python":
-        return "python", "reader='python'"
-    problem = native_problem(options)
-    if problem is None:
-        version = getattr(_native, "librdkafka_version", "?")
-        return "native", f"librdkafka {version}, fetch and decoding without the GIL"
-    if want == "native":
-        raise ConfigError(f"KafkaSource {options.name!r}: reader='native' cannot run: {problem}")
-    return "python", f"the native reader cannot run: {problem}"
 
 
 def create_reader(options: KafkaSourceOptions, ctx: ReaderContext) -> SourceReader:
@@ -150,8 +79,8 @@ class NativeConsumer:
     def __init__(
         self, conf: Mapping[str, Any], options: KafkaSourceOptions, ends: Mapping[TopicPartitionKey, int | None]
     ) -> None:
-        assert _native is not None
-        settings, self._callbacks = _settings(conf)
+        assert extension() is not None
+        conf_pairs, self._callbacks = settings(conf)
         fmt = options.format
         json_schema = (
             options.value_schema
@@ -160,22 +89,22 @@ class NativeConsumer:
         )
         self.decodes = json_schema is not None
         try:
-            self._c = _native.Consumer(
-                settings,
+            self._c = extension().Consumer(
+                conf_pairs,
                 need_ts=True,
                 need_keys=True,
                 need_headers=fmt == "raw" or not isinstance(fmt, str),
                 json_schema=json_schema,
                 max_record_bytes=options.max_record_bytes,
             )
-        except _native.KafkaNativeError as exc:
+        except extension().KafkaNativeError as exc:
             raise _kafka_exception(exc) from None
         self._ends = ends
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
-        except _native.KafkaNativeError as exc:
+        except extension().KafkaNativeError as exc:
             raise _kafka_exception(exc) from None
 
     def consume(self, num_messages: int, timeout: float) -> Any:

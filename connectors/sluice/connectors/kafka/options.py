@@ -222,7 +222,7 @@ class KafkaSourceOptions(_Frozen):
             self.consumer_config, self.group_id, self.consumer_conf("sluice-validate", bounded=False)
         )
         if self.reader == "native":  # refused now, in one line, where it cannot run
-            from sluice.connectors.kafka.native_reader import choose_reader
+            from sluice.connectors.kafka.native_choice import choose_reader
 
             choose_reader(self)
         return self
