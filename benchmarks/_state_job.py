@@ -6,9 +6,11 @@ batch-wise in the job's state backend, and Quix Streams counting per key on the 
   keys and their counts (Arrow ``group_by``), one multi-get, one write batch, and the updated counts emitted.
   With ``payload`` it keeps the batch's last ``payload`` per key instead (put only), for the large-state run.
 * :func:`run_job` runs it on the local runtime, Kafka in (a decoder reading the 8-byte big-endian keys with
-  NumPy), ``CountSink`` out, with exactly-once checkpoints; :class:`Pacer` holds the records after the load
-  phase to a rate, so that each checkpoint interval changes ~1% of the keys.
-* :func:`quix_rate` counts per key with Quix Streams (its RocksDB state and changelog topic).
+  NumPy), ``CountSink`` out (or :class:`LastCounts`, which keeps the emitted counts to check them), with
+  exactly-once checkpoints; :class:`Pacer` holds the records after the load phase to a rate, so that each
+  checkpoint interval changes ~1% of the keys.
+* :func:`quix_count` counts per key with Quix Streams (its RocksDB state and changelog topic), timed the
+  way :func:`run_job` is (start to end), and returns its final counts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from _common import CountSink  # type: ignore[import-not-found]
+from _common import CountSink, Stopwatch, Timing  # type: ignore[import-not-found]
 from confluent_kafka import Producer
 from sluice.api import Pipeline
 from sluice.config import CheckpointConfig, NoRestart
@@ -33,6 +35,7 @@ from sluice.connectors.kafka.formats.base import Decoded
 from sluice.graph import Partitioning
 from sluice.operators.base import Collector, Operator, OperatorContext, OperatorSnapshot
 from sluice.runtime.job import JobResult
+from sluice.sink import Sink, SinkWriter
 from sluice.state.api import ValueStateDescriptor
 from sluice.state.config import StateBackendConfig
 
@@ -91,6 +94,42 @@ class KeyedCount(Operator):
         self.backend.dispose()
 
 
+class LastCounts(Sink[int]):
+    """Keeps every batch the keyed count emits (key, count), commits nothing: :meth:`counts` is each key's
+    final count, to compare with the input. Keeping a reference per batch costs next to nothing."""
+
+    name = "last-counts"
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] = []
+
+    def create_writer(self, ctx: Any, restored: list[Any]) -> SinkWriter[int]:
+        return _Keep(self.batches)
+
+    def counts(self) -> dict[int, int]:
+        if not self.batches:
+            return {}
+        last = pa.Table.from_batches(self.batches).group_by("key").aggregate([("count", "max")])
+        return dict(zip(last.column("key").to_pylist(), last.column("count_max").to_pylist(), strict=True))
+
+
+class _Keep(SinkWriter[int]):
+    def __init__(self, batches: list[pa.RecordBatch]) -> None:
+        self.batches = batches
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+
+    def prepare_commit(self, checkpoint_id: int) -> list[int]:
+        return []
+
+
+def input_counts(keys: np.ndarray) -> dict[int, int]:
+    """The count per key of the topic's records (the reference both sides' counts are compared with)."""
+    uniq, n = np.unique(keys, return_counts=True)
+    return dict(zip(uniq.tolist(), n.tolist(), strict=True))
+
+
 @dataclass
 class Pacer:
     """A map_batches function: the first ``free`` records at full speed (the load phase), then ``rate``
@@ -138,7 +177,7 @@ class JobRun:
 
     result: JobResult
     seconds: float
-    cpu_seconds: float = 0.0  #: this process's CPU time over the run (the broker runs in its own)
+    cpu_seconds: float = 0.0  #: CPU time of the process tree over the run (this process, the broker, ...)
     load_end: float | None = None
     checkpoints: list[Any] = field(default_factory=list)
 
@@ -161,8 +200,10 @@ def run_job(
     storage_options: dict[str, Any] | None = None,
     restore: str = "none",
     num_retained: int = 1,
+    sink: Sink[Any] | None = None,
 ) -> JobRun:
-    """The keyed count over ``topic`` up to ``ends`` on the local runtime, parallelism 1."""
+    """The keyed count over ``topic`` up to ``ends`` on the local runtime, parallelism 1, timed from its start
+    to its end (``run()`` returns after its last checkpoint); ``sink`` instead of :class:`CountSink`."""
     p = Pipeline("state-bench", parallelism=1, restart=NoRestart(), state_backend=backend,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, storage_options=storage_options or {},
                                             num_retained=num_retained))  # fmt: skip
@@ -174,10 +215,10 @@ def run_job(
         s = s.map_batches(pace, name="pace")
     key = s.key_by("key").key
     counted = s._then("process", "keyed-count", lambda n: KeyedCount(n), None, s._edge(Partitioning.HASH, key), None, key=key)
-    counted.sink(CountSink())
-    t0, cpu = time.perf_counter(), time.process_time()
-    result = p.run(runtime="local", restore=restore)
-    run = JobRun(result, time.perf_counter() - t0, time.process_time() - cpu, pace.load_end if pace else None)
+    counted.sink(sink or CountSink())
+    with Stopwatch() as sw:
+        result = p.run(runtime="local", restore=restore)
+    run = JobRun(result, sw.timing.wall, sw.timing.cpu, pace.load_end if pace else None)
     run.checkpoints = [c for c in result.checkpoints if c.status == "completed"]
     return run
 
@@ -247,15 +288,16 @@ def quix_on_tansu() -> None:
     TopicAdmin.inspect_topics = with_defaults  # type: ignore[method-assign]
 
 
-def quix_rate(bootstrap: str, topic: str, records: int, state_dir: str | None = None) -> dict[str, float]:
+def quix_count(bootstrap: str, topic: str, records: int, state_dir: str | None = None) -> tuple[Timing, dict[int, int]]:
     """Quix Streams counting per message key with its RocksDB state (and changelog topic), commits every
-    second, over the first ``records`` records of ``topic``: records per second and per CPU second of this
-    process, from its first record to the last."""
+    second, over the first ``records`` records of ``topic``, timed as :func:`run_job` is: from
+    ``Application.run`` (consumer group join included) to its end, stopped after the last record (its final
+    checkpoint commits the state). Returns the timing and each key's final count (what its state holds)."""
     from quixstreams import Application
 
     quix_on_tansu()
 
-    marks: list[float] = []
+    counts: dict[bytes, int] = {}
     with tempfile.TemporaryDirectory(dir=state_dir) as d:
         app = Application(broker_address=bootstrap, consumer_group=f"quix-{time.time_ns()}", auto_offset_reset="earliest",
                           state_dir=d, commit_interval=1.0, loglevel="WARNING",
@@ -266,16 +308,19 @@ def quix_rate(bootstrap: str, topic: str, records: int, state_dir: str | None = 
         def count(value: bytes, state: Any) -> int:
             n: int = state.get("count", 0) + 1
             state.set("count", n)
+            counts[value] = n  # the value is the key's 8 bytes, as the message key
             seen[0] += 1
-            if seen[0] == 1 or seen[0] == records:
-                marks.extend((time.perf_counter(), time.process_time()))
             if seen[0] == records:
-                app.stop()
+                app.stop()  # the run loop ends, then commits its checkpoint
             return n
 
         app.dataframe(source).apply(count, stateful=True)
-        app.run()
-    return {"records": seen[0], "rate": (records - 1) / (marks[2] - marks[0]), "cpu_rate": (records - 1) / (marks[3] - marks[1])}
+        with Stopwatch() as sw:
+            app.run(timeout=120.0)  # the timeout only guards against a hang: it stops after `records`
+    if seen[0] != records:
+        raise RuntimeError(f"quix: counted {seen[0]} of {records} records")
+    return sw.timing, {int.from_bytes(k, "big", signed=True): v for k, v in counts.items()}
 
 
-__all__: Sequence[str] = ["JobRun", "KeyDecoder", "KeyedCount", "Pacer", "keyed_stats", "produce", "quix_rate", "run_job"]
+__all__: Sequence[str] = ["JobRun", "KeyDecoder", "KeyedCount", "LastCounts", "Pacer", "input_counts", "keyed_stats",
+                          "produce", "quix_count", "run_job"]  # fmt: skip

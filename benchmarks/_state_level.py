@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from _common import Stopwatch, Timing, alternate, ratios, report  # type: ignore[import-not-found]
 from sluice.state.api import ValueStateDescriptor
 from sluice.state.config import StateBackendConfig
+from sluice.state.factory import create_state_backend
 from sluice.state.handles import persisted_bytes, total_bytes
 from sluice.state.keygroups import key_group_range
 from sluice.state.spi import KeyedStateBackend
@@ -79,7 +81,7 @@ def backend(
 ) -> KeyedStateBackend:
     config = StateBackendConfig(type=kind, incremental=incremental, local_dir=os.path.join(root, "local"), memory=memory, **options)  # type: ignore[arg-type]
     transfer = transfer or LocalFileTransfer(os.path.join(root, "storage"))
-    be: KeyedStateBackend = config.create().create_keyed_backend("bench", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, transfer)
+    be: KeyedStateBackend = create_state_backend(config).create_keyed_backend("bench", key_group_range(MAX_PARALLELISM, 1, 0), MAX_PARALLELISM, transfer)
     return be
 
 
@@ -124,7 +126,7 @@ def incremental_run(kind: str, keys: int, rounds: int, rng: np.random.Generator)
             fractions.append(up / full)
             durations.append(elapsed)
         be.dispose()
-    return {"fraction": statistics.median(fractions), "duration": statistics.median(durations)}
+    return {"fraction": statistics.median(fractions), "mean": statistics.fmean(fractions), "duration": statistics.median(durations)}
 
 
 def changelog_run(kind: str, keys: int, rounds: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -148,9 +150,9 @@ def changelog_run(kind: str, keys: int, rounds: int, rng: np.random.Generator) -
     return {"fraction": statistics.median(fractions), "mean": statistics.fmean(fractions), "duration": statistics.median(durations)}
 
 
-def restore_times(keys: int, rounds: int, changelog: bool, transfer: Any = None) -> dict[str, float]:
+def restore_times(keys: int, rounds: int, changelog: bool, transfer: Any = None) -> dict[str, Any]:
     """Restore a RocksDB subtask of ``keys`` keys from its local copy and from checkpoint storage, alternated
-    ``rounds`` times; the fastest of each."""
+    ``rounds`` times; every time of each."""
     with tempfile.TemporaryDirectory() as root:
         options: dict[str, Any] = {"local_recovery": True, "changelog": changelog, "transfer": transfer}
         be = backend("rocksdb", root, **options)
@@ -171,54 +173,58 @@ def restore_times(keys: int, rounds: int, changelog: bool, transfer: Any = None)
                     assert restored.store.used > 0 and restored.store.refused == 0  # type: ignore[attr-defined]
                 restored.dispose()
         state_mb = total_bytes(handle) / (1 << 20)
-    return {"local": min(times["local"]), "remote": min(times["remote"]), "state_mb": state_mb}
+    return {"local": times["local"], "remote": times["remote"], "state_mb": state_mb}
 
 
-def throughput(kind: str, keys: int, records: int, rng: np.random.Generator, **options: Any) -> tuple[float, float]:
-    """Records per second of the keyed count over ``keys`` loaded keys, including a checkpoint's synchronous
-    part at the end: on the wall clock and on this process's CPU time."""
-    stream = rng.integers(0, keys, size=records, dtype=np.int64)
+def throughput(kind: str, keys: int, stream: np.ndarray, **options: Any) -> Timing:
+    """The keyed count of ``stream`` over ``keys`` loaded keys, including a checkpoint's synchronous part at
+    the end: wall and process-tree CPU time. Checked: every key's count equals the input's."""
     with tempfile.TemporaryDirectory() as root:
         be = backend(kind, root, **options)
         count(be, np.arange(keys, dtype=np.int64))
         be.snapshot(1).discard()
-        start, cpu = time.perf_counter(), time.process_time()
-        count(be, stream)
-        snap = be.snapshot(2)
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        with Stopwatch() as sw:
+            count(be, stream)
+            snap = be.snapshot(2)
         snap.discard()
+        got = be.batch_state(COUNT).get(be.key_batch([pa.array(np.arange(keys, dtype=np.int64))]))
+        want = np.ones(keys, dtype=np.int64)  # the load, then one per batch a key is in (count() reads, adds 1, writes)
+        for at in range(0, len(stream), 10_000):
+            want[np.unique(stream[at : at + 10_000])] += 1
+        if not np.array_equal(got.to_numpy(zero_copy_only=False), want):
+            raise RuntimeError(f"backend-level {kind}: counts differ from the input's")
         be.dispose()
-    return records / wall, records / cpu
+    return sw.timing
 
 
-def backend_level(quick: bool, rng: np.random.Generator) -> dict[str, Any]:
+def backend_level(quick: bool, rng: np.random.Generator, rounds: int = 3, metric: str = "wall") -> dict[str, Any]:
     """The backend-level figures, keys prefixed ``backend_``."""
     small = 100_000 if quick else 300_000
-    rounds = 5 if quick else 9
+    changes = 5 if quick else 9  # checkpoints after 1% of the keys changed (``rounds``: alternated rounds)
     result: dict[str, Any] = {}
-    inc_1x = incremental_run("rocksdb", small, rounds, rng)
-    inc_10x = incremental_run("rocksdb", small * 10, rounds, rng)
+    inc_1x = incremental_run("rocksdb", small, changes, rng)
+    inc_10x = incremental_run("rocksdb", small * 10, changes, rng)
     print(f"[backend] rocksdb incremental: upload fraction {inc_1x['fraction']:.3f} at {small} keys, {inc_10x['fraction']:.3f} "
           f"at {small * 10}; checkpoint {inc_1x['duration'] * 1000:.0f} -> {inc_10x['duration'] * 1000:.0f} ms", flush=True)  # fmt: skip
     result["backend_incremental_upload_fraction"] = round(inc_10x["fraction"], 4)
+    result["backend_incremental_upload_fraction_mean"] = round(inc_10x["mean"], 4)
     result["backend_checkpoint_growth"] = round(inc_10x["duration"] / inc_1x["duration"], 2)
-    log_rocks = changelog_run("rocksdb", small * 10, rounds * 2, rng)
+    log_rocks = changelog_run("rocksdb", small * 10, changes * 2, rng)
     print(f"[backend] rocksdb changelog: upload fraction {log_rocks['fraction']:.4f} (mean with materializations "
           f"{log_rocks['mean']:.4f}) at {small * 10} keys", flush=True)  # fmt: skip
     result["backend_changelog_upload_fraction"] = round(log_rocks["fraction"], 4)
+    result["backend_changelog_upload_fraction_mean"] = round(log_rocks["mean"], 4)
     s3, server = s3_transfer()
     try:
-        r = restore_times(small * 10, 3, False, s3)
+        r = restore_times(small * 10, rounds, False, s3)
     finally:
         server.stop()
-    print(f"[backend] restore of {r['state_mb']:.0f} MiB: local copy {r['local'] * 1000:.0f} ms, S3 {r['remote'] * 1000:.0f} ms", flush=True)
-    result["backend_local_vs_remote_restore"] = round(r["local"] / r["remote"], 3)
+    print(f"[backend] restore of {r['state_mb']:.0f} MiB: local copy {', '.join(f'{t * 1000:.0f}' for t in r['local'])} ms, "
+          f"S3 {', '.join(f'{t * 1000:.0f}' for t in r['remote'])} ms", flush=True)  # fmt: skip
+    report(result, "backend_local_vs_remote_restore", [a / b for a, b in zip(r["local"], r["remote"], strict=True)], "<= 0.3")
     records = 500_000 if quick else 2_000_000
-    rates: dict[str, list[tuple[float, float]]] = {"hashmap": [], "rocksdb": []}
-    for _ in range(2):  # alternated: the machine is shared
-        for kind in rates:
-            rates[kind].append(throughput(kind, small, records, rng))
-    best = {k: max(x[0] for x in v) for k, v in rates.items()}
-    print(f"[backend] batch-wise keyed count: hashmap {best['hashmap'] / 1e3:.0f} k rec/s, rocksdb {best['rocksdb'] / 1e3:.0f} k rec/s", flush=True)
-    result["backend_rocksdb_vs_hashmap"] = round(best["rocksdb"] / best["hashmap"], 3)
+    stream = rng.integers(0, small, size=records, dtype=np.int64)  # the same records for both backends
+    print(f"[backend] batch-wise keyed count of {records:,} records over {small:,} keys, alternated rounds:", flush=True)
+    timings = alternate(["hashmap", "rocksdb"], rounds, lambda kind, _r: throughput(kind, small, stream))
+    ratios(result, "backend_rocksdb_vs_hashmap", timings["rocksdb"], timings["hashmap"], metric, ">= 0.5")
     return result

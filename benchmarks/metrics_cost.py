@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/kafka_broker.py imports tests.*
 from kafka_broker import TansuBroker
 from kafka_ceiling import PARTITIONS, SCHEMA, TOPIC, produce
 from sluice.api import Pipeline

@@ -48,6 +48,7 @@ from cpu import CpuSampler  # type: ignore[import-not-found]
 from kafka_ceiling import PARTITIONS, SCHEMA, TOPIC, produce, value  # type: ignore[import-not-found]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/kafka_broker.py imports tests.*
 from kafka_broker import TansuBroker
 from sluice.api import Pipeline
 from sluice.config import FixedDelayRestart, NoRestart

@@ -14,26 +14,30 @@ checkpoint, ``sync_s`` + ``async_s``) and metrics (the ``state_restore_s`` gauge
 * ``changelog_upload_fraction``: the same with changelog checkpoints (materialization every 5 s);
 * ``checkpoint_growth``: median checkpoint duration (the subtask's synchronous + asynchronous part) after the
   load phase at 10x keys / at 1x, RocksDB incremental (``hashmap_checkpoint_growth``: hashmap, full);
-* ``rocksdb_vs_hashmap``: throughput of the same job (unpaced, the 10x topic) on RocksDB / on hashmap, best
-  of two alternated runs each, job wall time from start to finish (``*_cpu``: on this process's CPU time,
-  less at the mercy of other work on a shared machine);
-* ``vs_quix``: that RocksDB throughput / Quix Streams (``pip install 'sluice-etl[bench]'``) counting per
-  message key with its own RocksDB state (and changelog topic), commits every second, over the first
-  ``--quix-records`` records of the same topic, alternated with the sluice runs, the best of two, timed from
-  its first record to its last (its consumer group join excluded; sluice's job startup included);
+* ``rocksdb_vs_hashmap``: throughput of the same job (unpaced, the whole 10x topic) on RocksDB / on
+  hashmap; ``vs_quix``: that RocksDB throughput / Quix Streams' (``pip install 'sluice-etl[bench]'``)
+  counting per message key with its own RocksDB state (and changelog topic), commits every second, over the
+  same records (the whole topic). The three run in alternated rounds (``--rounds``, order rotated) after an
+  untimed warm-up of each over a tenth of the topic (benchmarks/_common.py), every one timed from its start
+  (``Pipeline.run``, ``Application.run``: Quix's consumer group join included) to its end (stopped after the
+  last record, its final checkpoint taken); each ratio is the median of the per-round ratios by the named
+  metric (``--metric``, wall time by default) with the spread and every round, CPU time of the whole process
+  tree (the broker included) beside. Both sides' final counts are compared with the input's count per key;
 * ``local_vs_remote_restore``: the job on checkpoint storage in S3 (a moto server in this process) with local
   recovery, restarted from its last checkpoint: restore time from the local copy / from S3 (local recovery
-  off), best of three alternated restarts;
+  off), per alternated round (``--rounds``), the median and spread;
 * ``state_mb`` / ``rss_mb``: in a child process, the keyed operator keeps a 200-byte payload per key (a
   generator source writes each key once, so the data need not sit in the broker) on RocksDB with a 64 MiB
   memory budget: the last checkpoint's state size against the process's peak RSS; the hashmap backend's
   state and RSS at ``hashmap_state_target_mb`` show why it cannot run it.
 
 The backend-level figures (the backends driven directly, benchmarks/_state_level.py) are under
-``backend_*`` (the full run only, unless ``--backend-level``). Prints the load average before and after (the
-machine is shared).
+``backend_*`` (``--no-backend-level`` skips them). Every target is shown with what misses beside what passes
+(printed at the end and under ``targets`` in the RESULT): the upload fractions' mean beside their median, the
+backend-level figure beside the job-level one. Prints the load average before and after (the machine is
+shared).
 
-    python benchmarks/state_backends.py [--quick] [--[no-]backend-level]
+    python benchmarks/state_backends.py [--quick] [--no-backend-level] [--rounds 3] [--metric wall|cpu]
 
 The last line is ``RESULT {json}``.
 """
@@ -54,7 +58,19 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from _state_job import JobRun, Pacer, keyed_stats, large_state_job, produce, quix_rate, run_job  # type: ignore[import-not-found]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/kafka_broker.py imports tests.*
+from _common import Timing, add_round_options, alternate, check_rounds, ratios, report, with_runs  # type: ignore[import-not-found]
+from _state_job import (  # type: ignore[import-not-found]
+    JobRun,
+    LastCounts,
+    Pacer,
+    input_counts,
+    keyed_stats,
+    large_state_job,
+    produce,
+    quix_count,
+    run_job,
+)
 from _state_level import backend_level, s3_transfer  # type: ignore[import-not-found]
 from kafka_broker import TansuBroker
 from sluice.state.config import StateBackendConfig
@@ -109,10 +125,10 @@ def paced(bootstrap: str, topic: str, ends: dict[int, int], keys: int, kind: str
     }
 
 
-def restores(bootstrap: str, topic: str, ends: dict[int, int], rounds: int) -> dict[str, float]:
+def restores(bootstrap: str, topic: str, ends: dict[int, int], rounds: int) -> dict[str, Any]:
     """The job on S3 (moto) with local recovery, then restarted ``rounds`` times with and without local
     recovery, alternated, from the last checkpoint it took while running (the restarted job has nothing left
-    to read; every run keeps all checkpoints, so that one stays): the fastest restore of each (the
+    to read; every run keeps all checkpoints, so that one stays): every restore time (the
     ``state_restore_s`` gauge)."""
     s3, server = s3_transfer()
     try:
@@ -140,7 +156,7 @@ def restores(bootstrap: str, topic: str, ends: dict[int, int], rounds: int) -> d
                     times[where].append(took)
     finally:
         server.stop()
-    return {"local": min(times["local"]), "remote": min(times["remote"]), "state_mb": state_mb}
+    return {"local": times["local"], "remote": times["remote"], "state_mb": state_mb}
 
 
 def child_large_state(kind: str, target_mb: int, memory: str) -> dict[str, Any]:
@@ -159,31 +175,73 @@ def large_state(kind: str, target_mb: int, memory: str) -> dict[str, Any]:
     return out
 
 
+def quix_installed() -> bool:
+    try:
+        import quixstreams  # noqa: F401
+    except ImportError:
+        print("quix: not installed (pip install -e '.[bench]'): vs_quix left out", flush=True)
+        return False
+    return True
+
+
+#: each target, and the figures that judge it: the job-level one first, then what is shown beside it
+TARGETS = {
+    "incremental_upload_fraction": ("<= 0.10", ["incremental_upload_fraction", "incremental_upload_fraction_mean",
+                                                "backend_incremental_upload_fraction", "backend_incremental_upload_fraction_mean"]),
+    "changelog_upload_fraction": ("<= 0.03", ["changelog_upload_fraction", "changelog_upload_fraction_mean",
+                                              "backend_changelog_upload_fraction", "backend_changelog_upload_fraction_mean"]),
+    "checkpoint_growth": ("<= 2", ["checkpoint_growth", "backend_checkpoint_growth"]),
+    "rocksdb_vs_hashmap": (">= 0.5", ["rocksdb_vs_hashmap", "rocksdb_vs_hashmap_cpu", "backend_rocksdb_vs_hashmap"]),
+    "vs_quix": (">= 5", ["vs_quix", "vs_quix_cpu"]),
+    "local_vs_remote_restore": ("<= 0.3", ["local_vs_remote_restore", "backend_local_vs_remote_restore"]),
+    "state_to_rss": (">= 4", ["state_to_rss"]),
+}  # fmt: skip
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """Every target with each figure that bears on it, met or not: a miss is shown beside a pass (the mean
+    beside the median, the backend-level figure beside the job-level one)."""
+    out: dict[str, Any] = {}
+    print("targets (every figure that bears on each, misses beside passes):")
+    for name, (target, keys) in TARGETS.items():
+        op, bound = target.split()
+        figures = {k: result[k] for k in keys if result.get(k) is not None}
+        verdicts = {k: (v >= float(bound) if op == ">=" else v <= float(bound)) for k, v in figures.items()}
+        out[name] = {"target": target, **{k: {"value": v, "met": verdicts[k]} for k, v in figures.items()}}
+        shown = "; ".join(f"{k} {v} ({'met' if verdicts[k] else 'NOT MET'})" for k, v in figures.items())
+        print(f"  {name} {target}: {shown or 'not measured'}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller sizes (under 5 minutes)")
     parser.add_argument("--keys", type=int, help="keys of the 1x topic (default 100k, quick 50k)")
-    parser.add_argument("--quix-records", type=int, default=300_000, help="records Quix Streams counts")
     parser.add_argument("--memory", default="64 mb", help="RocksDB memory budget of the large-state run")
-    parser.add_argument("--backend-level", action=argparse.BooleanOptionalAction, default=None,
-                        help="also the backend-level figures (default: in the full run, not with --quick)")
+    parser.add_argument("--backend-level", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the backend-level figures, shown beside the job-level ones (default: yes)")
     parser.add_argument("--large-state", nargs=3, help=argparse.SUPPRESS)
+    add_round_options(parser)
     args = parser.parse_args()
     if args.large_state:
         kind, mb, memory = args.large_state
         print(json.dumps(child_large_state(kind, int(mb), memory)))
         return
+    check_rounds(args)
     load_before = os.getloadavg()
     rng = np.random.default_rng(7)
     keys = args.keys or (50_000 if args.quick else 100_000)
     rounds = 8 if args.quick else 12
-    result: dict[str, Any] = {"quick": args.quick, "keys_1x": keys, "keys_10x": keys * 10}
+    result: dict[str, Any] = {"quick": args.quick, "keys_1x": keys, "keys_10x": keys * 10, "metric": args.metric,
+                              "rounds": args.rounds}  # fmt: skip
 
     with TansuBroker() as broker:
         ends: dict[str, dict[int, int]] = {}
+        expected: dict[str, dict[int, int]] = {}
         for name, n in (("keys-1x", keys), ("keys-10x", keys * 10)):
             broker.create_topic(name, 1)
             data = topic_keys(n, rounds, rng)
+            expected[name] = input_counts(data)
             took = produce(broker.bootstrap, name, data)
             ends[name] = broker.end_offsets(name, timeout=120)
             assert sum(ends[name].values()) == len(data), ends[name]
@@ -202,36 +260,48 @@ def main() -> None:
         result["incremental_upload_fraction_mean"] = round(inc["10x"]["fraction_mean"], 4)
         result["changelog_upload_fraction"] = round(log["fraction"], 4)
         result["changelog_upload_fraction_mean"] = round(log["fraction_mean"], 4)
+        print(f"incremental_upload_fraction: median {result['incremental_upload_fraction']} beside its mean "
+              f"{result['incremental_upload_fraction_mean']} (target <= 0.10: judged by the median of the checkpoints, "
+              f"the mean shown beside)", flush=True)  # fmt: skip
         result["checkpoint_growth"] = round(inc["10x"]["duration"] / inc["1x"]["duration"], 2)
         result["hashmap_checkpoint_growth"] = round(heap["10x"]["duration"] / heap["1x"]["duration"], 2)
         result["checkpoint_ms"] = {f"{k}_{x}": round(r[x]["duration"] * 1000, 1) for k, r in (("rocksdb", inc), ("hashmap", heap)) for x in r}
         result["checkpoint_ms"]["rocksdb_changelog_10x"] = round(log["duration"] * 1000, 1)
 
-        rates: dict[str, list[tuple[float, float]]] = {"hashmap": [], "rocksdb": []}
-        quix: list[dict[str, float]] = []
-        for _ in range(2):  # alternated: the machine is shared
-            for kind in rates:
-                with tempfile.TemporaryDirectory() as root:
-                    run = run_job(broker.bootstrap, "keys-10x", ends["keys-10x"], config(kind, root), f"{root}/chk", interval=INTERVAL)
-                rates[kind].append((records_10x / run.seconds, records_10x / run.cpu_seconds))
-            quix.append(quix_rate(broker.bootstrap, "keys-10x", min(args.quix_records, records_10x)))
-        best = {k: max(r[0] for r in v) for k, v in rates.items()} | {"quix": max(q["rate"] for q in quix)}
-        best_cpu = {k: max(r[1] for r in v) for k, v in rates.items()} | {"quix": max(q["cpu_rate"] for q in quix)}
-        print(f"throughput over {records_10x:,} records (wall / CPU, k rec/s): hashmap {best['hashmap'] / 1e3:.0f} / "
-              f"{best_cpu['hashmap'] / 1e3:.0f}, rocksdb {best['rocksdb'] / 1e3:.0f} / {best_cpu['rocksdb'] / 1e3:.0f}; Quix Streams "
-              f"over {int(quix[0]['records']):,}: {best['quix'] / 1e3:.1f} / {best_cpu['quix'] / 1e3:.1f}", flush=True)  # fmt: skip
-        result["throughput_rec_s"] = {k: round(v) for k, v in best.items()}
-        result["throughput_cpu_rec_s"] = {k: round(v) for k, v in best_cpu.items()}
-        result["rocksdb_vs_hashmap"] = round(best["rocksdb"] / best["hashmap"], 3)
-        result["rocksdb_vs_hashmap_cpu"] = round(best_cpu["rocksdb"] / best_cpu["hashmap"], 3)
-        result["vs_quix"] = round(best["rocksdb"] / best["quix"], 2)
-        result["vs_quix_cpu"] = round(best_cpu["rocksdb"] / best_cpu["quix"], 2)
+        print(f"throughput over the {records_10x:,} records of keys-10x, alternated rounds:", flush=True)
+        warm_ends = {p: max(1, o // 10) for p, o in ends["keys-10x"].items()}
 
-        rest = restores(broker.bootstrap, "keys-10x", ends["keys-10x"], 3)
-        print(f"restore of {rest['state_mb']:.1f} MiB of RocksDB state: local copy {rest['local'] * 1000:.0f} ms, "
-              f"S3 {rest['remote'] * 1000:.0f} ms", flush=True)  # fmt: skip
-        result["local_vs_remote_restore"] = round(rest["local"] / rest["remote"], 3)
-        result["restore_ms"] = {"local": round(rest["local"] * 1000, 1), "s3": round(rest["remote"] * 1000, 1), "state_mb": round(rest["state_mb"], 1)}
+        def throughput_run(side: str, r: int) -> Timing:
+            if side == "quix":
+                timing, counts = quix_count(broker.bootstrap, "keys-10x", records_10x if r else sum(warm_ends.values()))
+            else:
+                sink = LastCounts()
+                with tempfile.TemporaryDirectory() as root:
+                    run = run_job(broker.bootstrap, "keys-10x", ends["keys-10x"] if r else warm_ends, config(side, root),
+                                  f"{root}/chk", interval=INTERVAL, sink=sink)  # fmt: skip
+                timing, counts = Timing(run.seconds, run.cpu_seconds), sink.counts()
+            if r and counts != expected["keys-10x"]:  # the warm-up reads a tenth of the topic: not compared
+                wrong = sum(1 for k, c in expected["keys-10x"].items() if counts.get(k) != c)
+                raise RuntimeError(f"{side}, round {r}: {wrong} of {len(expected['keys-10x'])} keys counted wrong")
+            return timing
+
+        sides = ["hashmap", "rocksdb", *(["quix"] if quix_installed() else [])]
+        timings = alternate(sides, args.rounds, throughput_run, warmup=not args.no_warmup)
+        work = (records_10x, records_10x)
+        ratios(result, "rocksdb_vs_hashmap", timings["rocksdb"], timings["hashmap"], args.metric, ">= 0.5", work=work)
+        if "quix" in timings:
+            ratios(result, "vs_quix", timings["rocksdb"], timings["quix"], args.metric, ">= 5", work=work, digits=2)
+        for metric, name in (("wall", "throughput_rec_s"), ("cpu", "throughput_cpu_rec_s")):  # medians over the rounds
+            result[name] = {k: round(records_10x / statistics.median(t.of(metric) for t in v)) for k, v in timings.items()}
+        with_runs(result, "throughput_timings_wall_cpu", timings)
+
+        rest = restores(broker.bootstrap, "keys-10x", ends["keys-10x"], args.rounds)
+        print(f"restore of {rest['state_mb']:.1f} MiB of RocksDB state: local copy "
+              f"{', '.join(f'{t * 1000:.0f}' for t in rest['local'])} ms, S3 {', '.join(f'{t * 1000:.0f}' for t in rest['remote'])} ms",
+              flush=True)  # fmt: skip
+        report(result, "local_vs_remote_restore", [a / b for a, b in zip(rest["local"], rest["remote"], strict=True)], "<= 0.3")
+        result["restore_ms"] = {"local": [round(t * 1000, 1) for t in rest["local"]], "s3": [round(t * 1000, 1) for t in rest["remote"]],
+                                "state_mb": round(rest["state_mb"], 1)}  # fmt: skip
 
     target = 1280 if args.quick else 2048
     rocks = large_state("rocksdb", target, args.memory)
@@ -248,8 +318,9 @@ def main() -> None:
     result["hashmap_state_mb"] = round(heaps["state_mb"])
     result["hashmap_rss_mb"] = round(heaps["rss_mb"])
 
-    if args.backend_level or (args.backend_level is None and not args.quick):
-        result.update(backend_level(args.quick, rng))
+    if args.backend_level:
+        result.update(backend_level(args.quick, rng, args.rounds, args.metric))
+    result["targets"] = targets(result)
     result["loadavg"] = [round(load_before[0], 1), round(os.getloadavg()[0], 1)]
     print(f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f} (2 cores, shared)")
     print("RESULT " + json.dumps(result))

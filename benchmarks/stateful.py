@@ -1,30 +1,37 @@
 """Stateful operators against the stateless job, Quix Streams and a per-key KeyedProcessFunction, on one topic.
 
 Starts a tansu broker, produces ``--messages`` JSON events (``user`` out of ``--keys``, ``amount``, ``ts``
-spanning ``--minutes`` of event time in order; the message key is the user) into 4 partitions, and runs
-on that topic, one after another, each reading it whole into Parquet files:
+spanning ``--minutes`` of event time in order; the message key is the user, each user's events in one
+partition) into 4 partitions, and runs on that topic, each job reading it whole:
 
-* ``stateless``: ``KafkaSource -> FileSink(parquet)``, exactly-once checkpoints every second;
+* ``stateless``: ``KafkaSource -> FileSink(parquet)``, exactly-once checkpoints every second, its files
+  compared with the produced events;
 * ``window``: the same plus ``key_by("user").window(Tumbling("1m"), time="ts").aggregate(count(),
-  sum("amount"), max("amount"))`` (``--backend`` hashmap or rocksdb), its result checked against pyarrow's
+  sum("amount"), max("amount"))`` (``--backend`` hashmap or rocksdb), its result compared with pyarrow's
   ``group_by`` over the produced events;
 * ``keyed_process``: the same aggregation as a ``KeyedProcessFunction`` (today's per-key model: map state of
-  window start -> [count, sum, max] and an event-time timer per key and window);
+  window start -> [count, sum, max] and an event-time timer per key and window), compared the same way;
 * ``quix``: Quix Streams (benchmark extra ``bench``) ``tumbling_window(1 min).agg(Count, Sum, Max).final()``
   into its local Parquet sink, at-least-once, state in local RocksDB without changelog topics (tansu does
-  not report the topic configuration Quix derives them from); its rate is the events over the time from
-  its first processed event to its last (its start and consumer-group join left out, unlike sluice's jobs,
-  whose times include their start).
+  not report the topic configuration Quix derives them from; less work than its default). Its output is
+  compared with the same reference less each user's last window, which ``.final()`` leaves open (it closes
+  a key's window on that key's next event, and the input ends).
 
-Ratios: ``window_vs_stateless`` (target >= 0.6), ``window_vs_quix`` (>= 10), ``window_vs_keyed_process``
-(>= 5). Then, in the same run, ``benchmarks/stateful_dedup_join.py`` (its own topics: deduplication needs
-10M distinct keys, the join 1M dimension rows; ``--quick`` passed on) adds ``dedup_vs_stateless`` and
+Every job is timed the same way: from its start (``Pipeline.run``, ``Application.run``: consumer group join
+and start-up included) to its end with its last output committed (sluice: ``run()`` returns after the
+final commit; Quix: stopped once it processed the last event, its final checkpoint flushing the sink). The
+four jobs run in alternated rounds (``--rounds``, at least 3, order rotated), after an untimed warm-up of
+each over the first tenth of the topic (benchmarks/_common.py). Ratios of events per second, each the
+median of the per-round ratios by the metric named before the run (``--metric``: wall time by default),
+with its spread and every round; CPU time of the whole process tree (every job runs in this process; the
+broker is its child) beside (``*_cpu``): ``window_vs_stateless`` (target >= 0.6), ``window_vs_quix``
+(>= 10), ``window_vs_keyed_process`` (>= 5). Then, in the same run, ``benchmarks/stateful_dedup_join.py``
+(its own topics; ``--quick``, ``--rounds``, ``--metric`` passed on) adds ``dedup_vs_stateless`` and
 ``join_vs_stateless`` (targets >= 0.5) against its own stateless baseline; ``--no-dedup-join`` skips it.
-Each ratio also by CPU time of this process (``*_cpu``; every job, Quix's included, runs in it), which a
-shared machine's load disturbs less than wall time.
 The last line is ``RESULT {json}``.
 
 Usage: python benchmarks/stateful.py [--quick] [--messages 2000000] [--keys 100000] [--backend hashmap]
+       [--rounds 3] [--metric wall|cpu] [--no-dedup-join]
 (Quix needs ``pip install -e ".[bench]"``, best in a venv of its own: it pins older confluent-kafka.)
 """
 
@@ -34,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,11 +57,22 @@ from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import (  # type: ignore[import-not-found]
+    Stopwatch,
+    Timing,
+    add_round_options,
+    alternate,
+    check_rounds,
+    load_average,
+    ratios,
+    same_table,
+    with_runs,
+)
 from kafka_broker import TansuBroker
-from sluice import KeyedProcessFunction, MapStateDescriptor, NoRestart, Pipeline
+from sluice import KeyedProcessFunction, MapStateDescriptor, NoRestart, Pipeline, windows
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.files import FileSink
-from sluice.windows import Tumbling, count, max, sum
+from sluice.windows import Tumbling
 
 PARTITIONS = 4
 TOPIC = "events"
@@ -130,7 +149,7 @@ class PerKeyWindows(KeyedProcessFunction):
         ]
 
 
-def sluice_job(kind: str, bootstrap: str, ends: dict[int, int], out: Path, args: argparse.Namespace) -> tuple[float, float]:
+def sluice_job(kind: str, bootstrap: str, ends: dict[int, int], out: Path, args: argparse.Namespace) -> Timing:
     backend = {"type": "rocksdb", "incremental": True} if args.backend == "rocksdb" else None
     p = Pipeline(
         f"stateful-{kind}",
@@ -153,14 +172,14 @@ def sluice_job(kind: str, bootstrap: str, ends: dict[int, int], out: Path, args:
         s = (
             s.key_by("user")
             .window(Tumbling("1m"), time="ts")
-            .aggregate(count(), sum("amount"), max("amount"))
+            .aggregate(windows.count(), windows.sum("amount"), windows.max("amount"))
         )
     elif kind == "keyed_process":
         s = s.key_by("user").process(PerKeyWindows())
     s.sink(FileSink(str(out / "parquet"), format="parquet", compression="snappy"))
-    t0, c0 = time.perf_counter(), time.process_time()
-    p.run(runtime="local", restore="none")
-    return time.perf_counter() - t0, time.process_time() - c0
+    with Stopwatch() as sw:  # run() returns after the last commit: the last record is visible
+        p.run(runtime="local", restore="none")
+    return sw.timing
 
 
 def reference(table: pa.Table) -> pa.Table:
@@ -172,13 +191,25 @@ def reference(table: pa.Table) -> pa.Table:
     )
 
 
-def check(kind: str, out: Path, expected: pa.Table) -> None:
-    got = ds.dataset(str(out / "parquet"), format="parquet").to_table()
+def without_last_windows(ref: pa.Table) -> pa.Table:
+    """``ref`` less each user's last window: what Quix's ``.final()`` emits when the input ends."""
+    last = ref.group_by("user").aggregate([("window_start", "max")])
+    joined = ref.join(last, "user")
+    return joined.filter(pc.less(joined.column("window_start"), joined.column("window_start_max"))).drop_columns(
+        ["window_start_max"]
+    )
+
+
+def check(kind: str, got: pa.Table, expected: pa.Table) -> None:
+    """Compare a job's output with the reference computed from the produced events ``expected``."""
     if kind == "stateless":
-        if got.num_rows != expected.num_rows:
-            raise RuntimeError(f"stateless: committed {got.num_rows} rows, expected {expected.num_rows}")
+        differs = same_table(got.select(SCHEMA.names), expected, keys=("ts", "user", "amount"))
+        if differs is not None:
+            raise RuntimeError(f"stateless: the files differ from the produced events ({differs})")
         return
     ref = reference(expected)
+    if kind == "quix":
+        ref = without_last_windows(ref)
     key = ["user", "window_start"]
     g = got.select([*key, "count", "sum_amount", "max_amount"]).sort_by([(k, "ascending") for k in key])
     r = ref.select([*key, "user_count", "amount_sum", "amount_max"]).sort_by([(k, "ascending") for k in key])
@@ -193,28 +224,32 @@ def check(kind: str, out: Path, expected: pa.Table) -> None:
         raise RuntimeError(f"{kind}: {g.num_rows} window rows differ from pyarrow's ({r.num_rows})")
 
 
-def quix(bootstrap: str, n: int, out: Path) -> tuple[float, float] | None:
-    """Quix Streams' seconds from its first processed event to its last, and the CPU seconds of its whole run
-    (start included) on the same topic (None if it is not installed)."""
+def quix_installed() -> bool:
     try:
-        from quixstreams import Application
-        from quixstreams.dataframe.windows import Count, Max, Sum
-        from quixstreams.sinks.community.file.local import LocalFileSink
+        import quixstreams  # noqa: F401
     except ImportError:
         print("  quix: not installed (pip install -e '.[bench]')", flush=True)
-        return None
-    seen = {"n": 0, "first": 0.0, "last": 0.0}
+        return False
+    return True
+
+
+def quix(bootstrap: str, n: int, out: Path) -> Timing:
+    """Quix Streams on the same topic, from ``Application.run`` to its stop after the ``n``-th processed
+    event (its final checkpoint flushes the sink); its Parquet output is read back by :func:`quix_output`."""
+    from quixstreams import Application
+    from quixstreams.dataframe.windows import Count, Max, Sum
+    from quixstreams.sinks.community.file.local import LocalFileSink
+
+    seen = [0]
 
     def processed(topic: str, partition: int, offset: int) -> None:
-        seen["n"] += 1
-        if seen["n"] == 1:
-            seen["first"] = time.perf_counter()
-        if seen["n"] == n:
-            seen["last"] = time.perf_counter()
+        seen[0] += 1
+        if seen[0] == n:
+            app.stop()  # the run loop ends, then commits its checkpoint (sink flushed): the output is complete
 
     app = Application(
         broker_address=bootstrap,
-        consumer_group="quix-bench",
+        consumer_group=f"quix-bench-{out.name}",
         auto_offset_reset="earliest",
         state_dir=str(out / "state"),
         on_message_processed=processed,
@@ -236,14 +271,21 @@ def quix(bootstrap: str, n: int, out: Path) -> tuple[float, float] | None:
     os.chdir(out)  # its sink takes a plain folder name (no "/")
     try:
         sdf.sink(LocalFileSink(directory="parquet", format="parquet"))
-        c0 = time.process_time()
-        app.run(timeout=5.0)
-        cpu = time.process_time() - c0
+        with Stopwatch() as sw:
+            app.run(timeout=120.0)  # the timeout only guards against a hang: it stops after n events
     finally:
         os.chdir(here)
-    if seen["n"] < n:
-        raise RuntimeError(f"quix: processed {seen['n']} of {n} messages")
-    return seen["last"] - seen["first"], cpu
+    if seen[0] < n:
+        raise RuntimeError(f"quix: processed {seen[0]} of {n} messages")
+    return sw.timing
+
+
+def quix_output(out: Path) -> pa.Table:
+    """Quix's Parquet files as the window rows (``_key`` the user, ``start`` the window start)."""
+    got = ds.dataset(str(out / "parquet"), format="parquet").to_table()
+    return pa.table({"user": pc.cast(got.column("_key"), pa.int64()), "window_start": got.column("start"),
+                     "count": got.column("count"), "sum_amount": got.column("sum_amount"),
+                     "max_amount": got.column("max_amount")})  # fmt: skip
 
 
 def main() -> None:
@@ -255,14 +297,18 @@ def main() -> None:
     ap.add_argument("--backend", choices=["hashmap", "rocksdb"], default="hashmap")
     ap.add_argument("--quick", action="store_true", help="200k events over 10k keys")
     ap.add_argument("--no-dedup-join", action="store_true", help="skip benchmarks/stateful_dedup_join.py")
+    add_round_options(ap)
     args = ap.parse_args()
     if args.quick:
         args.messages, args.keys = 200_000, 10_000
+    check_rounds(args)
     work = Path(tempfile.mkdtemp(prefix="stateful-"))
     n = args.messages
     result: dict[str, Any] = {
-        k: getattr(args, k) for k in ("messages", "keys", "minutes", "parallelism", "backend")
+        k: getattr(args, k) for k in ("messages", "keys", "minutes", "parallelism", "backend", "metric", "rounds")
     }
+    result["loadavg_before"] = load_average()
+    sides = ["stateless", "window", "keyed_process", *(["quix"] if quix_installed() else [])]
     try:
         with TansuBroker() as broker:
             table = events(n, args.keys, args.minutes)
@@ -271,47 +317,55 @@ def main() -> None:
             produce(broker.bootstrap, table)
             print(f"produced {n:,} events in {time.perf_counter() - t0:.1f} s", flush=True)
             ends = broker.end_offsets(TOPIC, timeout=60)
-            rates: dict[str, float] = {}
-            cpu_rates: dict[str, float] = {}  # events per CPU second of this process: steadier on a shared machine
-            for kind in ("stateless", "window", "keyed_process"):
-                secs, cpu = sluice_job(kind, broker.bootstrap, ends, work / kind, args)
-                check(kind, work / kind, table)
-                rates[kind], cpu_rates[kind] = n / secs, n / cpu
-                print(f"  {kind:15s} {secs:7.1f} s {rates[kind]:>12,.0f} ev/s {cpu_rates[kind]:>12,.0f} ev/CPU-s",
-                      flush=True)  # fmt: skip
-            q = quix(broker.bootstrap, n, work / "quix")
-            if q is not None:
-                rates["quix"], cpu_rates["quix"] = n / q[0], n / q[1]
-                print(f"  {'quix':15s} {q[0]:7.1f} s {rates['quix']:>12,.0f} ev/s {cpu_rates['quix']:>12,.0f} ev/CPU-s",
-                      flush=True)  # fmt: skip
-            result["rates_ev_s"] = {k: round(v) for k, v in rates.items()}
-            result["cpu_rates_ev_s"] = {k: round(v) for k, v in cpu_rates.items()}
-            for r, suffix in ((rates, ""), (cpu_rates, "_cpu")):
-                result["window_vs_stateless" + suffix] = round(r["window"] / r["stateless"], 3)
-                result["window_vs_keyed_process" + suffix] = round(r["window"] / r["keyed_process"], 2)
-                result["window_vs_quix" + suffix] = round(r["window"] / r["quix"], 2) if "quix" in r else None
-            print(
-                f"window/stateless {result['window_vs_stateless']}, window/keyed_process "
-                f"{result['window_vs_keyed_process']}, window/quix {result['window_vs_quix']}",
-                flush=True,
-            )
+            warm = {p: o // 10 or 1 for p, o in ends.items()}  # the warm-up reads a tenth of the topic
+
+            def run(kind: str, r: int) -> Timing:
+                out = work / f"{kind}-{r}"
+                if kind == "quix":
+                    timing = quix(broker.bootstrap, n if r else sum(warm.values()), out)
+                    got = quix_output(out) if r else None
+                else:
+                    timing = sluice_job(kind, broker.bootstrap, ends if r else warm, out, args)
+                    got = ds.dataset(str(out / "parquet"), format="parquet").to_table() if r else None
+                if got is not None:
+                    check(kind, got, table)
+                shutil.rmtree(out, ignore_errors=True)
+                return timing
+
+            timings = alternate(sides, args.rounds, run, warmup=not args.no_warmup)
+        for metric, name in (("wall", "rates_ev_s"), ("cpu", "cpu_rates_ev_s")):  # medians over the rounds
+            result[name] = {k: round(n / statistics.median(t.of(metric) for t in v)) for k, v in timings.items()}
+        for key, other, target in (("window_vs_stateless", "stateless", ">= 0.6"),
+                                   ("window_vs_keyed_process", "keyed_process", ">= 5"), ("window_vs_quix", "quix", ">= 10")):  # fmt: skip
+            if other in timings:
+                ratios(result, key, timings["window"], timings[other], args.metric, target)
+            else:
+                result[key] = None
+        with_runs(result, "timings_wall_cpu", timings)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not args.no_dedup_join:
-        result.update(dedup_join(args.quick))
+        result.update(dedup_join(args))
+    result["loadavg_after"] = load_average()
     print("RESULT " + json.dumps(result))
 
 
-def dedup_join(quick: bool) -> dict[str, Any]:
-    """Run benchmarks/stateful_dedup_join.py (its output passed through) and return its RESULT's ratios."""
+def dedup_join(args: argparse.Namespace) -> dict[str, Any]:
+    """Run benchmarks/stateful_dedup_join.py (its output passed through) and return its RESULT's ratios
+    (each with its rounds and spread)."""
     script = Path(__file__).with_name("stateful_dedup_join.py")
-    run = subprocess.run(
-        [sys.executable, str(script), *(["--quick"] if quick else [])], capture_output=True, text=True, check=True
-    )
+    flags = [*(["--quick"] if args.quick else []), "--rounds", str(args.rounds), "--metric", args.metric,
+             *(["--no-warmup"] if args.no_warmup else [])]  # fmt: skip
+    run = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True)
     print(run.stdout, end="", flush=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"stateful_dedup_join.py failed: {run.stderr[-3000:]}")
     found = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
-    keys = ("dedup_vs_stateless", "join_vs_stateless", "dedup_vs_stateless_cpu", "join_vs_stateless_cpu")
-    return {k: found[k] for k in keys} | {"dedup_join_events_per_s": found["events_per_s"]}
+    other = "cpu" if args.metric == "wall" else "wall"
+    keys = [f"{k}{m}{part}" for k in ("dedup_vs_stateless", "join_vs_stateless") for m in ("", f"_{other}")
+            for part in ("", "_runs", "_spread")]  # fmt: skip
+    return {k: found[k] for k in keys} | {"dedup_join_events_per_s": found["events_per_s"],
+                                          "dedup_join_duplicate_share": found["duplicate_share"]}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,20 +6,24 @@ each split a key space of its own: first a snapshot read of each of its ``--e2e-
 updates, 10% deletes and 10% inserts of keys drawn over the key space) and run on the local runtime,
 parallelism 2, checkpoints every ``--e2e-interval`` seconds (10 by default). The append job writes every
 event as a row; the upsert job collapses each checkpoint's changes per key and merges them into the table.
-Throughput is events / wall time of the whole run (start to finished job, after a small warm-up run of
-each); the ratio is upsert / append.
+Throughput is events / time of the whole run (start to finished job: its last commit visible), the two jobs
+alternated over ``--rounds`` rounds after an untimed warm-up run of each (benchmarks/_common.py); the ratio
+is upsert / append per round, reported as the median and spread of the rounds by the named metric (wall time
+by default; CPU time of the process tree beside). Every run's table is compared with what it must hold:
+the upsert table, row by row and column by column, with a replay of the same events by DuckDB
+(``_common.replay_changes``); the append table with the events themselves.
 Kafka is left out: decoding costs both jobs the same (docs/kafka.md measures the change formats).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from _common import Stopwatch, Timing, alternate, ratios, replay_changes, same_table, with_runs  # type: ignore[import-not-found]
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.changes import OP, ORDER, Op, with_keys
 from sluice.connectors.generator import GeneratorSource
@@ -55,20 +59,27 @@ def change_batch(split: int, start: int, end: int, keys: int) -> pa.RecordBatch:
     )
 
 
-def live_keys(events: int, keys: int) -> int:
-    """How many keys the whole stream leaves (the last change per key not a delete), computed apart."""
+ROW_COLUMNS = ["id", "name", "amount", "kind", "ts"]
+
+
+def all_events(events: int, keys: int) -> pa.Table:
+    """Every event the job reads (both splits; each split's key space is its own, so per key the order is
+    its split's)."""
     per = events // SPLITS
-    live = 0
-    for split in range(SPLITS):
-        b = change_batch(split, 0, per, keys)
-        ids = b.column("id").to_numpy()[::-1]
-        ops = b.column(OP).to_numpy()[::-1]
-        _, first = np.unique(ids, return_index=True)  # reversed: the first occurrence is the last change
-        live += int(np.sum(ops[first] != int(Op.DELETE)))
-    return live
+    return pa.Table.from_batches([change_batch(split, 0, per, keys) for split in range(SPLITS)])
 
 
-def run_job(kind: str, mode: str, work: Path, events: int, keys: int, interval: float, batch: int) -> dict[str, Any]:
+def expected_tables(events: int, keys: int) -> dict[str, pa.Table]:
+    """What each job's table must hold: every event as a row (append), the replay of the events by DuckDB
+    (upsert)."""
+    changes = all_events(events, keys)
+    rows = changes.select(ROW_COLUMNS)
+    return {"append": rows, "upsert": replay_changes(rows.schema.empty_table(), [changes])}
+
+
+def run_job(
+    kind: str, mode: str, work: Path, events: int, keys: int, interval: float, batch: int, expected: pa.Table
+) -> tuple[Timing, dict[str, Any]]:
     target = Target(kind, str(work / "lake"), {}, str(work))
     source = GeneratorSource(
         num_splits=SPLITS,
@@ -83,30 +94,38 @@ def run_job(kind: str, mode: str, work: Path, events: int, keys: int, interval: 
         restart=NoRestart(),
     )
     p.source(source, parallelism=SPLITS).sink(target.sink(mode=mode), parallelism=SPLITS)
-    t0 = time.perf_counter()
-    result = p.run(runtime="local", restore="none")
-    elapsed = time.perf_counter() - t0
-    rows = target.read().num_rows
-    expected = live_keys(events, keys) if mode == "upsert" else events
-    assert rows == expected, f"{kind} {mode}: {rows} rows in the table, expected {expected}"
+    with Stopwatch() as sw:  # start to finished job: its last commit is visible when run() returns
+        result = p.run(runtime="local", restore="none")
+    got = target.read()
+    differs = same_table(got.select(ROW_COLUMNS), expected, keys=("id", "ts"))
+    assert differs is None, f"{kind} {mode}: the table differs from the events' {mode} ({differs})"
     checkpoints = sum(1 for s in result.checkpoints if s.status == "completed")
-    return {"seconds": round(elapsed, 1), "events_per_s": round(events / elapsed), "checkpoints": checkpoints,
-            "rows": rows}
+    return sw.timing, {"events_per_s": round(events / sw.timing.wall), "checkpoints": checkpoints, "rows": got.num_rows}
 
 
-def upsert_vs_append(root: Path, events: int, keys: int, interval: float, batch: int) -> dict[str, Any]:
-    """Per format: both jobs' figures and the throughput ratio upsert / append."""
+def upsert_vs_append(
+    root: Path, events: int, keys: int, interval: float, batch: int, rounds: int, metric: str, warmup: bool = True
+) -> dict[str, Any]:
+    """Per format: every round of both jobs and the ratio upsert / append (median, spread, rounds)."""
     out: dict[str, Any] = {}
+    expected = expected_tables(events, keys)
+    small = expected_tables(20_000, 2_000)
     for kind in ("delta", "iceberg"):
-        for mode in ("append", "upsert"):  # warm-up: imports, first table creation, thread pools
-            (root / f"warm-{kind}-{mode}").mkdir(parents=True)
-            run_job(kind, mode, root / f"warm-{kind}-{mode}", 20_000, 2_000, 1.0, batch)
-        runs = {}
-        for mode in ("append", "upsert"):
-            work = root / f"e2e-{kind}-{mode}"
+        info: dict[str, list[dict[str, Any]]] = {"append": [], "upsert": []}
+
+        def run(mode: str, r: int, kind: str = kind, info: dict[str, list[dict[str, Any]]] = info) -> Timing:
+            work = root / f"e2e-{kind}-{mode}-{r}"
             work.mkdir(parents=True)
-            runs[mode] = run_job(kind, mode, work, events, keys, interval, batch)
-            print(f"e2e {kind} {mode}: {runs[mode]}", flush=True)
-        ratio = runs["upsert"]["events_per_s"] / runs["append"]["events_per_s"]
-        out[kind] = {**runs, "upsert_vs_append": round(ratio, 3)}
+            if r == 0:  # warm-up: imports, first table creation, thread pools (a small run, checked too)
+                return run_job(kind, mode, work, 20_000, 2_000, 1.0, batch, small[mode])[0]
+            timing, figures = run_job(kind, mode, work, events, keys, interval, batch, expected[mode])
+            info[mode].append(figures)
+            return timing
+
+        print(f"e2e {kind}: append and upsert of {events:,} events, alternated", flush=True)
+        timings = alternate(["append", "upsert"], rounds, run, warmup=warmup)
+        res: dict[str, Any] = {"jobs": info}
+        ratios(res, "upsert_vs_append", timings["upsert"], timings["append"], metric, ">= 0.5")
+        with_runs(res, "timings_wall_cpu", timings)
+        out[kind] = res
     return out

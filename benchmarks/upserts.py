@@ -10,20 +10,30 @@ fall in (the newest ids); 1.0 spreads them over the whole table, the worst case 
 data file holds changed keys.
 
 Reports, per format, the commit time of each checkpoint and its median (``delta_merge_s``,
-``iceberg_merge_s``), what the Iceberg merge read and replaced, and ``iceberg_vs_pyiceberg_upsert``: the
-median time of sluice's Iceberg merge of the first checkpoint's changes / that of pyiceberg's ``delete`` +
-``upsert`` (in one transaction) of the same changes, each into its own copy of one table (registered from the
-same metadata), alternating over ``--rounds`` rounds (target <= 0.1). The Delta and the Iceberg table are
-compared after every checkpoint, and sluice's and pyiceberg's result in every round.
+``iceberg_merge_s``; no peer: the merge alone) and what the Iceberg merge read and replaced; after every
+checkpoint each table is compared, row by row and column by column, with a replay of the changes by DuckDB
+(``_common.replay_changes``).
+
+``iceberg_vs_pyiceberg_upsert`` (target <= 0.1): sluice's Iceberg merge of the first checkpoint's changes
+against pyiceberg's best path for the same copy-on-write upsert, ``overwrite`` of the changed rows with an
+``In`` filter over the changed keys in one transaction (``pyiceberg_overwrite``), a time ratio (sluice /
+pyiceberg) per round, the median and spread of the rounds by the named metric (``--metric``, wall time by
+default; CPU time of the process tree beside). pyiceberg's slower ``delete`` + ``upsert`` in one
+transaction (``pyiceberg_upsert``) runs in the same rounds and is reported beside
+(``iceberg_vs_pyiceberg_delete_upsert``), never instead. Each side writes its own copy of one table
+(registered from the same metadata: same files, same snapshot), the three sides alternated over ``--rounds``
+rounds (rotated order) after an untimed warm-up of each; every side's table is compared with the replay in
+every round.
 
 ``upsert_vs_append`` (per format, and the lower of the two): end-to-end throughput of a change-data job into
-the sink in upsert mode, 10 s checkpoints, / the same job appending the same events
+the sink in upsert mode, 10 s checkpoints, / the same job appending the same events, alternated rounds
 (benchmarks/upsert_e2e.py; ``--e2e-events``, ``--e2e-keys``; ``--e2e-only`` skips the merge figures,
-``--skip-e2e`` this one). Target >= 0.5. Last line: ``RESULT {json}``.
+``--skip-e2e`` this one). Target >= 0.5. Last line: ``RESULT {json}`` (every ratio with ``<key>_runs`` and
+``<key>_spread``).
 
-Usage: python benchmarks/upserts.py [--rows 10000000] [--changes 100000] [--checkpoints 3] [--files 10]
-       [--hot 1.0] [--rounds 3] [--skip-pyiceberg] [--e2e-events 4000000] [--e2e-keys 500000]
-       [--e2e-interval 10] [--e2e-only | --skip-e2e]
+Usage: python benchmarks/upserts.py [--quick] [--rows 10000000] [--changes 100000] [--checkpoints 3]
+       [--files 10] [--hot 1.0] [--rounds 3] [--metric wall|cpu] [--skip-pyiceberg] [--e2e-events 4000000]
+       [--e2e-keys 500000] [--e2e-interval 10] [--e2e-only | --skip-e2e]
 """
 
 from __future__ import annotations
@@ -43,7 +53,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sluice.sinks.iceberg.upsert import pyiceberg_upsert
+from _common import (  # type: ignore[import-not-found]
+    Stopwatch,
+    Timing,
+    add_round_options,
+    alternate,
+    check_rounds,
+    load_average,
+    ratios,
+    replay_changes,
+    same_table,
+    with_runs,
+)
+from sluice.sinks.iceberg.upsert import pyiceberg_overwrite, pyiceberg_upsert
 from sluice.sinks.tables.changes import Op, change_table
 
 from benchmarks.upsert_e2e import upsert_vs_append
@@ -110,24 +132,29 @@ def change_sets(n: int, changes: int, checkpoints: int, hot: float, seed: int = 
     return out
 
 
-def fingerprint(table: pa.Table) -> list[Any]:
-    """Rows, and sums over every column: equal tables give equal fingerprints (a cheap check at 10M rows)."""
-    return [
-        table.num_rows,
-        pc.sum(table.column("id")).as_py(),
-        round(pc.sum(table.column("amount")).as_py(), 3),
-        pc.sum(pc.utf8_length(table.column("name"))).as_py(),
-        pc.sum(table.column("ts")).as_py(),
-    ]
+def replays(n: int, sets: list[pa.Table]) -> list[pa.Table]:
+    """The table after each checkpoint's changes, replayed by DuckDB from the initial rows (apart from the
+    merge code under test)."""
+    state, out = rows(np.arange(n), 0), []
+    for changes in sets:
+        state = replay_changes(state, [changes])
+        out.append(state)
+    return out
 
 
-def run_format(kind: str, root: Path, args: argparse.Namespace, sets: list[pa.Table]) -> dict[str, Any]:
+def check(label: str, got: pa.Table, expected: pa.Table) -> None:
+    differs = same_table(got, expected)
+    if differs is not None:
+        raise RuntimeError(f"{label}: the table differs from the replay of the changes ({differs})")
+
+
+def run_format(kind: str, root: Path, args: argparse.Namespace, sets: list[pa.Table], expected: list[pa.Table]) -> dict[str, Any]:
     work = root / kind
     work.mkdir(parents=True)
     up = Upserts(Target(kind, str(work / "lake"), {}, str(work)))
     built = build(up, args.rows, args.files)
     print(f"{kind}: table of {args.rows:,} rows written in {built:.1f} s", flush=True)
-    times, details, prints = [], [], []
+    times, details = [], []
     for cid, changes in enumerate(sets, start=1):
         files = [up.stage(cid, changes.slice(i, len(changes) // 2 + 1), sub) for sub, i in enumerate((0, len(changes) // 2 + 1))]
         t0 = time.perf_counter()
@@ -139,17 +166,22 @@ def run_format(kind: str, root: Path, args: argparse.Namespace, sets: list[pa.Ta
             details.append({"files_read": last.files_read, "files_replaced": len(last.replaced),
                             "files_added": len(last.added), "rows_copied": last.rows_copied})
         print(f"{kind} checkpoint {cid}: {times[-1]:.2f} s {details[-1] if details else ''}", flush=True)
-        prints.append(fingerprint(up.target.read()))
+        check(f"{kind} after checkpoint {cid}", up.target.read(), expected[cid - 1])
     res: dict[str, Any] = {"commit_s": [round(t, 2) for t in times], "median_s": round(statistics.median(times), 2),
-                           "build_s": round(built, 1), "fingerprints": prints}
+                           "build_s": round(built, 1)}
     if details:
         res["merges"] = details
     return res
 
 
-def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table) -> dict[str, Any]:
-    """sluice's merge and pyiceberg's delete + upsert of the same changes, each into its own copy of one
-    table (registered from the same metadata: same files, same snapshot), alternating ``--rounds`` times."""
+#: the sides of ``iceberg_vs_pyiceberg_upsert``: sluice's merge, pyiceberg's best path, its slower path
+SIDES = ("sluice", "pyiceberg_overwrite", "pyiceberg_delete_upsert")
+
+
+def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table, expected: pa.Table) -> dict[str, Any]:
+    """sluice's merge, pyiceberg's one-call ``overwrite`` and its ``delete`` + ``upsert`` of the same changes,
+    each into its own copy of one table (registered from the same metadata: same files, same snapshot),
+    alternated over ``--rounds`` rounds after a warm-up of each; every table compared with the replay."""
     from sluice.sinks.iceberg.upsert import IcebergUpsert
     from sluice.sinks.tables.changes import collapse
 
@@ -160,33 +192,44 @@ def pyiceberg_rounds(root: Path, args: argparse.Namespace, changes: pa.Table) ->
     catalog = up.catalog()
     base = catalog.load_table("db.events").metadata_location
     collapsed = collapse(changes, ["id"])
-    times: dict[str, list[float]] = {"sluice": [], "pyiceberg": []}
-    for r in range(args.rounds):
-        prints = []
-        for who in ("sluice", "pyiceberg") if r % 2 == 0 else ("pyiceberg", "sluice"):
-            name = f"db.{who}_{r}"
-            table = catalog.register_table(name, base)
-            t0 = time.perf_counter()
+    props = {"sluice.max-committed-checkpoint-id": "1"}
+
+    def run(who: str, r: int) -> Timing:
+        name = f"db.{who}_{r}"
+        table = catalog.register_table(name, base)
+        with Stopwatch() as sw:
             if who == "sluice":
-                engine = IcebergUpsert(lambda _s, name=name: catalog.load_table(name), ("id",), "bench", "sink")
+                engine = IcebergUpsert(lambda _s: catalog.load_table(name), ("id",), "bench", "sink")
                 assert engine.apply(1, collapsed).value == "committed"
+            elif who == "pyiceberg_overwrite":
+                pyiceberg_overwrite(table, collapsed, ["id"], props)
             else:
-                pyiceberg_upsert(table, collapsed, ["id"], {"sluice.max-committed-checkpoint-id": "1"})
-            times[who].append(time.perf_counter() - t0)
-            prints.append(fingerprint(catalog.load_table(name).scan().to_arrow()))
-            print(f"round {r + 1}: {who} {times[who][-1]:.2f} s", flush=True)
-        assert prints[0] == prints[1], f"pyiceberg's upsert gave another table: {prints}"
-    return {k: [round(t, 2) for t in v] for k, v in times.items()}
+                pyiceberg_upsert(table, collapsed, ["id"], props)
+        check(f"{who}, round {r}", catalog.load_table(name).scan().to_arrow(), expected)
+        catalog.drop_table(name)  # its files stay: the next copy registers the base metadata again
+        return sw.timing
+
+    timings = alternate(SIDES, args.rounds, run, warmup=not args.no_warmup)
+    out: dict[str, Any] = {}
+    ratios(out, "iceberg_vs_pyiceberg_upsert", timings["sluice"], timings["pyiceberg_overwrite"], args.metric,
+           "<= 0.1", of="time")  # fmt: skip
+    ratios(out, "iceberg_vs_pyiceberg_delete_upsert", timings["sluice"], timings["pyiceberg_delete_upsert"],
+           args.metric, of="time")  # fmt: skip
+    with_runs(out, "pyiceberg_rounds_wall_cpu", timings)
+    for who in SIDES:
+        out[f"{who}_s"] = round(statistics.median(t.of(args.metric) for t in timings[who]), 3)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: 200k rows, 20k changes, 40k e2e events")
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--changes", type=int, default=100_000)
     ap.add_argument("--checkpoints", type=int, default=3)
     ap.add_argument("--files", type=int, default=10)
     ap.add_argument("--hot", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=3)
+    add_round_options(ap)
     ap.add_argument("--skip-pyiceberg", action="store_true")
     ap.add_argument("--e2e-events", type=int, default=4_000_000)
     ap.add_argument("--e2e-keys", type=int, default=500_000, help="keys per split")
@@ -195,32 +238,34 @@ def main() -> None:
     ap.add_argument("--e2e-only", action="store_true")
     ap.add_argument("--skip-e2e", action="store_true")
     args = ap.parse_args()
+    if args.quick:
+        args.rows, args.changes, args.e2e_events, args.e2e_keys, args.e2e_interval = 200_000, 20_000, 40_000, 5_000, 1.0
+    check_rounds(args)
     root = Path(tempfile.mkdtemp(prefix="sluice-upserts-bench-"))
+    result: dict[str, Any] = {"metric": args.metric, "rounds": args.rounds, "loadavg_before": load_average()}
     try:
-        result: dict[str, Any] = {}
         if not args.skip_e2e:
-            e2e = upsert_vs_append(root, args.e2e_events, args.e2e_keys, args.e2e_interval, args.e2e_batch)
+            e2e = upsert_vs_append(root, args.e2e_events, args.e2e_keys, args.e2e_interval, args.e2e_batch,
+                                   args.rounds, args.metric, warmup=not args.no_warmup)  # fmt: skip
             result["e2e"] = e2e
-            result["upsert_vs_append"] = min(e2e["delta"]["upsert_vs_append"], e2e["iceberg"]["upsert_vs_append"])
+            worse = min(("delta", "iceberg"), key=lambda k: e2e[k]["upsert_vs_append"])
+            for suffix in ("", "_runs", "_spread"):  # the lower of the two formats' medians, and its rounds
+                result[f"upsert_vs_append{suffix}"] = e2e[worse][f"upsert_vs_append{suffix}"]
+            result["upsert_vs_append_format"] = worse
             result.update(e2e_events=args.e2e_events, e2e_keys=args.e2e_keys, e2e_interval=args.e2e_interval)
-        if args.e2e_only:
-            print("RESULT " + json.dumps(result))
-            return
-        sets = change_sets(args.rows, args.changes, args.checkpoints, args.hot)
-        for kind in ("delta", "iceberg"):
-            result[kind] = run_format(kind, root, args, sets)
-            shutil.rmtree(root / kind, ignore_errors=True)
-        same = result["delta"].pop("fingerprints") == result["iceberg"].pop("fingerprints")
-        assert same, "the Delta and the Iceberg table differ after a checkpoint"
-        result["delta_merge_s"] = result["delta"]["median_s"]
-        result["iceberg_merge_s"] = result["iceberg"]["median_s"]
-        if not args.skip_pyiceberg:
-            rounds = pyiceberg_rounds(root, args, sets[0])
-            result["pyiceberg_rounds"] = rounds
-            result["pyiceberg_upsert_s"] = statistics.median(rounds["pyiceberg"])
-            ratio = statistics.median(rounds["sluice"]) / statistics.median(rounds["pyiceberg"])
-            result["iceberg_vs_pyiceberg_upsert"] = round(ratio, 3)
-        result.update(rows=args.rows, changes=args.changes, checkpoints=args.checkpoints, files=args.files, hot=args.hot)
+        if not args.e2e_only:
+            sets = change_sets(args.rows, args.changes, args.checkpoints, args.hot)
+            expected = replays(args.rows, sets)
+            for kind in ("delta", "iceberg"):
+                result[kind] = run_format(kind, root, args, sets, expected)
+                shutil.rmtree(root / kind, ignore_errors=True)
+            result["delta_merge_s"] = result["delta"]["median_s"]
+            result["iceberg_merge_s"] = result["iceberg"]["median_s"]
+            if not args.skip_pyiceberg:
+                result.update(pyiceberg_rounds(root, args, sets[0], expected[0]))
+            result.update(rows=args.rows, changes=args.changes, checkpoints=args.checkpoints, files=args.files,
+                          hot=args.hot)  # fmt: skip
+        result["loadavg_after"] = load_average()
         print("RESULT " + json.dumps(result))
     finally:
         shutil.rmtree(root, ignore_errors=True)

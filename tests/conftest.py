@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.apache_kafka import ApacheKafkaBroker, ApacheKafkaUnavailableError
 from tests.faults.shapes import KEYED_SHAPES, SCENARIO_LOG
 from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
@@ -22,6 +23,13 @@ _names = itertools.count()
 
 def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger("sluice").setLevel(logging.ERROR)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # every test on Apache Kafka is marked, so `-m "not apache_kafka"` gives the suite without the JVM broker
+    for item in items:
+        if "apache_kafka" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.apache_kafka)
 
 
 #: task slots of the session's embedded Spark (local[4,1]): enough for every test's largest parallelism
@@ -73,6 +81,24 @@ def broker() -> Iterator[TansuBroker]:
 
 
 @pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[ApacheKafkaBroker]:
+    """A single-node KRaft Apache Kafka (tests/apache_kafka.py), started once per session by the first test
+    that asks for it; fails (does not skip) with one line saying how to get Java or the jars if they are
+    missing."""
+    b, missing = ApacheKafkaBroker(), None
+    try:
+        b.start()
+    except ApacheKafkaUnavailableError as exc:
+        missing = str(exc)
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """A PostgreSQL server from Debian's package (initdb in a temporary folder, max_prepared_transactions
     raised, 127.0.0.1 at a free port); fails (does not skip) if it cannot start."""
@@ -95,6 +121,20 @@ def topic(broker: TansuBroker, request: pytest.FixtureRequest) -> Callable[..., 
     def make(partitions: int = 1) -> str:
         name = f"{request.node.name.split('[')[0][:40]}-{next(_names)}".replace("_", "-")
         broker.create_topic(name, partitions)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def kafka_topic(apache_kafka: ApacheKafkaBroker, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """``kafka_topic(partitions=n, config=None)`` creates a fresh, uniquely named topic on the session's
+    Apache Kafka (with topic ``config``, e.g. :data:`tests.apache_kafka.COMPACTED_TOPIC`) and returns its
+    name."""
+
+    def make(partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{request.node.name.split('[')[0][:40]}-{next(_names)}".replace("_", "-")
+        apache_kafka.create_topic(name, partitions, config=config)
         return name
 
     return make

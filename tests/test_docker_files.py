@@ -700,3 +700,20 @@ def test_the_job_command_reports_to_the_cli_and_stops_with_a_savepoint_on_sigter
     assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
     assert "stopping the job with a savepoint" in (tmp_path / "job.err").read_text()
     assert not token.exists(), "the token file outlives the job"
+
+
+def test_every_port_is_published_on_the_hosts_loopback_only(services: dict[str, dict[str, Any]]) -> None:
+    """Kafka without authentication, MinIO with a demo password, Spark's UIs and master: reachable from this
+    machine only (a published "9000:9000" listens on every interface of the host)."""
+    published = {name: [str(p) for p in svc.get("ports", [])] for name, svc in services.items()}
+    assert any(published.values())
+    for name, ports in published.items():
+        for p in ports:
+            assert p.startswith("127.0.0.1:") and p.count(":") == 2, f"{name} publishes {p!r}: bind 127.0.0.1"
+
+
+def test_the_docs_say_the_stack_was_never_started() -> None:
+    """No Docker engine where sluice is developed and tested: docs/docker.md says so plainly."""
+    text = " ".join((ROOT / "docs" / "docker.md").read_text().split())
+    assert "No Docker engine is available where sluice is developed and tested" in text
+    assert "neither the image nor the stack has been built or started" in text

@@ -5,7 +5,7 @@ top-level, inside functions (lazy) and under ``TYPE_CHECKING``. Layers, bottom u
 draws them):
 
 0. leaves: the SPIs and what they are made of (errors, events, source, sink, state, keys, functions,
-   config, serializers, io, changes)
+   config, serializers, io, changes, durations)
 1. connectors and sinks, beside each other just above the SPI
 2. graph
 3. checkpoint
@@ -21,11 +21,13 @@ A module's layer is that of the longest name in :data:`LAYERS` it falls under.
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
 
 import pytest
 
-from tests.test_dependencies import modules
+from tests.test_dependencies import ROOT, modules
 
 #: module name (or package prefix) -> layer; the one place the layers are written
 LAYERS: dict[str, int] = {
@@ -33,6 +35,7 @@ LAYERS: dict[str, int] = {
         [
             "sluice.errors", "sluice.events", "sluice.source", "sluice.sink", "sluice.state", "sluice.keys",
             "sluice.functions", "sluice.config", "sluice.serializers", "sluice.io", "sluice.changes",
+            "sluice.durations",
         ],
         0,
     ),
@@ -163,3 +166,87 @@ def test_a_circle_between_roles_is_caught() -> None:
     graph[b] = graph[b] | {a}
     mixed = [c for c in _circles(graph) if len({_role(m) for m in c}) > 1]
     assert any(a in c and b in c for c in mixed)
+
+
+def _runtime_imports(package: str) -> dict[str, set[str]]:
+    """The modules of ``package`` -> the modules of ``package`` they import when they run: top-level and lazy
+    (in a function) imports, not those under ``TYPE_CHECKING`` (annotations only). Importing ``a.b.c`` runs
+    ``a.b``'s ``__init__`` first, so it counts as importing that package too (unless the importer lies
+    inside it: then the package is already being imported)."""
+    graph: dict[str, set[str]] = {}
+    base = ROOT / "core"
+    for path in (base / Path(*package.split("."))).rglob("*.py"):
+        rel = path.relative_to(base).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        name, is_package = ".".join(parts), rel.name == "__init__"
+        tree = ast.parse(path.read_text(), str(path))
+        hidden = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+            for stmt in node.body
+            for n in ast.walk(stmt)
+        }
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
+            if isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:  # relative: from the importer's package upwards
+                    anchor = parts if is_package else parts[:-1]
+                    module = ".".join([*anchor[: len(anchor) - node.level + 1], *([module] if module else [])])
+                imported.add(module)
+                imported.update(f"{module}.{a.name}" for a in node.names)
+        graph[name] = imported
+    out: dict[str, set[str]] = {}
+    for name, imported in graph.items():
+        edges: set[str] = set()
+        for imp in imported:
+            steps = imp.split(".")
+            for n in range(1, len(steps) + 1):
+                target = ".".join(steps[:n])
+                if target in graph and target != name and not name.startswith(target + "."):
+                    edges.add(target)
+        out[name] = edges
+    return out
+
+
+#: packages whose modules import each other without a circle (the layers inside them are real)
+ACYCLIC_PACKAGES = ["sluice.state"]
+
+
+@pytest.mark.parametrize("package", ACYCLIC_PACKAGES)
+def test_no_import_circle_inside_the_package(package: str) -> None:
+    graph = _runtime_imports(package)
+    assert len(graph) > 20, sorted(graph)  # the modules were found
+    assert not _circles(graph)
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("sluice.state.config", "sluice.state.factory"),  # StateBackendConfig.create() back in config
+        ("sluice.state.changelog.capture", "sluice.state.hashmap.backend"),  # capture reaching into hashmap
+        ("sluice.state.changelog.restore", "sluice.state.hashmap.backend"),  # changelog restore naming hashmap
+        ("sluice.state.rocksdb.states", "sluice.state.rocksdb.backend"),  # a type-only import made a real one
+    ],
+)
+def test_a_circle_inside_sluice_state_is_caught(importer: str, imported: str) -> None:
+    """The check itself: one import that runs back up the state layer makes a circle."""
+    graph = _runtime_imports("sluice.state")
+    assert imported not in graph[importer]
+    graph[importer] = graph[importer] | {imported}
+    assert any(importer in c and imported in c for c in _circles(graph))
+
+
+def test_type_checking_imports_and_package_inits_are_read_as_python_runs_them() -> None:
+    graph = _runtime_imports("sluice.state")
+    assert "sluice.state.meta" not in graph["sluice.state.spi"]  # under TYPE_CHECKING only
+    assert "sluice.state.rocksdb.backend" not in graph["sluice.state.rocksdb.states"]  # likewise
+    assert "sluice.state.rocksdb.restore" in graph["sluice.state.rocksdb.backend"]  # a lazy import counts
+    # importing sluice.state.changelog.restore runs sluice.state.changelog's __init__ first
+    assert {"sluice.state.changelog", "sluice.state.changelog.restore"} <= graph["sluice.state.hashmap.backend"]
+    assert "sluice.state.hashmap" not in graph["sluice.state.hashmap.backend"]  # its own package: already running

@@ -17,13 +17,17 @@ Every exception derives from :class:`SluiceError`::
 Each error says whether a restart can cure it (:attr:`SluiceError.recoverable`, as Flink's
 ``ThrowableClassifier`` and Arroyo's retry hints do): a wrong option, an invalid graph, a checkpoint that
 cannot be restored or a record that cannot be decoded fail the same way on every attempt, so the job
-fails at once instead of spending its restart budget (:func:`is_recoverable`).
+fails at once instead of spending its restart budget (:func:`is_recoverable`). So do a permission denied
+(``PermissionError``), S3's AccessDenied, NoSuchBucket and rejected credentials, an unknown Kafka topic and
+a refused PostgreSQL login.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import pickle
+import sys
 from typing import Any
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "StorageError",
     "UserFunctionError",
     "is_recoverable",
+    "user_frame",
 ]
 
 
@@ -85,12 +90,13 @@ def _rebuild(
 
 
 def is_recoverable(error: BaseException) -> bool:
-    """Whether a restart can cure ``error``: False if it, or an error it was raised from, says it cannot."""
+    """Whether a restart can cure ``error``: False if it, or an error it was raised from, says it cannot,
+    or is a ``PermissionError`` (permission denied: the next attempt is denied too)."""
     seen: set[int] = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, SluiceError) and not e.recoverable:
+        if (isinstance(e, SluiceError) and not e.recoverable) or isinstance(e, PermissionError):
             return False
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return True
@@ -137,7 +143,8 @@ class CheckpointFailureReason(enum.Enum):
 
     As in Flink, a checkpoint that expired, was declined or could not be written counts: it says something
     about the job's health. One that was subsumed, or ended because the job failed over, finished or was
-    cancelled, does not.
+    cancelled, or that a restored task declined because it was still taking in the restored in-flight data,
+    does not.
     """
 
     EXPIRED = ("checkpoint expired before completing (timeout)", True)
@@ -149,6 +156,9 @@ class CheckpointFailureReason(enum.Enum):
     SUBSUMED = ("a later checkpoint completed first", False)
     FINISHED = ("tasks finished before the checkpoint reached them", False)
     JOB_CANCELLED = ("the job was cancelled while the checkpoint was pending", False)
+    #: a restored task had not yet taken in all the in-flight data of the checkpoint it restored (Flink's
+    #: ``CHECKPOINT_DECLINED_TASK_NOT_READY``): the next checkpoint after its recovery completes
+    TASK_NOT_READY = ("a task had not finished recovering the restored in-flight data", False)
 
     def __init__(self, message: str, counts_toward_tolerable: bool) -> None:
         self.message = message
@@ -174,11 +184,58 @@ class RestoreError(SluiceError):
 
 
 class UserFunctionError(SluiceError):
-    """A user function raised. ``operator`` names the operator; ``__cause__`` is the user's exception."""
+    """A user function raised. ``operator`` names the operator; ``__cause__`` is the user's exception.
+
+    Attributes:
+        operator: the operator's name.
+        location: ``file:line (in function)`` of the innermost frame of the user's own code the error passed
+            through (not sluice's, nor a library's: :func:`user_frame`), or None; the message shows it. Kept
+            as text, so it survives the trip from a Spark executor to the driver.
+    """
 
     def __init__(self, operator: str, error: BaseException) -> None:
         self.operator = operator
-        super().__init__(f"operator {operator!r} failed: {type(error).__name__}: {error}")
+        self.location = user_frame(error)
+        where = f" at {self.location}" if self.location else ""
+        super().__init__(f"operator {operator!r} failed{where}: {type(error).__name__}: {error}")
+
+
+def _library_paths() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def _is_library(module: str, path: str, libraries: tuple[str, ...]) -> bool:
+    """Whether a frame of ``module`` (its code in ``path``) is sluice's, the standard library's or an
+    installed package's (by its path, or its top-level package's: compiled code names relative files)."""
+    top = module.partition(".")[0]
+    if top == "sluice" or path.startswith("<frozen"):
+        return True
+    if os.path.realpath(path).startswith(libraries):
+        return True
+    if top in sys.builtin_module_names:
+        return True
+    if top == "__main__":  # the job file (run as __main__ by sluice run), not whatever __main__ is now
+        return False
+    package = getattr(sys.modules.get(top), "__file__", None)
+    return bool(package) and not os.path.isabs(path) and os.path.realpath(str(package)).startswith(libraries)
+
+
+def user_frame(error: BaseException) -> str | None:
+    """``file:line (in function)`` of the innermost frame of ``error``'s traceback that is the user's code:
+    not a module of sluice, not the standard library nor an installed package."""
+    libraries = _library_paths()
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        module = str(frame.f_globals.get("__name__", ""))
+        if not _is_library(module, frame.f_code.co_filename, libraries):
+            found = f"{frame.f_code.co_filename}:{tb.tb_lineno} (in {frame.f_code.co_name})"
+        tb = tb.tb_next
+    return found
 
 
 class CommitError(SluiceError):
@@ -194,11 +251,13 @@ class StorageError(SluiceError):
         code: the service's error code (e.g. ``"AccessDenied"``, ``"NoSuchBucket"``), or ``""``.
     """
 
-    def __init__(self, message: str, *, operation: str, bucket: str, code: str = "") -> None:
+    def __init__(
+        self, message: str, *, operation: str, bucket: str, code: str = "", recoverable: bool | None = None
+    ) -> None:
         self.operation = operation
         self.bucket = bucket
         self.code = code
-        super().__init__(message)
+        super().__init__(message, recoverable=recoverable)
 
 
 class JobFailedError(SluiceError):

@@ -1,4 +1,5 @@
-"""What travels on a channel besides data batches: watermarks, barriers, cancel markers, end of partition."""
+"""What travels on a channel besides data batches: watermarks, barriers, cancel markers, end of partition,
+the end of a restored sender's recovered in-flight data."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ __all__ = [
     "CheckpointBarrier",
     "CheckpointKind",
     "CheckpointOptions",
+    "EndOfChannelState",
     "EndOfPartition",
     "Event",
     "Watermark",
@@ -95,9 +97,12 @@ class CheckpointAnnouncement:
 
 @dataclass(frozen=True)
 class CancelCheckpointMarker:
-    """Checkpoint ``checkpoint_id`` was aborted: stop aligning for it."""
+    """Checkpoint ``checkpoint_id`` was aborted: stop aligning for it. ``failure`` names the
+    ``CheckpointFailureReason`` of the task that gave it up, which receivers decline it with too (so the
+    coordinator counts the checkpoint's failure the same whichever decline reaches it first)."""
 
     checkpoint_id: int
+    failure: str = "DECLINED"
 
 
 @dataclass(frozen=True)
@@ -105,4 +110,20 @@ class EndOfPartition:
     """The sender has finished: no more data on this channel."""
 
 
-Event = Watermark | WatermarkStatus | CheckpointBarrier | CheckpointAnnouncement | CancelCheckpointMarker | EndOfPartition
+@dataclass(frozen=True)
+class EndOfChannelState:
+    """The sender, restored from a checkpoint with in-flight data, has re-sent its output channel state:
+    what follows on this channel (what it makes of its input channel state, then of new input) is newer
+    than every sender's output channel state (Flink's ``EndOfChannelStateEvent``). A receiver takes nothing
+    more from the channel until every one of its channels delivered this (sluice.runtime.input_gate)."""
+
+
+Event = (
+    Watermark
+    | WatermarkStatus
+    | CheckpointBarrier
+    | CheckpointAnnouncement
+    | CancelCheckpointMarker
+    | EndOfPartition
+    | EndOfChannelState
+)

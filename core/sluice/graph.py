@@ -73,6 +73,9 @@ class LogicalNode:
     state_distribution: str = "round_robin"
     #: set by ``Stream.uid()`` / ``uid=``: the state identity, kept when the node is renamed
     explicit_uid: str | None = None
+    #: the settings the node's state depends on (window size, horizon, bounds, key columns), recorded in
+    #: every checkpoint and compared at restore (:mod:`sluice.runtime.upgrades`); None: none to compare
+    state_config: dict[str, Any] | None = None
 
     @property
     def uid(self) -> str:

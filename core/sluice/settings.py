@@ -5,9 +5,9 @@ checkpointing, restart strategy and parallelism without touching its code. Prece
 code sets < the file < ``-D``. Keys are Flink's where Flink has one (:data:`KEYS` lists them all); values
 are validated as the code's options are, and a wrong key or value is one ``ConfigError`` line naming it.
 
-Durations take a unit (``500 ms``, ``30 s``, ``30s``, ``5 min``, ``1 h``, ``1 d``). Flink reads a bare
-number as milliseconds while sluice's Python options are seconds: a bare number is refused rather than
-guessed. A YAML file may nest keys (``execution: {checkpointing: {interval: 30 s}}``) or write them flat.
+Durations take a unit (``500 ms``, ``30 s``, ``30s``, ``5 min``, ``1 h``, ``1 d``; :mod:`sluice.durations`).
+Flink reads a bare number as milliseconds while sluice's Python options read it as seconds: here a bare
+number is refused rather than guessed. A YAML file may nest keys (``execution: {checkpointing: {interval: 30 s}}``) or write them flat.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sluice.config import (
     NoRestart,
     RestartStrategy,
 )
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 from sluice.state.config import STATE_KEYS, StateBackendConfig
 
@@ -35,26 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["KEYS", "configure", "load_settings", "parse_duration", "parse_overrides"]
 
-_UNITS = {
-    "ms": 0.001, "milli": 0.001, "millis": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "min": 60.0, "m": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
-}  # fmt: skip
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
-
-
 def parse_duration(key: str, value: Any) -> float:
-    """Seconds in ``value`` (a number with a unit, as Flink writes durations); ConfigError naming ``key``."""
-    m = _DURATION.fullmatch(str(value))
-    if m is None or m.group(2).lower() not in _UNITS:
-        hint = " (a bare number is ambiguous: Flink reads it as ms)" if re.fullmatch(r"\s*\d+\s*", str(value)) else ""
-        raise ConfigError(
-            f"{key}: {value!r} is not a duration: write a number with a unit (ms, s, min, h, d), "
-            f"e.g. '30 s'{hint}"
-        )
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+    """Seconds in ``value``, a duration with a unit as Flink writes it (:mod:`sluice.durations`; a bare
+    number is refused); ConfigError naming ``key``."""
+    return to_seconds(value, key, sign="non-negative", bare="refuse")
 
 
 def _int(key: str, value: Any) -> int:

@@ -232,6 +232,15 @@ class Sink(ABC, Generic[C]):
         """
         return None
 
+    def probe(self) -> None:
+        """Check, once at job start (on the driver, before the first attempt), that the output can be
+        reached and written: write and delete a small file, connect, look the table or topic up.
+
+        Raise an exception whose message names the sink and the option to fix (``FileSink path '/data/x'
+        is not writable: ...``); the job then fails at once with that one line, naming the operator too,
+        and no restart is spent. The default checks nothing.
+        """
+
     def recover(self, job_id: str, committables: Sequence[C]) -> None:
         """Before (re)starting: abort staged data of ``job_id`` not in ``committables`` (the restored checkpoint's)."""
 
@@ -251,6 +260,19 @@ class Sink(ABC, Generic[C]):
         """How a writer's :meth:`SinkWriter.snapshot_state` (when not None) is written into checkpoints.
         Default: pickle, as :meth:`committable_serializer`."""
         return PickleSerializer()
+
+    def restore_config(self) -> dict[str, Any] | None:
+        """The settings the sink's checkpointed state (staged data, pending committables) depends on, e.g. an
+        upsert sink's mode and key columns: recorded in every checkpoint and compared at restore
+        (:mod:`sluice.runtime.upgrades`). None (the default): nothing to compare."""
+        return None
+
+    def input_key_columns(self, schema: pa.Schema | None) -> list[str] | None:
+        """The columns the sink's input must be hash-partitioned by, so that every record of a key reaches
+        one writer subtask in the order it was produced (an upsert of plain rows: the last row per key
+        wins); None (the default): any partitioning. ``schema`` is the stream's, None where the job does not
+        know it when it is built."""
+        return None
 
     def validate_schema(self, schema: pa.Schema) -> None:
         """Check, at job build time, that this sink can write ``schema`` (the stream's, when the job knows

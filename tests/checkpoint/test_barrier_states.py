@@ -8,6 +8,7 @@ import pytest
 from sluice import ConfigError
 from sluice.checkpoint.barrier_tracker import CheckpointBarrierTracker
 from sluice.checkpoint.barriers import SingleCheckpointBarrierHandler, barrier_handler
+from sluice.errors import CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind, CheckpointOptions
 
 
@@ -19,6 +20,7 @@ class Recorder:
         self.log: list[tuple[Any, ...]] = []
         self.blocked: set[int] = set()
         self.queued: dict[int, list[str]] = {}
+        self.restoring = False  # a channel still owes restored in-flight data
 
     def block(self, c: int) -> None:
         self.blocked.add(c)
@@ -44,8 +46,13 @@ class Recorder:
     def pull_barrier_forward(self, c: int, cid: int) -> list[Any] | None:
         return self.queued.pop(c, None)
 
-    def abort_checkpoint(self, cid: int, reason: str) -> None:
-        self.log.append(("abort", cid))
+    def recovering(self) -> bool:
+        return self.restoring
+
+    def abort_checkpoint(
+        self, cid: int, reason: str, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
+        self.log.append(("abort", cid) if failure is CheckpointFailureReason.DECLINED else ("abort", cid, failure))
 
     def alignment_done(self, cid: int, s: float, switched: bool) -> None:
         self.log.append(("done", cid, switched))
@@ -174,3 +181,51 @@ def test_at_least_once_snapshot_of_a_newer_checkpoint_drops_older_incomplete_one
     h.on_barrier(0, barrier(2, AlignmentMode.AT_LEAST_ONCE))
     h.on_barrier(1, barrier(2, AlignmentMode.AT_LEAST_ONCE))  # channel 1 never sent barrier 1
     assert r.of("snapshot") == [("snapshot", 2, False)] and not r.of("abort") and h.last_done == 2
+
+
+NOT_READY = CheckpointFailureReason.TASK_NOT_READY
+
+
+def test_no_unaligned_snapshot_while_restored_in_flight_data_is_still_due() -> None:
+    """A priority barrier can overtake a sender's recovered data (and its EndOfChannelState): an unaligned
+    snapshot then would record newer data before that recovered data. It is declined as not ready (which
+    does not count as a failed checkpoint), an aligned one goes on, and once the recovery ended an unaligned
+    one is taken (issue 38)."""
+    r = Recorder()
+    r.restoring = True
+    h = SingleCheckpointBarrierHandler.unaligned(2, r, r)
+    h.on_barrier(0, barrier(1, AlignmentMode.UNALIGNED), ["x"])
+    assert r.of("abort") == [("abort", 1, NOT_READY)] and not r.of("snapshot") and not h.in_progress
+    h.on_barrier(1, barrier(1, AlignmentMode.UNALIGNED), [])  # the rest of it is stale
+    h.on_barrier(0, barrier(2))  # aligned barriers come after EndOfChannelState: nothing is out of order
+    h.on_barrier(1, barrier(2))
+    assert r.of("snapshot") == [("snapshot", 2, False)]
+    r.restoring = False
+    h.on_barrier(1, barrier(3, AlignmentMode.UNALIGNED), ["y"])
+    assert r.of("snapshot")[-1] == ("snapshot", 3, True) and len(r.of("abort")) == 1
+
+
+def test_adaptive_declines_its_switch_while_restored_in_flight_data_is_still_due() -> None:
+    r = Recorder()
+    r.restoring = True
+    now = [100.0]
+    h = barrier_handler(AlignmentMode.ADAPTIVE, 2, r, r, clock=lambda: now[0])
+    b = barrier(1, AlignmentMode.ADAPTIVE, ts=100.0, timeout=1.0)
+    h.on_announcement(1, b)
+    h.on_barrier(0, b)
+    now[0] = 101.0
+    h.check_timeout()
+    assert r.of("abort") == [("abort", 1, NOT_READY)] and r.blocked == set() and not r.of("snapshot")
+    assert h.state_name == "AlternatingWaitingForFirstBarrier"
+
+
+@pytest.mark.parametrize("mode", [AlignmentMode.UNALIGNED, AlignmentMode.AT_LEAST_ONCE])
+def test_a_cancel_marker_passes_its_failure_reason_on(mode: AlignmentMode) -> None:
+    """Receivers decline a checkpoint its sender gave up as not ready as not ready too: whichever decline
+    reaches the coordinator first, the failure does not count toward tolerable_failed_checkpoints."""
+    r = Recorder()
+    h = barrier_handler(mode, 2, r, r)
+    h.on_barrier(0, barrier(1, AlignmentMode.AT_LEAST_ONCE if mode is AlignmentMode.AT_LEAST_ONCE else mode), [])
+    h.on_cancel(1, 1, NOT_READY)
+    h.on_cancel(1, 2, NOT_READY)  # not started here
+    assert r.of("abort") == [("abort", 1, NOT_READY), ("abort", 2, NOT_READY)]

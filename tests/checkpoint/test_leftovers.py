@@ -52,8 +52,8 @@ def test_a_declined_checkpoint_leaves_no_folder_even_after_a_late_write(tmp_path
     aborted = threading.Event()
     decline = CheckpointCoordinator.decline
 
-    def declined(self: CheckpointCoordinator, task: Any, checkpoint_id: int, reason: str) -> None:
-        decline(self, task, checkpoint_id, reason)
+    def declined(self: CheckpointCoordinator, task: Any, checkpoint_id: int, reason: str, *failure: Any) -> None:
+        decline(self, task, checkpoint_id, reason, *failure)
         if checkpoint_id == 2:
             aborted.set()
 

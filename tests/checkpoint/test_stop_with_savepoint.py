@@ -25,6 +25,7 @@ from sluice.errors import RestoreError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.faults.shapes import RunningCount, rows_of, with_key
+from tests.sinks.tables.paced import Paced
 
 ROWS = 3000
 
@@ -36,7 +37,13 @@ def build(tmp: Path, rate: float | None = 3000, parallelism: int = 2) -> Pipelin
         checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")),
         restart=NoRestart(),
     )
-    src = GeneratorSource(num_splits=2, records_per_split=ROWS // 2, batch_size=25, rows_per_second=rate)
+    shape: dict[str, Any] = {"num_splits": 2, "records_per_split": ROWS // 2, "batch_size": 25}
+    # ``rate`` set: paced by checkpoints too (two batches of a reader per completed checkpoint, 30
+    # checkpoints to the end), so a stop after the first checkpoints comes before the end however slowly a
+    # loaded machine runs the job (paced by time only, a loaded run once read all its input first)
+    src = (
+        GeneratorSource(**shape) if rate is None else Paced(chunk_batches=2, rows_per_second=rate, **shape)
+    )
     p.source(src).map_batches(with_key).key_by("k").process(RunningCount(), name="counter").sink(
         TwoPhaseCommitTestSink(str(tmp / "out"))
     )

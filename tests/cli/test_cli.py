@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 
@@ -33,6 +34,15 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     assert any(n.endswith(".parquet") for n in os.listdir(tmp_path / "output" / "totals"))
     listing = invoke("checkpoints", "list", "./checkpoints")
     assert "completed" in listing and "gen-job" in listing
+    shown = invoke("checkpoints", "show", "./checkpoints", "1", "--job", "gen-job")
+    assert " aligned " in shown and "unaligned*" not in shown and "(*" not in shown, shown  # no footnote for no mark
+    stats = tmp_path / "checkpoints" / "gen-job" / "_stats.jsonl"
+    rows = [json.loads(line) for line in stats.read_text().splitlines()]
+    for t in rows[0]["tasks"].values():  # as an adaptive checkpoint that switched records it
+        t.update(unaligned=True, switched=True)
+    stats.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shown = invoke("checkpoints", "show", "./checkpoints", str(rows[0]["checkpoint_id"]), "--job", "gen-job")
+    assert "unaligned*" in shown and "(* switched from aligned to unaligned after" in shown, shown
     r = CliRunner().invoke(main, ["new", "gen-job", "--template", "generator-to-parquet"])
     assert r.exit_code == 1 and "exists" in r.output
     r = CliRunner().invoke(main, ["new", "x", "--template", "nope"])
@@ -150,7 +160,7 @@ def test_run_rejects_files_without_a_pipeline(tmp_path) -> None:
     job = tmp_path / "empty.py"
     job.write_text("x = 1\n")
     r = CliRunner().invoke(main, ["run", str(job), "--runtime", "local"])
-    assert r.exit_code != 0 and "defines neither" in r.output
+    assert r.exit_code != 0 and "defines no pipeline" in r.output
 
 
 def test_checkpoints_list_and_show_failed_with_reason(tmp_path) -> None:
@@ -172,3 +182,11 @@ def test_checkpoints_list_and_show_failed_with_reason(tmp_path) -> None:
     assert "failure: EXPIRED" in shown
     as_json = invoke("checkpoints", "list", f"{tmp_path}/chk", "--json")
     assert '"failure_reason": "EXPIRED"' in as_json
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    import sluice
+
+    assert invoke("--version") == f"sluice {version('sluice-etl')}\n" == f"sluice {sluice.__version__}\n"

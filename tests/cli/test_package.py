@@ -47,7 +47,7 @@ def test_packs_a_virtualenv_and_prints_the_submit_line(small_venv: Path, tmp_pat
         f"PYSPARK_DRIVER_PYTHON={small_venv}/bin/python",
         "PYSPARK_PYTHON=./environment/bin/python",
         "spark-submit", "--master", "spark://m:7077", "--conf", "spark.dynamicAllocation.enabled=false",
-        "--archives", f"{archive}#environment", "my_job.py",
+        "--conf", "spark.task.maxFailures=1", "--archives", f"{archive}#environment", "my_job.py",
     ]  # fmt: skip
     # installed --no-deps: the missing requirements are named, with the command that installs them
     assert "lacks sluice's requirements pyarrow" in r.stderr and f"{small_venv}/bin/pip install" in r.stderr

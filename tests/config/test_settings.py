@@ -39,10 +39,19 @@ def test_durations_take_flink_units(text: str, seconds: float) -> None:
     assert parse_duration("k", text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["5000", "30 parsecs", "", "s", "-1 s"])
-def test_a_duration_without_a_known_unit_is_refused_naming_the_key(text: str) -> None:
-    with pytest.raises(ConfigError, match=r"execution.checkpointing.interval: .* is not a duration"):
+@pytest.mark.parametrize("text", ["5000", 5000, 2.5, "30 parsecs", "", "s"])
+def test_a_duration_without_a_known_unit_is_refused_naming_the_key(text: str | float) -> None:
+    """A bare number too: Flink reads it as milliseconds, sluice's Python options as seconds."""
+    with pytest.raises(ConfigError, match=r"execution.checkpointing.interval: .* is not a duration") as err:
         parse_duration("execution.checkpointing.interval", text)
+    assert "\n" not in str(err.value)
+    if text in ("5000", 5000, 2.5):
+        assert "a bare number is refused: Flink reads it as milliseconds" in str(err.value)
+
+
+def test_a_negative_duration_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"execution.checkpointing.interval: must be a duration >= 0 \(got '-1 s'\)"):
+        parse_duration("execution.checkpointing.interval", "-1 s")
 
 
 def test_every_checkpoint_key_reaches_its_option() -> None:

@@ -24,6 +24,7 @@ from sluice.sinks.files import FileSink
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
+from tests import listing
 from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
 from tests.sinks.conftest import MotoS3
@@ -85,12 +86,7 @@ def _kafka_case(broker: TansuBroker, reader: str) -> SourceCase:
 
 # -- sinks ----------------------------------------------------------------------------------------------
 def _hidden_files(root: str) -> list[str]:
-    return sorted(
-        os.path.relpath(os.path.join(d, f), root)
-        for d, _, fs in os.walk(root)
-        for f in fs
-        if f.startswith((".", "_"))
-    )
+    return [rel for rel in listing.files(root) if rel.rsplit("/", 1)[-1].startswith((".", "_"))]
 
 
 def _local_files(base: Path, **options: Any) -> Callable[[], SinkTarget]:
@@ -182,12 +178,8 @@ def _table(kind: str, base: Path) -> Callable[[], SinkTarget]:
         def staged() -> list[str]:
             """Parquet files in the table's location that its current version does not reference."""
             referenced = {f.removeprefix("file://") for f in t.files()} if t.exists() else set()
-            return sorted(
-                os.path.join(d, f)
-                for d, _, fs in os.walk(t.root)
-                for f in fs
-                if f.endswith(".parquet") and os.path.join(d, f) not in referenced
-            )
+            paths = (os.path.join(t.root, rel) for rel in listing.files(t.root))
+            return sorted(p for p in paths if p.endswith(".parquet") and p not in referenced)
 
         return SinkTarget(t.sink(), lambda: t.read() if t.exists() else None, staged, t.versions)
 
@@ -219,7 +211,7 @@ def kafka_sink(broker: TansuBroker) -> SinkCase:
     def target() -> SinkTarget:
         t = f"kafka-sink-{next(_names)}-{uuid.uuid4().hex[:6]}"
         broker.create_topic(t, 3)
-        sink = KafkaSink(broker.bootstrap, t, key="key", lineage_header=HEADER)
+        sink = KafkaSink(broker.bootstrap, t, key_columns="key", lineage_header=HEADER)
         return SinkTarget(sink, lambda: read_kafka_committed(broker, t).table(), lambda: [])
 
     return SinkCase(target, columns=["id", "key", "value"], parallelism=1)

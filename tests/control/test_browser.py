@@ -61,11 +61,21 @@ def test_the_dashboard_plots_the_running_jobs_checkpoints(tmp_path: Path) -> Non
                 vertices = await page.evaluate(
                     "[...document.querySelectorAll('#graph g.vertex title')].map(t => t.textContent)"
                 )
+                # each vertex's figures: the sink's real rate (it emits nothing downstream) and the watermark
+                stats = await page.wait_for(
+                    "(t => t.some(s => /written [1-9]/.test(s)) && t.filter(s => s.startsWith('watermark 20'))"
+                    ".length === 2 && t)([...document.querySelectorAll('#graph g.vertex text.vstat')]"
+                    ".map(t => t.textContent))",
+                    timeout=90,
+                )
                 await page.screenshot(tmp_path / "dashboard.png")
-                return shown, sizes, header, vertices
+                return shown, sizes, header, vertices, stats
 
         with chromium(tmp_path) as port:
-            shown, sizes, header, vertices = asyncio.run(look(port))
+            shown, sizes, header, vertices, stats = asyncio.run(look(port))
+        # the generator's event time starts at 2020-09-13 12:26:40 UTC (1_600_000_000_000 ms), 10 ms a row
+        assert all(s.startswith("watermark 2020-09-") and s.endswith(" UTC") for s in stats[2::3]), stats
+        assert " · out " in stats[0] and " · written " in stats[3] and " · out " not in stats[3], stats
         assert set(shown) <= {c["checkpoint_id"] for c in api.get("/api/v1/checkpoints")["history"]}
         assert len(shown) >= 3 and sizes == shown  # every plot shows the same checkpoints of this job
         assert header == "dashboard running"

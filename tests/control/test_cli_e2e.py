@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests import listing
 from tests.connectors.kafka.helpers import produce_json
 from tests.control.conftest import sluice, sluice_json, wait_for
 from tests.kafka_broker import TansuBroker
@@ -53,7 +54,7 @@ def _read(path: Path) -> str:
 
 
 def committed_ids(out: Path) -> list[int]:
-    if not out.exists() or not any(p.suffix == ".parquet" and not p.name.startswith(".") for p in out.rglob("*")):
+    if not any(rel.endswith(".parquet") for rel in listing.files(out, only_visible=True)):  # listed while the job runs
         return []
     return sorted(pq.read_table(out).column("id").to_pylist())
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from sluice import ConfigError
 from sluice.checkpoint.storage_loader import checkpoint_storage
+from sluice.control.client import ControlError, find_job
 from sluice.control.registry import RegistryEntry, parse_address, read_entries, token_path, write_token
 
 from tests.sinks.conftest import MotoS3
@@ -45,3 +46,19 @@ def test_addresses() -> None:
     for bad in ("8081", "host:", ":80", "h:99999", "h:x"):
         with pytest.raises(ConfigError, match="expected HOST:PORT"):
             parse_address(bad)
+
+
+def test_a_job_is_found_without_its_id_when_it_is_the_only_one(tmp_path: Path) -> None:
+    """`sluice status` (and the other verbs) without JOB: the one running job, or which ones to pick from."""
+    uri = str(tmp_path / "chk")
+    with pytest.raises(ControlError, match=r"no job runs in the registry of .*: pass --storage"):
+        find_job(None, uri)
+    for n, job in enumerate(["orders", "clicks"]):
+        (tmp_path / "chk" / job / "chk-1").mkdir(parents=True)  # a job's folder holds checkpoints
+        entry = RegistryEntry.new(job, f"http://127.0.0.1:{1234 + n}", "local", str(tmp_path / "t.token"), "t" * 43)
+        entry.write(checkpoint_storage(uri, job))
+        if n == 0:
+            assert find_job(None, uri).job_id == "orders"
+    with pytest.raises(ControlError, match=r"2 jobs run in the registry of .* \(clicks, orders\): name one as JOB"):
+        find_job(None, uri)
+    assert find_job("clicks", uri).url == "http://127.0.0.1:1235"

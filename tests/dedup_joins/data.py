@@ -107,7 +107,8 @@ def latest_reference(fact_rows: list[dict[str, Any]], dim_rows: list[dict[str, A
 
 
 def interval_reference(left: list[dict[str, Any]], right: list[dict[str, Any]], lower: int, upper: int) -> list[dict[str, Any]]:
-    """Every pair of the same key with ``right.ts - lower <= left.ts <= right.ts + upper``."""
+    """Every pair of the same key with ``left.ts + lower <= right.ts <= left.ts + upper`` (Flink's
+    ``left.intervalJoin(right).between(lower, upper)``)."""
     by_key: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in right:
         by_key[r["cust"]].append(r)
@@ -115,7 +116,7 @@ def interval_reference(left: list[dict[str, Any]], right: list[dict[str, Any]], 
         {**a, "id_right": b["id"], "ts_right": b["ts"], "amount_right": b["amount"]}
         for a in left
         for b in by_key[a["cust"]]
-        if b["ts"] - lower <= a["ts"] <= b["ts"] + upper
+        if lower <= b["ts"] - a["ts"] <= upper
     ]
 
 

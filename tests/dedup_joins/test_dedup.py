@@ -135,7 +135,7 @@ def test_options_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
         ({"keys": "key", "within": "1 h", "keep": "last"}, "deduplicate: keep='last' needs order_by=<column>"),
         ({"keys": "nope", "within": "1 h"}, "deduplicate: keys: column 'nope' is not in the stream"),
         ({"keys": "key", "within": "1 h", "event_time": "when"}, "deduplicate: event_time: column 'when' is not in the stream"),
-        ({"keys": "key", "within": "ten minutes"}, "deduplicate: within: 'ten minutes' is not a duration"),
+        ({"keys": "key", "within": "a while"}, "deduplicate: within: 'a while' is not a duration: give a number of seconds, a timedelta"),
     ]  # fmt: skip
     for kw, message in cases:
         with pytest.raises(ConfigError) as err:

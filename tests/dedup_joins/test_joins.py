@@ -4,6 +4,7 @@ and records before their dimension row; options checked in one line. (Crashes: t
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,14 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.operators.base import MAX_WATERMARK
 from sluice.operators.joins import IntervalJoinOperator, LatestJoinOperator
 from sluice.operators.joins.rows import RowCodec, decode_rows
-from sluice.sinks.testing import read_committed
+from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
+from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader
 from sluice.state.api import ValueStateDescriptor
 
 from tests.dedup_joins import data
 from tests.dedup_joins.harness import Harness
 from tests.dedup_joins.shapes import SHAPE
-from tests.faults.shapes import BACKENDS, pipeline_of, rows_of
+from tests.faults.shapes import BACKENDS, _LingeringReader, pipeline_of, rows_of
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
@@ -33,6 +35,52 @@ def test_joins_equal_the_reference(shape: str, seed: int, backend: str, tmp_path
     p.run(runtime="local", restore="none")
     got, expected = rows_of(read_committed(f"{tmp_path}/out")), p.reference()  # type: ignore[attr-defined]
     assert got == expected and len(expected) > 50
+
+
+class _Open(GeneratorSource):
+    """A generator whose readers never end their input: a table topic nobody writes to any more."""
+
+    def create_reader(self, ctx: ReaderContext) -> SourceReader:
+        return _OpenReader(super().create_reader(ctx))
+
+
+class _OpenReader(_LingeringReader):
+    def poll_next(self, output: ReaderOutput) -> InputStatus:
+        status = self.inner.poll_next(output)
+        return InputStatus.NOTHING_AVAILABLE if status is InputStatus.END_OF_INPUT else status
+
+
+def test_event_time_join_latest_goes_on_while_the_table_side_is_quiet(tmp_path: Path) -> None:
+    """docs/dedup_joins.md's event-time enrichment with the default settings: the table's source has read
+    its rows and stays open with nothing new (a quiet compacted topic), which holds its watermark back. Once
+    it has been quiet for ``table_idle_timeout`` (5 s by default) it stops holding the join's watermark back
+    and every record is joined, as the reference joins them (the table rows all arrived before). Before, the
+    join wrote nothing while the table was quiet (``idle_timeout_s`` on the table's source was needed)."""
+    f_rows, d_rows = data.facts(300, 7), data.dims(1, 7)
+    p = Pipeline("quiet-table", checkpoint=CheckpointConfig(interval=0.1, storage=f"{tmp_path}/chk"))
+    facts = p.source(GeneratorSource(num_splits=1, records_per_split=300, rows=f_rows, name="facts"))
+    # every table row in one batch: the table side's idle clock starts with all of them delivered
+    dims = p.source(_Open(num_splits=1, records_per_split=60, batch_size=60, rows=d_rows, name="dims"))
+    facts = facts.map_batches(lambda b: b, schema=data.FACTS, name="typed-facts")
+    dims = dims.map_batches(lambda b: b, schema=data.DIMS, name="typed-dims")
+    out = f"{tmp_path}/out"
+    facts.join_latest(dims, on="cust", how="left", event_time="ts").sink(TwoPhaseCommitTestSink(out))
+    expected = data.as_rows(data.latest_reference(data.table_rows(f_rows, 1, 300), data.table_rows(d_rows, 1, 60), "left"))
+    client = p.start(runtime="local", restore="none", control_endpoint=None)
+
+    def committed() -> int:
+        table = read_committed(out)
+        return 0 if table is None else table.num_rows
+
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and committed() < len(expected):
+            assert client.running, client.wait()
+            time.sleep(0.2)
+        got = rows_of(read_committed(out)) if committed() else []
+    finally:
+        client.cancel()
+    assert len(expected) > 100 and got == expected
 
 
 def _dims(rows: list[tuple[int, str | None, int | None]]) -> pa.RecordBatch:
@@ -135,7 +183,7 @@ def test_interval_join_subtask_without_rows_takes_the_final_watermark(backend: s
     """A subtask that never held a row (none of its key groups had any, also after a restore of empty
     buffers, as on a rescale) passes the end-of-input watermark on instead of reading an absent time column;
     a restored subtask whose buffers then get rows still joins and releases them."""
-    h = Harness(lambda: IntervalJoinOperator("interval", ["cust"], ["cust"], "ts", "ts", 5, 5), backend)
+    h = Harness(lambda: IntervalJoinOperator("interval", ["cust"], ["cust"], "ts", "ts", -5, 5), backend)
     h.op.process_watermark(MAX_WATERMARK)
     assert h.out.watermarks == [MAX_WATERMARK] and h.out.rows() == []
     h.restart()  # both buffers empty in the snapshot
@@ -167,8 +215,9 @@ def test_options_are_checked_when_the_job_is_built(tmp_path: Path) -> None:
         (lambda: facts.join_latest(dims, on="id"), "join_latest: right key: column 'id' is not in the stream"),
         (lambda: facts.join_latest(dims, left_on="id", right_on="tier"), "key columns 'id' (int64) and 'tier' (string) must have the same type"),
         (lambda: facts.join_latest(untyped, on="cust", how="left"), "join_latest: how='left' needs the table stream's schema"),
-        (lambda: facts.interval_join(dims, on="cust", between=(1, -1)), "interval_join: between upper: must be a duration >= 0"),
-        (lambda: facts.interval_join(dims, on="cust", between=5), "interval_join: between must be (lower, upper) durations"),
+        (lambda: facts.interval_join(dims, on="cust", between=(1, -1)), "interval_join: between: lower 1 is after upper -1"),
+        (lambda: facts.interval_join(dims, on="cust", between=5), "interval_join: between: expected (lower, upper)"),
+        (lambda: facts.interval_join(dims, on="cust", between=("1 minute", "soon")), "interval_join: between upper: 'soon' is not a duration: give a number of seconds, a timedelta, or a number with a unit"),
         (lambda: facts.interval_join(dims, on="cust", between=(0, 1), event_time="when"), "interval_join: event_time: column 'when'"),
     ]  # fmt: skip
     for build, message in cases:

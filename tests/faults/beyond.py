@@ -24,6 +24,7 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.sink import Sink
 from sluice.sinks.files import FileSink
 
+from tests import listing
 from tests.faults.contract import missing
 from tests.faults.shapes import record
 from tests.sinks.conftest import read_visible
@@ -133,9 +134,7 @@ class Output:
     def data_files(self) -> dict[str, int]:
         """Every file under the output's folder (local outputs), with its size: what a run wrote."""
         base = Path(self.files_root if self.kind == "files" else f"{self.root}/lake")
-        if not base.exists():
-            return {}
-        return {str(p.relative_to(base)): p.stat().st_size for p in sorted(base.rglob("*")) if p.is_file()}
+        return {rel: st.st_size for rel, st in listing.files(base).items()}
 
     def ids_by_checkpoint(self, job_id: str) -> dict[int, list[int]]:
         """The visible (or table-referenced) data files' ids by the checkpoint id in their names."""
@@ -240,14 +239,14 @@ def leftovers(checkpoints: Path, out: Path | None = None) -> list[str]:
                 left[str(entry)] = "unknown"
             elif entry.is_dir() and not (entry / "_metadata").exists():
                 left[str(entry)] = "a checkpoint that never completed"
-        for f in sorted(job.rglob("*")):
-            if f.is_file() and (f.stat().st_size == 0 or ".tmp" in f.name):
-                left[str(f)] = f"{f.stat().st_size} bytes"
+        for rel, st in listing.files(job).items():
+            if st.st_size == 0 or ".tmp" in rel.rsplit("/", 1)[-1]:
+                left[str(job / rel)] = f"{st.st_size} bytes"
         entry_file = job / "_control.json"
         if entry_file.exists() and json.loads(entry_file.read_text()).get("status") is None:
             left[str(entry_file)] = "a registry entry never marked ended"
     if out is not None and out.exists():
-        for f in sorted(out.rglob("*")):
-            if f.is_file() and (f.name.startswith(".") or ".tmp" in f.name):
+        for f in listing.file_paths(out):
+            if f.name.startswith(".") or ".tmp" in f.name:
                 left[str(f)] = "hidden or temporary"
     return [f"{path} ({why})" for path, why in left.items()]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import listing
+
 __all__ = ["SmallDisk"]
 
 _CHUNK = 256 * 1024
@@ -77,4 +79,4 @@ class SmallDisk:
 
     def files(self, under: str = "") -> list[Path]:
         """Every file under ``under`` (the ballast left out)."""
-        return sorted(p for p in (self.path / under).rglob("*") if p.is_file() and p != self._ballast)
+        return [p for p in listing.file_paths(self.path / under) if p != self._ballast]

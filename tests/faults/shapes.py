@@ -2,8 +2,8 @@
 
 Each shape's committed output is a set of rows that does not depend on thread interleavings: keys are
 derived from (split, seq) so all rows of a key come from one split, in order, through FIFO channels; the
-keyed operator emits, per row, the running count and sum of its key. A failure-free run of the same shape
-gives the reference.
+keyed operator emits, per row, the running count and sum of its key. The reference every scenario is
+judged by is computed from the generators' input in plain Python (tests/faults/expected.py), never by a run.
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def _gen(b: Build, name: str = "generator", offset: int = 0) -> GeneratorSource:
     rng = b.rng
     splits = rng.randint(1, 5)
     per_split = rng.choice([200, 400, 700])
+    b.inputs.append(Input(name, splits, per_split, offset))
 
     def rows(split: int, start: int, end: int) -> pa.RecordBatch:
         from sluice.connectors.generator import default_rows
@@ -175,6 +176,17 @@ class _LingeringReader(SourceReader):
         self.inner.close()
 
 
+@dataclass(frozen=True)
+class Input:
+    """What one of a shape's generators reads: ``splits`` x ``per_split`` rows of
+    :func:`sluice.connectors.generator.default_rows` (50 keys, 10 ms apart), ``offset`` added to ``id``."""
+
+    name: str
+    splits: int
+    per_split: int
+    offset: int
+
+
 class Build:
     """What a shape's builder draws from: the scenario's random stream, and an optional parallelism override.
 
@@ -196,6 +208,7 @@ class Build:
         self.global_commit = global_commit
         self.rate = rate  # rows per second per source reader (None: as fast as possible)
         self.sink_kind = sink  # "test" (TwoPhaseCommitTestSink), "delta" or "iceberg"
+        self.inputs: list[Input] = []  # the generators' inputs, in the order the shape built them
 
     def par(self) -> int:
         drawn = self.rng.randint(1, 4)
@@ -362,6 +375,29 @@ def pipeline_of(
     backend: str = "hashmap",
 ) -> Pipeline:
     """The pipeline of ``shape`` with ``seed``, its sink and checkpoints in ``d`` (see :func:`run_shape`)."""
+    return _assemble(shape, seed, d, mode, alignment, attempts, checkpoint, global_commit, scale, rate, sink, backend)[0]
+
+
+def inputs_of(shape: Shape, seed: int) -> list[Input]:
+    """The generators' inputs of ``shape`` with ``seed`` (what :func:`pipeline_of` builds; nothing runs)."""
+    with tempfile.TemporaryDirectory(prefix="sluice-inputs-") as d:
+        return _assemble(shape, seed, d)[1].inputs
+
+
+def _assemble(
+    shape: Shape,
+    seed: int,
+    d: str,
+    mode: str = "exactly_once",
+    alignment: dict[str, Any] | None = None,
+    attempts: int = 6,
+    checkpoint: dict[str, Any] | None = None,
+    global_commit: bool | None = None,
+    scale: int | None = None,
+    rate: float | None = None,
+    sink: str = "test",
+    backend: str = "hashmap",
+) -> tuple[Pipeline, Build]:
     rng = random.Random(seed)
     drawn = rng.random() < 0.5  # always drawn: the data must not depend on the override
     gc = drawn if global_commit is None else global_commit
@@ -379,8 +415,9 @@ def pipeline_of(
         buffers_per_channel=rng.choice([1, 2, 4]),
         state_backend=backend_config(backend, d),
     )
-    shape.build(p, Build(rng, f"{d}/out", scale, gc, rate, sink))
-    return p
+    build = Build(rng, f"{d}/out", scale, gc, rate, sink)
+    shape.build(p, build)
+    return p, build
 
 
 def rows_of(table: pa.Table | None) -> list[tuple[Any, ...]]:

@@ -1,8 +1,10 @@
-"""Exactly-once under randomized faults: committed output equals a failure-free run's.
+"""Exactly-once under randomized faults: committed output equals the output expected from the input.
 
-Every scenario arms faults only at points a failure-free run of the same shape, seed and mode reached
-(``plans.py``), asserts that each armed fault fired, and compares the committed rows with the reference:
-nothing lost, nothing duplicated. Families:
+The reference is computed from the shape's input in plain Python (tests/faults/expected.py), never by a
+sluice run. Every scenario arms faults only at points a failure-free run of the same shape, seed and mode
+reached (``plans.py``; that run's output is checked against the reference too, once per shape, seed, mode
+and backend), asserts that each armed fault fired, and compares the committed rows with the reference:
+nothing lost, nothing duplicated, relative to the input. Families:
 
 * crashes (1-2 per scenario) in aligned, unaligned and adaptive mode, with per-subtask and global commits;
 * tolerated checkpoint failures (declines, expiries) that must not restart the job nor lose committables;
@@ -31,12 +33,14 @@ import pytest
 from sluice.sinks.testing import read_committed
 from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 
+from tests.faults.expected import expected_rows
 from tests.faults.plans import MODE_POINTS, checkpoint_failure_plan, crash_plan, injector_for, reachable
 from tests.faults.shapes import (
     KEYED_SHAPES,
     SHAPE,
     SHAPES,
     Run,
+    inputs_of,
     pipeline_of,
     record,
     rows_of,
@@ -75,22 +79,24 @@ def alignment(mode: str, rng: random.Random) -> dict[str, Any]:
 
 @functools.cache
 def reference(shape: str, seed: int) -> tuple[tuple[Any, ...], ...]:
-    """The committed rows of a failure-free aligned run."""
-    rows = run_shape(SHAPE[shape], seed, None).rows
-    assert rows, "the failure-free run committed nothing"
-    return tuple(rows)
+    """The rows ``shape`` with ``seed`` must commit: computed from its generators' input in plain Python
+    (tests/faults/expected.py), independently of sluice."""
+    rows = expected_rows(shape, inputs_of(SHAPE[shape], seed))
+    assert rows, f"{shape} seed={seed}: no input"
+    return rows
 
 
 @functools.cache
 def hits(shape: str, seed: int, mode: str, backend: str = "hashmap", global_commit: bool | None = None) -> dict[str, int]:
-    """Hits per fault point of a failure-free run in ``mode`` on ``backend`` (whose output must equal the
-    reference: the hashmap backend's, aligned); ``global_commit`` overrides the drawn commit path."""
+    """Hits per fault point of a failure-free run in ``mode`` on ``backend``, whose output must equal the
+    reference (computed from the input; at-least-once without a failure replays nothing either);
+    ``global_commit`` overrides the drawn commit path."""
     counter = HitCounter()
     kw: dict[str, Any] = {"mode": "at_least_once"} if mode == "at_least_once" else {}
     al = alignment(mode, random.Random(0)) if mode in ("unaligned", "adaptive") else None
     run = run_shape(SHAPE[shape], seed, counter, alignment=al, backend=backend, global_commit=global_commit, **kw)
-    if mode != "at_least_once":
-        assert tuple(run.rows) == reference(shape, seed), f"{shape} {mode} {backend}: output differs from aligned mode"
+    assert run.error is None, f"{shape} {mode} {backend}: the failure-free run failed: {run.error}"
+    check_exactly_once(f"{shape} {mode} {backend} seed={seed}, failure-free", run.rows, reference(shape, seed))
     return dict(counter.hits)
 
 
@@ -192,8 +198,9 @@ def test_at_least_once_loses_nothing(i: int) -> None:
     assert not missing, f"{label}: {len(missing)} input ids never reached the sink"
 
 
-#: the column (in sorted column order) that carries the input id, per shape
-SHAPE_ID = {"chain": 2, "keyed": 2, "union": 2, "rebalance": 0, "two_keyed": 2}
+#: the column (in sorted column order, as ``rows_of`` gives rows) that carries the input id, per shape: chain
+#: (double, id, key, ...), the keyed shapes (count, id, k, sum), rebalance (id, value)
+SHAPE_ID = {"chain": 1, "keyed": 1, "union": 1, "rebalance": 0, "two_keyed": 1}
 
 
 @pytest.mark.faults
@@ -354,7 +361,7 @@ def table_hits(shape: str, seed: int, sink: str) -> dict[str, int]:
     """Hits per fault point of a failure-free run into a table (whose rows must equal the reference)."""
     counter = HitCounter()
     run = run_shape(SHAPE[shape], seed, counter, sink=sink)
-    assert tuple(run.rows) == reference(shape, seed), f"{shape} into {sink}: output differs from the test sink's"
+    check_exactly_once(f"{shape} into {sink} seed={seed}, failure-free", run.rows, reference(shape, seed))
     return dict(counter.hits)
 
 

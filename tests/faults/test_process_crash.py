@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests import listing
 from tests.connectors.kafka.helpers import produce_json
 from tests.faults.shapes import record
 from tests.kafka_broker import TansuBroker
@@ -147,7 +148,7 @@ def scenario(
         uploads = s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
         assert not uploads, f"multipart uploads left open: {uploads}"
     else:
-        left = [f for f in (tmp_path / "out").rglob("*") if f.is_file() and not FINAL.match(f.name)]
+        left = [f for f in listing.file_paths(tmp_path / "out") if not FINAL.match(f.name)]
         assert not left, f"hidden files left: {left}"
 
 

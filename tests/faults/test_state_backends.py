@@ -2,8 +2,8 @@
 without changelog checkpoints, and with local recovery, locally and on Spark.
 
 Crash scenarios are those of ``test_exactly_once.py`` (faults armed only where a failure-free run of the same
-shape, seed, mode and backend reached; each must fire; committed output equals the hashmap backend's
-failure-free run), with the first crash's point chosen in turn: the default run crashes each new backend at
+shape, seed, mode and backend reached; each must fire; committed output, and that failure-free run's, equal
+the output computed from the input in plain Python, tests/faults/expected.py), with the first crash's point chosen in turn: the default run crashes each new backend at
 every point once (``align`` and ``channel_state`` in a mode that has them, ``global_commit`` with a global
 commit) and once on Spark, and rescales a changelog job after a crash. ``-m soak`` runs the cross product:
 every backend x every (mode, point) x the keyed shapes, ``SLUICE_SOAK_SCALE`` scenarios per backend

@@ -25,7 +25,7 @@ from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 
 from tests.faults.plans import _first
 from tests.faults.shapes import record
-from tests.sinks.tables.cdc import Stream, check_versions, pipeline, table_state, version_states
+from tests.sinks.tables.cdc import PlainStream, Stream, check_versions, pipeline, table_state, version_states
 from tests.sinks.tables.conftest import s3_target_of
 from tests.sinks.tables.helpers import Target, completed
 
@@ -81,17 +81,18 @@ def staged_left(target: Target) -> list[str]:
 
 
 def check(
-    label: str, target: Target, result: Any, fired: bool, crashes: int, family: str, scenario: Any, one_run: bool = True
+    label: str, target: Target, result: Any, fired: bool, crashes: int, family: str, scenario: Any, one_run: bool = True,
+    stream: Stream = STREAM,
 ) -> None:
     """The table equals the reference, every version is a checkpoint's cut, no checkpoint applied twice (and,
     if ``one_run`` wrote the table, at most one merge per completed checkpoint)."""
-    expected = STREAM.final()
+    expected = stream.final()
     got = table_state(target.read()) if target.exists() else {}
     record(family, scenario, "cdc", target.kind, fired, crashes, sorted(got.items()), sorted(expected.items()))
     assert not isinstance(result, Exception), f"{label}: {result}"
     assert fired, f"{label}: armed faults did not fire"
     assert got == expected, f"{label}: the table differs from the change stream applied in order"
-    check_versions(STREAM, target)
+    check_versions(stream, target)
     recorded = [cid for cid, _ in version_states(target) if cid is not None]
     assert recorded == sorted(set(recorded)), f"{label}: a checkpoint was applied twice: {recorded}"
     if one_run:
@@ -140,6 +141,37 @@ def test_crashes_on_spark_and_on_s3(sink: str, runtime: str, store: str, i: int,
     if runtime == "spark":
         request.getfixturevalue("spark")
     crash_scenario(sink, i, tmp_path, request, runtime, store)
+
+
+#: plain rows (no change columns) upserting their key: the sink at another parallelism than the source, so
+#: the rows cross the hash exchange on the key columns; points while writing, between snapshot and ack, at
+#: and after the merge
+PLAIN = PlainStream(splits=3, per_split=480, batch=8)
+PLAIN_POINTS = ("process", "global_commit", "snapshot_to_ack", "complete_to_commit")
+
+
+def plain_scenario(sink: str, i: int, tmp: Path) -> None:
+    point = PLAIN_POINTS[i % len(PLAIN_POINTS)]
+    rng = random.Random(3000 + i)
+    faults = FaultInjector(point=point, after=rng.randint(0, 2))
+    target = Target(sink, str(tmp / "lake"), {}, str(tmp))
+    source_par = rng.choice([1, 2, 3])
+    p = pipeline(PLAIN, target.sink(mode="upsert", key_columns=["id"]), str(tmp), parallelism=source_par,
+                 sink_parallelism=1 + source_par % 3, rate=2 * RATE)
+    try:
+        result = p.run(runtime="local", faults=faults, restore="none")
+    except Exception as exc:  # asserted by check
+        result = exc
+    label = f"plain rows upserted into {sink}, crash at {point}, fired={faults.fired}"
+    check(label, target, result, faults.all_fired, faults.crashes, f"upsert-plain-{sink}", i, stream=PLAIN)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize(("sink", "i"), [pytest.param(SINKS[i % 2], i, id=f"{i}-{SINKS[i % 2]}",
+                                                      marks=[pytest.mark.soak] if i >= 2 else [])
+                                         for i in range(2 * len(PLAIN_POINTS))])  # fmt: skip
+def test_plain_rows_upserted_with_a_crash_lose_and_double_no_row(sink: str, i: int, tmp_path: Path) -> None:
+    plain_scenario(sink, i, tmp_path)
 
 
 def rescale_scenario(sink: str, i: int, tmp: Path, request: pytest.FixtureRequest, store: str = "local") -> None:

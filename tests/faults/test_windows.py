@@ -33,9 +33,9 @@ MODES = ("aligned", "unaligned", "adaptive")
 #: the generators of the runs, by their output folder (for the DuckDB reference)
 SOURCES: dict[str, GeneratorSource] = {}
 ASSIGNERS: dict[str, w.WindowAssigner] = {
-    "window_tumbling": w.Tumbling(200),
-    "window_sliding": w.Sliding(300, 100),
-    "window_session": w.Session(100),
+    "window_tumbling": w.Tumbling("200ms"),
+    "window_sliding": w.Sliding("300ms", "100ms"),
+    "window_session": w.Session("100ms"),
 }
 #: per shape: the input with each row's window bounds (ws, we), in DuckDB
 BOUNDS = {

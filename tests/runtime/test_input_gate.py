@@ -1,23 +1,29 @@
 """The input gate on its own, over real channels and a real barrier handler: round robin, alignment
-blocking, events-only polling, end of partition, unaligned barriers and barrier pull-forward."""
+blocking, events-only polling, end of partition, unaligned barriers, barrier pull-forward, and the channels
+held after a restore until every sender re-sent its recovered in-flight data."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from sluice.checkpoint.barriers import barrier_handler
+from sluice.errors import CheckpointFailureReason
 from sluice.events import (
     AlignmentMode,
     CancelCheckpointMarker,
     CheckpointBarrier,
     CheckpointOptions,
+    EndOfChannelState,
     EndOfPartition,
     Watermark,
 )
 from sluice.runtime.channels import LocalChannel, Signal
 from sluice.runtime.input_gate import InputGate
 from sluice.runtime.watermarks import StatusWatermarkValve
+
+DECLINED = CheckpointFailureReason.DECLINED
 
 
 def batch(tag: int, n: int = 1) -> pa.RecordBatch:
@@ -71,8 +77,8 @@ class Rig:
     def finish_recording(self, cid: int) -> None:
         self.log.append(("finish", cid))
 
-    def abort_checkpoint(self, cid: int, reason: str) -> None:
-        self.log.append(("abort", cid))
+    def abort_checkpoint(self, cid: int, reason: str, failure: CheckpointFailureReason = DECLINED) -> None:
+        self.log.append(("abort", cid) if failure is DECLINED else ("abort", cid, failure.name))
 
     def alignment_done(self, cid: int, s: float, switched: bool) -> None:
         self.log.append(("aligned", cid, switched))
@@ -175,3 +181,52 @@ def test_adaptive_switch_pulls_a_queued_barrier_forward() -> None:
     r.drain()  # the pulled barrier comes first, then the data it overtook
     assert r.got == [(1, 10), (1, 11)]
     assert r.log[-3:] == [("stop", 1), ("aligned", 1, True), ("finish", 1)]
+
+
+def restored(n: int, mode: AlignmentMode = AlignmentMode.ALIGNED) -> Rig:
+    r = Rig(n, mode)
+    r.gate.expect_recovered_data()
+    return r
+
+
+def test_after_a_restore_no_channel_delivers_past_its_end_of_channel_state_before_all_did() -> None:
+    """Channel 0's sender re-sends a partition's recovered records (1, 2, 3); the partition moved to channel
+    2's sender, which reads on (20, 21). Round robin took 20 before 2 (issue 38): a channel that delivered
+    EndOfChannelState is held, events included, until every channel did."""
+    r = restored(3)
+    for item in (batch(1), batch(2), batch(3), EndOfChannelState(), batch(4), Watermark(5)):
+        r.channels[0].send(item)
+    r.channels[1].send(EndOfChannelState())
+    r.channels[1].send(EndOfPartition())  # held too: it ends nothing before the others' recovered data
+    for item in (EndOfChannelState(), Watermark(7), batch(20), batch(21)):
+        r.channels[2].send(item)
+    while r.gate.recovering():
+        assert r.gate.poll()
+        assert r.ended == 0 and r.watermarks == [] and all(c == 0 for c, _ in r.got)
+    assert r.got == [(0, 1), (0, 2), (0, 3)] and r.gate.held == set()
+    r.drain()
+    assert sorted(r.got[3:]) == [(0, 4), (2, 20), (2, 21)] and r.gate.ended == {1} and r.watermarks == [5]
+
+
+def test_a_restored_gate_declines_an_unaligned_checkpoint_until_every_channel_delivered_its_end() -> None:
+    """A priority barrier overtook a sender's recovered data and its EndOfChannelState: the checkpoint is
+    declined as not ready (the snapshot would put newer data of another channel before it)."""
+    r = restored(2, AlignmentMode.UNALIGNED)
+    r.channels[0].send(EndOfChannelState())
+    r.channels[0].send(batch(10))
+    r.channels[1].send(batch(1))
+    r.channels[1].send(EndOfChannelState())
+    r.channels[1].send_priority(barrier(1, AlignmentMode.UNALIGNED))
+    r.drain()
+    assert r.log == [("abort", 1, "TASK_NOT_READY")] and r.got == [(1, 1), (0, 10)]
+    r.channels[0].send_priority(barrier(2, AlignmentMode.UNALIGNED))
+    r.channels[1].send_priority(barrier(2, AlignmentMode.UNALIGNED))
+    r.drain()
+    assert r.log[1][:3] == ("snapshot", 2, True) and r.log[-1] == ("finish", 2)
+
+
+def test_a_gate_not_restored_with_in_flight_data_expects_no_end_of_channel_state() -> None:
+    r = Rig(1)
+    r.channels[0].send(EndOfChannelState())
+    with pytest.raises(RuntimeError, match="EndOfChannelState"):
+        r.drain()

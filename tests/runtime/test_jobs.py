@@ -62,7 +62,7 @@ def test_user_function_error_fails_job_with_operator_name_and_commits_nothing_of
         explode, name="explode"
     ).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
     with pytest.raises(
-        JobFailedError, match=r"3 attempt\(s\).*operator 'explode' failed: ValueError: bad row"
+        JobFailedError, match=r"3 attempt\(s\).*operator 'explode' failed at \S+test_jobs.py:\d+ \(in explode\): ValueError: bad row"
     ) as ei:
         p.run(runtime=runtime, restore="none")
     assert type(ei.value.__cause__).__name__ == "UserFunctionError"

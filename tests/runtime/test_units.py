@@ -142,7 +142,10 @@ class Recorder:
     def pull_barrier_forward(self, c: int, cid: int) -> list | None:
         return None
 
-    def abort_checkpoint(self, cid: int, reason: str) -> None:
+    def recovering(self) -> bool:
+        return False
+
+    def abort_checkpoint(self, cid: int, reason: str, failure: object = None) -> None:
         self.log.append(("abort", cid))
 
     def alignment_done(self, cid: int, s: float, switched: bool) -> None:

@@ -74,3 +74,39 @@ def test_source_idleness_is_reported_once_per_idle_period() -> None:
     v.source_watermark(5)
     assert seen == [10]
     assert v.mark_source_idle()
+
+
+def test_a_channel_with_an_idle_timeout_leaves_the_minimum_while_quiet_and_rejoins_when_it_delivers() -> None:
+    """join_latest's table side: quiet for its timeout (counted once it delivered anything, a barrier too),
+    it no longer holds event time back; its next data or watermark brings it back (behind: it holds event
+    time where it is until it catches up); a quiet channel next to an ended one lets the ended one's last
+    watermark through."""
+    now = [0.0]
+    seen: list[int] = []
+    v = StatusWatermarkValve(3, seen.append, [None, 5.0, 5.0], clock=lambda: now[0])
+    v.input_watermark(0, 100)
+    now[0] = 60.0
+    v.check_idle()
+    assert seen == []  # channels 1 and 2 never delivered anything: their upstream may not run yet
+    v.input_event(1)  # a barrier: channel 1's upstream runs
+    v.input_data(2)
+    v.input_watermark(2, 90)
+    now[0] = 64.0
+    v.check_idle()
+    assert seen == []
+    now[0] = 65.0
+    v.check_idle()  # channel 1 quiet for 5 s since its barrier, channel 2 since its watermark
+    assert seen == [100] and v.watermark == 100
+    v.input_watermark(0, 300)
+    assert seen == [100, 300]
+    v.input_data(1)  # data again: back in the minimum at its watermark (none yet): event time stays
+    v.input_watermark(0, 400)
+    assert seen == [100, 300]
+    v.input_watermark(1, 350)  # channel 1 holds event time at its own (channel 2 is still quiet)
+    v.input_watermark(1, 500)
+    assert seen == [100, 300, 350, 400]
+    v.input_watermark(0, 900)
+    v.end_channel(0)
+    now[0] = 80.0
+    v.check_idle()  # 1 and 2 quiet, 0 ended: its last watermark counts
+    assert seen == [100, 300, 350, 400, 500, 900]

@@ -3,7 +3,6 @@ read-back helpers and a SinkContext for driving writers directly."""
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import uuid
@@ -14,6 +13,8 @@ import boto3
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+
+from tests import listing
 
 FINAL = re.compile(r"^part-.+-\d{6}-\d{3}-(c?\d+)-[0-9a-f]{12}\.(parquet|jsonl|csv)(\.gz)?$")
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
@@ -60,10 +61,8 @@ def read_visible(root: str, fmt: str = "parquet", filesystem: Any = None) -> pa.
 
 
 def local_files(root: str) -> list[str]:
-    out = []
-    for dirpath, _, files in os.walk(root):
-        out.extend(os.path.relpath(os.path.join(dirpath, f), root) for f in files)
-    return sorted(out)
+    """Every file under ``root``, relative to it (tests/listing.py: safe while a job writes there)."""
+    return list(listing.files(root))
 
 
 def s3_keys(s3: MotoS3, bucket: str, prefix: str = "") -> list[str]:

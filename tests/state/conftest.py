@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from sluice.state.config import StateBackendConfig
+from sluice.state.factory import create_state_backend
 from sluice.state.keygroups import KeyGroupRange, key_group_range
 from sluice.state.spi import KeyedStateBackend, StateBackend
 from sluice.state.transfer import LocalFileTransfer
@@ -40,7 +41,7 @@ def storage(tmp_path: Path) -> LocalFileTransfer:
 def state_backend(kind: str, tmp_path: Path, **options: object) -> StateBackend:
     settings: dict[str, object] = {"type": kind, "local_dir": str(tmp_path / "local"), "memory": "64 mb", **options}
     config = StateBackendConfig(**settings)
-    backend: StateBackend = config.create()
+    backend: StateBackend = create_state_backend(config)
     return backend
 
 

@@ -1,7 +1,7 @@
 """Local recovery inside jobs (issue 24 point 5): a restart on the same host restores keyed state from the
 local copy of the last completed checkpoint (the job's metrics count the files taken from it), and a restart
 after the local copy was corrupted or deleted reads checkpoint storage instead; the output stays exactly
-once (equal to a failure-free run's on the hashmap backend)."""
+once (equal to the output computed from the input in plain Python, tests/faults/expected.py)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from sluice.testing.faults import FaultInjector
 
 from tests.faults.backends import BACKENDS, backend_config
 from tests.faults.shapes import rows_of
+from tests.sinks.tables.paced import Paced
 
 ROCKSDB = {"type": "rocksdb", "incremental": True, "memory": "32 mb"}
 
@@ -119,9 +120,10 @@ class _HeldReader(SourceReader):
         self.inner.close()
 
 
-class HeldGenerator(GeneratorSource):
-    """A :class:`GeneratorSource` whose readers end their input only after ``idle`` checkpoints without
-    new rows completed (a condition, not a time)."""
+class HeldGenerator(Paced):
+    """A generator paced by checkpoints (:class:`tests.sinks.tables.paced.Paced`: every ``chunk_batches``
+    batches of a reader wait for a checkpoint to complete) whose readers end their input only after ``idle``
+    checkpoints without new rows completed (conditions, not times)."""
 
     idle = 3
 
@@ -177,10 +179,12 @@ def test_a_shared_file_is_deleted_exactly_when_the_last_checkpoint_using_it_is_s
             st.update(st.value() + rows.num_rows)
 
     def run(restore: str) -> None:
-        # the input is paced so that checkpoints replace shared files while it flows (deletions), and held
-        # open after its last row until idle checkpoints completed: whether the job's last checkpoints share
-        # files then no longer depends on where the load put the last compaction or materialization
-        src = HeldGenerator(num_splits=2, records_per_split=3000, batch_size=50, num_keys=2000, rows_per_second=1500)
+        # the input is paced by checkpoints (30 checkpoints carry rows however loaded the machine is: more
+        # than RocksDB's L0 compaction trigger of 16 flushed files, so compactions replace shared files while
+        # it flows; paced by time, a loaded run took too few checkpoints to compact and deleted nothing), and
+        # held open after its last row until idle checkpoints completed: whether the job's last checkpoints
+        # share files then no longer depends on where the load put the last compaction or materialization
+        src = HeldGenerator(chunk_batches=2, num_splits=2, records_per_split=3000, batch_size=50, num_keys=2000)
         p = Pipeline(
             "shared",
             checkpoint=CheckpointConfig(interval=0.1, num_retained=2, storage=f"{tmp_path}/chk"),

@@ -4,6 +4,7 @@ allowed lateness and its updates, session merging, processing time, and options 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ AGGS = (
     count(), sum("value"), max("value"), min("value"), mean("value"), first("id"), last("id"),
     count_distinct("value"), agg(lambda a: pc.sum(a).as_py(), "value", name="udf_sum", type=pa.int64()),
 )  # fmt: skip
-ASSIGNERS = {"tumbling": Tumbling(500), "sliding": Sliding("600ms", "200ms"), "session": Session(150)}
+ASSIGNERS = {"tumbling": Tumbling(0.5), "sliding": Sliding("600ms", "200ms"), "session": Session("150 ms")}
 #: per assigner: the input with each row's window bounds (ws, we), in DuckDB
 WINDOWED = {
     "tumbling": "select *, t - t % 500 as ws, t - t % 500 + 500 as we from x",
@@ -112,7 +113,7 @@ def test_late_records_go_to_the_side_output_and_updates_follow_within_the_allowe
     """A window fires when the watermark passes its end (revision 0); a record for it within the allowed
     lateness emits its updated result at once (revision 1, the whole window's aggregate, not a delta); once
     the watermark passes end + lateness its state is gone and a record for it goes to ``late``."""
-    op, out = operator(Tumbling(100), (count(), sum("v")), lateness=50)
+    op, out = operator(Tumbling("100ms"), (count(), sum("v")), lateness=50)
     op.process_batch(batch(k=[1, 1, 2], t=[10, 20, 30], v=[1, 2, 3]))
     op.process_watermark(98)
     assert out.rows() == []
@@ -137,7 +138,7 @@ def test_late_records_go_to_the_side_output_and_updates_follow_within_the_allowe
 
 
 def test_without_allowed_lateness_a_late_record_never_changes_a_result() -> None:
-    op, out = operator(Sliding(100, 50), (count(),))
+    op, out = operator(Sliding("100ms", timedelta(milliseconds=50)), (count(),))
     op.process_batch(batch(k=[1], t=[60]))  # windows [0, 100) and [50, 150)
     op.process_watermark(120)
     assert [(r["window_start"], r["count"]) for r in out.rows()] == [(0, 1)]
@@ -152,7 +153,7 @@ def test_without_allowed_lateness_a_late_record_never_changes_a_result() -> None
 def test_sessions_merge_when_a_record_bridges_them_across_batches_and_checkpoints() -> None:
     """Two sessions of a key, flushed to state by a checkpoint, merge into one when a record falls between
     them; first/last follow event time, not arrival."""
-    op, out = operator(Session(10), (count(), first("v"), last("v"), min("t")))
+    op, out = operator(Session("10ms"), (count(), first("v"), last("v"), min("t")))
     op.process_batch(batch(k=[1, 1, 2], t=[100, 105, 100], v=[1, 2, 9]))
     op.snapshot_state(1)
     op.process_batch(batch(k=[1, 1], t=[125, 130], v=[4, 5]))
@@ -207,9 +208,10 @@ def test_timestamp_time_columns_give_timestamp_windows() -> None:
     [
         (lambda k: k.window(Tumbling("1m")), "name the event-time column with time='<column>'"),
         (lambda k: k.window("1m", time="ts"), "expected Tumbling(...), Sliding(...) or Session(...)"),
-        (lambda k: k.tumbling_window("1 minute", time="ts"), "Tumbling(size): expected a duration"),
+        (lambda k: k.tumbling_window("a minute", time="ts"), "Tumbling(size): 'a minute' is not a duration: give a number of seconds"),
+        (lambda k: k.tumbling_window("60", time="ts"), "Tumbling(size): '60' is a number in a string: give a unit"),
         (lambda k: k.sliding_window("1m", "7s", time="ts"), "size a multiple of slide"),
-        (lambda k: k.session_window(0, time="ts"), "Session(gap): the gap must be positive"),
+        (lambda k: k.session_window(0, time="ts"), "Session(gap): must be a duration > 0 (got 0)"),
         (lambda k: k.tumbling_window("1m", time="ts", processing_time=True), "not both"),
         (
             lambda k: k.tumbling_window("1m", time="nope").aggregate(count()),

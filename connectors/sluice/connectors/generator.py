@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import SkipValidation
 from sluice.config import _Frozen
-from sluice.connectors.options import OptionAttributes, must
+from sluice.connectors.options import OptionAttributes, duration, must
+from sluice.durations import Duration
 from sluice.errors import ConfigError
 from sluice.serializers import JsonSerializer, SimpleVersionedSerializer, SourceSplitSerializer
 from sluice.source import (
@@ -82,8 +83,10 @@ class GeneratorOptions(_Frozen):
         SkipValidation,
         _must("> 0 or None", lambda v: v is None or (isinstance(v, int | float) and v > 0)),
     ] = None
-    step_ms: Annotated[int, SkipValidation] = 10
-    out_of_orderness_ms: Annotated[int, SkipValidation] = 0
+    step_ms: Annotated[int, SkipValidation, duration("GeneratorSource", bare="ms", sign="non-negative")] = 10
+    out_of_orderness_ms: Annotated[
+        int, SkipValidation, duration("GeneratorSource", bare="ms", sign="non-negative")
+    ] = 0
     rows: Annotated[Callable[[int, int, int], pa.RecordBatch] | None, SkipValidation] = None
     name: str = "generator"
 
@@ -126,8 +129,8 @@ class GeneratorSource(OptionAttributes[GeneratorOptions], Source):
         batch_size: int = 100,
         num_keys: int = 100,
         rows_per_second: float | None = None,
-        step_ms: int = 10,
-        out_of_orderness_ms: int = 0,
+        step_ms: Duration = 10,
+        out_of_orderness_ms: Duration = 0,
         rows: Callable[[int, int, int], pa.RecordBatch] | None = None,
         name: str = "generator",
     ) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ValidationInfo
+from sluice.durations import Bare, Sign, to_ms, to_seconds
 from sluice.errors import ConfigError
 
-__all__ = ["OptionAttributes", "convert", "is_count", "must"]
+__all__ = ["OptionAttributes", "convert", "duration", "is_count", "must"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -39,6 +40,22 @@ def must(owner: str, allowed: str, ok: Callable[[Any], bool], option: str | None
 def convert(fn: Callable[[Any], Any]) -> BeforeValidator:
     """A field conversion, run before the checks annotated ahead of it; ``fn`` may raise ConfigError."""
     return BeforeValidator(fn)
+
+
+def duration(owner: str, *, bare: Bare = "s", sign: Sign = "positive", none: bool = False) -> BeforeValidator:
+    """A duration field (:mod:`sluice.durations`): ``"30 s"``, a timedelta, or a bare number in the unit its
+    name ends with (``bare``: ``"s"`` gives float seconds, ``"ms"`` whole milliseconds); None passes when
+    ``none``. Otherwise one ConfigError line naming the option and the allowed forms."""
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None and none:
+            return None
+        option = f"{owner}: {info.field_name}"
+        if bare == "ms":
+            return to_ms(value, option, sign=sign, bare="ms")
+        return to_seconds(value, option, sign=sign, bare=bare)
+
+    return BeforeValidator(check)
 
 
 def is_count(low: int) -> Callable[[Any], bool]:

@@ -8,46 +8,21 @@ columns.
 
 from __future__ import annotations
 
-import datetime
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 
+from sluice.durations import Duration, to_ms, to_seconds
 from sluice.errors import ConfigError, GraphError
 from sluice.graph import LogicalEdge, Partitioning
 from sluice.keys import KeySelector
 from sluice.operators.dedup import DeduplicateOperator
 from sluice.operators.joins import IntervalJoinOperator, LatestJoinOperator
 from sluice.operators.joins.common import right_names
+from sluice.runtime.upgrades import key_config
 
 __all__ = ["DedupJoinMethods"]
-
-Duration = float | int | str | datetime.timedelta
-
-
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|min|h|d)\s*", re.IGNORECASE)
-_UNIT_S = {"ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def _ms(option: str, value: Duration, zero: bool = False) -> int:
-    """A duration (seconds as a number, ``"10 min"``, or a timedelta) in milliseconds."""
-    if isinstance(value, datetime.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
-        seconds = float(m.group(1)) * _UNIT_S[m.group(2).lower()]
-    else:
-        raise ConfigError(
-            f"{option}: {value!r} is not a duration: give seconds, a timedelta, or a number with a unit "
-            "(ms, s, min, h, d), e.g. '10 min'"
-        )
-    if seconds < 0 or (seconds == 0 and not zero):
-        raise ConfigError(f"{option}: must be a duration {'>= 0' if zero else '> 0'} (got {value!r})")
-    return round(seconds * 1000)
-
 
 def _columns(option: str, value: str | Sequence[str]) -> list[str]:
     cols = [value] if isinstance(value, str) else list(value) if isinstance(value, Sequence) else []
@@ -110,7 +85,7 @@ class DedupJoinMethods:
 
         Args:
             keys: the key column(s).
-            within: the horizon: seconds, ``"1 h"`` or a timedelta.
+            within: the horizon: ``"1 h"``, a timedelta or a number of seconds (:mod:`sluice.durations`).
             event_time: the event-time column (timestamp, or int milliseconds); None: processing time.
             keep: ``"first"`` or ``"last"``.
             order_by: with ``keep="last"``: the column whose greatest value wins.
@@ -118,7 +93,7 @@ class DedupJoinMethods:
             parallelism: the operator's parallelism.
         """
         cols = _columns("deduplicate: keys", keys)
-        within_ms = _ms("deduplicate: within", within)
+        within_ms = to_ms(within, "deduplicate: within")
         _choice("deduplicate: keep", keep, ("first", "last"))
         if keep == "last" and not order_by:
             raise ConfigError("deduplicate: keep='last' needs order_by=<column> (the greatest value is kept)")
@@ -135,7 +110,14 @@ class DedupJoinMethods:
             return DeduplicateOperator(n, key, within_ms, event_time, keep_, order_by, schema)  # type: ignore[arg-type]
 
         edge = self._edge(Partitioning.HASH, key)
-        return self._then("deduplicate", name, make, parallelism, edge, schema, key=key, state_distribution="union")
+        config = {
+            "operator": "deduplicate", "within_ms": within_ms, "keep": keep, "order_by": order_by,
+            "time": "event" if event_time else "processing", **key_config(key, self.schema),
+        }  # fmt: skip
+        return self._then(
+            "deduplicate", name, make, parallelism, edge, schema, key=key, state_distribution="union",
+            state_config=config,
+        )  # fmt: skip
 
     def _two_inputs(self, other: Any, label: str, on: Any, left_on: Any, right_on: Any) -> tuple[list[str], list[str]]:
         if not isinstance(other, DedupJoinMethods) or other.pipeline is not self.pipeline:
@@ -160,13 +142,16 @@ class DedupJoinMethods:
         return lk, rk
 
     def _join_node(self, other: Any, label: str, name: str | None, make: Callable[[str], Any], parallelism: int | None,
-                   lk: list[str], rk: list[str], schema: pa.Schema | None) -> Self:
+                   lk: list[str], rk: list[str], schema: pa.Schema | None, config: dict[str, Any]) -> Self:
         left, right = KeySelector(lk), KeySelector(rk)
         left.check_state_key(self.schema)
         right.check_state_key(other.schema)
         edges = [self._edge(Partitioning.HASH, left), other._edge(Partitioning.HASH, right)]
+        config = {"operator": label, **config, **key_config(left, self.schema), "right_key": rk}
         # the buffers in operator state: every subtask reads all on restore and keeps its key groups' rows
-        node = self.pipeline._add(label, name, make, parallelism, edges, key=left, state_distribution="union")
+        node = self.pipeline._add(
+            label, name, make, parallelism, edges, key=left, state_distribution="union", state_config=config
+        )
         return type(self)(self.pipeline, node, schema=schema)  # type: ignore[call-arg]
 
     def join_latest(
@@ -178,6 +163,7 @@ class DedupJoinMethods:
         right_on: str | Sequence[str] | None = None,
         how: str = "inner",
         event_time: str | tuple[str, str] | None = None,
+        table_idle_timeout: Duration | None = "5 s",
         suffix: str = "_right",
         name: str | None = None,
         parallelism: int | None = None,
@@ -194,10 +180,15 @@ class DedupJoinMethods:
             event_time: the time column of both sides (or ``(left, right)``): each record joins the row
                 that was latest at its own time, once the watermark passes it (deterministic); None:
                 processing time (the row latest when the record is processed).
+            table_idle_timeout: event time: how long the table side may deliver nothing (a quiet topic)
+                before it stops holding the watermark back, as Flink's source idleness; the records then
+                join the table as it is, and a table row that arrives later with an earlier time is applied
+                from then on. None: wait for the table's watermark (exact, but a quiet table stops the join).
             suffix: appended to a table column whose name the stream has too.
         """
         lk, rk = self._two_inputs(table, "join_latest", on, left_on, right_on)
         _choice("join_latest: how", how, ("inner", "left"))
+        idle = None if table_idle_timeout is None else to_seconds(table_idle_timeout, "join_latest: table_idle_timeout")
         lt, rt = (event_time, event_time) if isinstance(event_time, str) or event_time is None else event_time
         _check("join_latest: event_time", self.schema, [lt] if lt else [])
         _check("join_latest: event_time", table.schema, [rt] if rt else [])
@@ -214,9 +205,10 @@ class DedupJoinMethods:
         rschema = table.schema
 
         def make(n: str) -> LatestJoinOperator:
-            return LatestJoinOperator(n, lk, rk, how, lt, rt, rschema, suffix)  # type: ignore[arg-type]
+            return LatestJoinOperator(n, lk, rk, how, lt, rt, rschema, suffix, idle)  # type: ignore[arg-type]
 
-        return self._join_node(table, "join_latest", name, make, parallelism, lk, rk, out)
+        config = {"time": "event" if lt else "processing"}
+        return self._join_node(table, "join_latest", name, make, parallelism, lk, rk, out, config)
 
     def interval_join(
         self,
@@ -231,22 +223,33 @@ class DedupJoinMethods:
         name: str | None = None,
         parallelism: int | None = None,
     ) -> Self:
-        """Join records of two streams with the same key whose event times are close: a pair is emitted
-        when ``other.t - lower <= self.t <= other.t + upper`` (``between=(lower, upper)``; Flink's
-        ``a.intervalJoin(b).between(-upper, lower)`` from b's view). Each side's records are buffered until
-        the watermark passes their bound; late records are dropped.
+        """Join records of two streams with the same key whose event times are close, as Flink's
+        ``a.intervalJoin(b).between(lower, upper)``: a record ``a`` of this stream and ``b`` of ``other`` pair
+        when ``a.t + lower <= b.t <= a.t + upper`` (``between=(lower, upper)``). ``between=("0 s", "1 min")``:
+        ``b`` up to a minute after ``a``; ``between=("-10 s", "10 s")``: within ten seconds either way. Each
+        side's records are buffered until the watermark passes their bound; late records are dropped.
 
         Args:
             other: the other stream (same pipeline).
-            between: ``(lower, upper)`` durations >= 0.
+            between: ``(lower, upper)``: durations (:mod:`sluice.durations`; negative: before), ``lower <=
+                upper``.
             on: key column(s) of both sides; or ``left_on`` and ``right_on``.
             event_time: the event-time column of both sides (or ``(left, right)``).
             suffix: appended to a column of ``other`` whose name this stream has too.
         """
         lk, rk = self._two_inputs(other, "interval_join", on, left_on, right_on)
         if not isinstance(between, tuple | list) or len(between) != 2:
-            raise ConfigError(f"interval_join: between must be (lower, upper) durations, got {between!r}")
-        lower, upper = _ms("interval_join: between lower", between[0], True), _ms("interval_join: between upper", between[1], True)
+            raise ConfigError(
+                "interval_join: between: expected (lower, upper): other.t - self.t within [lower, upper], as "
+                f"Flink's between(lower, upper), e.g. ('-10 s', '1 min'); got {between!r}"
+            )
+        lower = to_ms(between[0], "interval_join: between lower", sign="any")
+        upper = to_ms(between[1], "interval_join: between upper", sign="any")
+        if lower > upper:
+            raise ConfigError(
+                f"interval_join: between: lower {between[0]!r} is after upper {between[1]!r} (other.t - self.t "
+                "must lie within [lower, upper], as Flink's between(lower, upper))"
+            )
         lt, rt = (event_time, event_time) if isinstance(event_time, str) else event_time
         _check("interval_join: event_time", self.schema, [lt])
         _check("interval_join: event_time", other.schema, [rt])
@@ -258,4 +261,5 @@ class DedupJoinMethods:
         def make(n: str) -> IntervalJoinOperator:
             return IntervalJoinOperator(n, lk, rk, lt, rt, lower, upper, suffix)
 
-        return self._join_node(other, "interval_join", name, make, parallelism, lk, rk, out)
+        config = {"lower_ms": lower, "upper_ms": upper}
+        return self._join_node(other, "interval_join", name, make, parallelism, lk, rk, out, config)

@@ -2,28 +2,51 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from sluice.api.stream import Stream
 from sluice.client import JobClient
 from sluice.config import CheckpointConfig, FixedDelayRestart, RestartStrategy, validated
 from sluice.config.job import JobConfig
+from sluice.durations import Duration, to_seconds
 from sluice.errors import ConfigError, GraphError
 from sluice.graph import JobGraph, LogicalEdge, LogicalGraph, LogicalNode, NodeKind, build_job_graph
 from sluice.operators.stateless import PassThroughOperator
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.job import JobResult, check_at_start
+from sluice.runtime.probes import probe_sinks
 from sluice.source import Source
 from sluice.state.config import StateBackendConfig
 
-__all__ = ["DEFAULT_CONTROL_ENDPOINT", "RUNTIMES", "Pipeline"]
+__all__ = ["DEFAULT_CONTROL_ENDPOINT", "RUNTIMES", "Launcher", "Pipeline", "launched_by"]
 
 RUNTIMES = ("local", "spark")
 #: where ``Pipeline.start`` serves the control endpoint unless told otherwise: loopback, a free port
 DEFAULT_CONTROL_ENDPOINT = "127.0.0.1:0"
+
+
+#: runs a pipeline for :meth:`Pipeline.run` with the arguments of its call: ``sluice run``'s (its runtime,
+#: control endpoint, progress, savepoint on SIGTERM), as ``env.execute()`` takes ``flink run``'s options
+Launcher = Callable[["Pipeline", dict[str, Any]], JobResult]
+_launcher: ContextVar[Launcher | None] = ContextVar("sluice_launcher", default=None)
+
+
+@contextlib.contextmanager
+def launched_by(launcher: Launcher) -> Iterator[None]:
+    """While the block runs, :meth:`Pipeline.run` hands its pipeline and arguments to ``launcher`` instead
+    of running it itself (``sluice run`` loads a job file inside this block, so ``p.run()`` at module level
+    or under ``if __name__ == "__main__":`` runs with the command line's options, whatever ``p`` is named).
+    """
+    token = _launcher.set(launcher)
+    try:
+        yield
+    finally:
+        _launcher.reset(token)
 
 
 def _job_id(name: str) -> str:
@@ -49,7 +72,7 @@ class Pipeline:
         state_backend: where keyed state lives and how it is checkpointed: a StateBackendConfig (or dict of
             its options), e.g. ``{"type": "rocksdb", "incremental": True}``; default the hashmap backend
             (docs/state.md).
-        task_cancellation_timeout: seconds an ending attempt waits for its tasks' threads (task threads and
+        task_cancellation_timeout: how long (a duration: ``"1 min"``, a timedelta, seconds) an ending attempt waits for its tasks' threads (task threads and
             their checkpoint upload threads) before a restart starts the next one; a thread still running
             then is named in a warning.
     """
@@ -66,7 +89,7 @@ class Pipeline:
         max_batch_rows: int = 0,
         metrics: bool = True,
         state_backend: StateBackendConfig | dict[str, Any] | None = None,
-        task_cancellation_timeout: float = 60.0,
+        task_cancellation_timeout: Duration = 60.0,
     ) -> None:
         if not isinstance(parallelism, int) or parallelism < 1:
             raise ConfigError(f"Pipeline: parallelism must be an integer >= 1 (got {parallelism!r})")
@@ -80,15 +103,9 @@ class Pipeline:
             )
         if not isinstance(max_batch_rows, int) or max_batch_rows < 0:
             raise ConfigError(f"Pipeline: max_batch_rows must be an integer >= 0 (got {max_batch_rows!r})")
-        if (
-            isinstance(task_cancellation_timeout, bool)
-            or not isinstance(task_cancellation_timeout, int | float)
-            or not 0 <= task_cancellation_timeout < float("inf")
-        ):
-            raise ConfigError(
-                "Pipeline: task_cancellation_timeout must be a finite number of seconds >= 0 "
-                f"(got {task_cancellation_timeout!r})"
-            )
+        cancellation_timeout = to_seconds(
+            task_cancellation_timeout, "Pipeline(task_cancellation_timeout)", sign="non-negative"
+        )
         if restart is not None and not isinstance(restart, RestartStrategy):
             raise ConfigError(
                 "Pipeline: restart must be a RestartStrategy (FixedDelayRestart, "
@@ -104,7 +121,7 @@ class Pipeline:
         self.buffers_per_channel = buffers_per_channel
         self.max_batch_rows = max_batch_rows
         self.metrics = bool(metrics)
-        self.task_cancellation_timeout = float(task_cancellation_timeout)
+        self.task_cancellation_timeout = cancellation_timeout
         self.state_backend: StateBackendConfig = (
             StateBackendConfig()
             if state_backend is None
@@ -112,13 +129,17 @@ class Pipeline:
         )
         self.graph = LogicalGraph(max_parallelism=max_parallelism, default_parallelism=parallelism)
         self._ids = itertools.count()
-        self._names: dict[str, int] = {}
+        self._names: set[str] = set()
 
     # -- building --------------------------------------------------------------------------------------
-    def _unique(self, base: str) -> str:
-        n = self._names.get(base, 0)
-        self._names[base] = n + 1
-        return base if n == 0 else f"{base}-{n + 1}"
+    def _fresh(self, base: str) -> str:
+        """``base``, or if an operator has that name ``base-2``, ``base-3``, ...: the first one unused."""
+        if base not in self._names:
+            return base
+        n = 2
+        while f"{base}-{n}" in self._names:
+            n += 1
+        return f"{base}-{n}"
 
     def _add(
         self,
@@ -133,9 +154,8 @@ class Pipeline:
             raise ConfigError(f"{name or label}: parallelism must be an integer >= 1 (got {parallelism!r})")
         if name is not None and name in self._names:
             raise GraphError(f"two operators are named {name!r}: names identify state, make them unique")
-        node_name = name if name is not None else self._unique(label)
-        if name is not None:
-            self._names[name] = 1
+        node_name = name if name is not None else self._fresh(label)
+        self._names.add(node_name)
         node_kind = kw.pop("kind", NodeKind.OPERATOR)
         node = LogicalNode(next(self._ids), node_name, node_kind, lambda: None, parallelism, inputs, **kw)
         # operators carry their node's uid as their name: it keys their state in checkpoints
@@ -154,9 +174,10 @@ class Pipeline:
         if not isinstance(source, Source):
             raise ConfigError(f"source: expected a sluice Source, got {type(source).__name__}")
         source.validate()
+        # an unnamed source is named after its kind; a second one of that kind gets "-2" (as other steps)
         node = self._add(
-            "source",
-            name or source.name,
+            source.name or "source",
+            name,
             PassThroughOperator,
             parallelism,
             [],
@@ -176,6 +197,7 @@ class Pipeline:
         recover_without_channel_state: int | None = None,
         job_id: str | None = None,
         allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
+        allow_changed_operators: bool = False,
     ) -> JobConfig:
         return JobConfig(
             job_id=job_id or _job_id(self.name),
@@ -186,6 +208,7 @@ class Pipeline:
             restore=restore,
             recover_without_channel_state=recover_without_channel_state,
             allow_non_restored_state=allow_non_restored_state, allow_reprocessing=allow_reprocessing,
+            allow_changed_operators=allow_changed_operators,
             metrics=self.metrics,
             state_backend=self.state_backend,
             task_cancellation_timeout=self.task_cancellation_timeout,
@@ -199,6 +222,7 @@ class Pipeline:
         restore: str = "latest",
         recover_without_channel_state: int | None = None,
         allow_non_restored_state: bool = False, allow_reprocessing: bool = False,
+        allow_changed_operators: bool = False,
         faults: FaultHook | None = None,
         spark_master: str | None = None,
         control_endpoint: str | None = DEFAULT_CONTROL_ENDPOINT,
@@ -215,6 +239,9 @@ class Pipeline:
             allow_non_restored_state: restore even if the checkpoint holds state of operator uids this job
                 no longer has (renamed or removed operators); that state is dropped.
             allow_reprocessing: run even if a sink holds newer checkpoints than the restored one (duplicates).
+            allow_changed_operators: restore operators whose state depends on settings that changed since the
+                checkpoint (a window's size, a deduplication's horizon, key columns: docs/upgrades.md); their
+                old state is read with the new settings. Without it such a restore fails, naming the change.
             faults: for tests (:mod:`sluice.testing.faults`): a hook the engine calls at named points.
             spark_master: the Spark master URL (``runtime="spark"``).
             control_endpoint: ``HOST:PORT`` of the job's control endpoint and dashboard (port 0: a free
@@ -224,9 +251,11 @@ class Pipeline:
             raise ConfigError(f"run: runtime must be one of {RUNTIMES} (got {runtime!r})")
         job = self.build()
         cfg = self.job_config(
-            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing
+            restore, recover_without_channel_state, None, allow_non_restored_state, allow_reprocessing,
+            allow_changed_operators,
         )
         check_at_start(cfg)  # unwritable storage, a lost newest checkpoint: refused before anything runs
+        probe_sinks(job)  # an unwritable output, a missing bucket, topic or table, wrong credentials: the same
         sock = None
         if control_endpoint is not None:  # bound before the job starts; aiohttp loads only when it serves
             from sluice.control.server import ControlEndpoint
@@ -245,5 +274,13 @@ class Pipeline:
         return client
 
     def run(self, **kwargs: Any) -> JobResult:
-        """Run the job to completion (bounded sources) and return its result. See :meth:`start`."""
+        """Run the job to completion (bounded sources) and return its result. See :meth:`start`.
+
+        Under ``sluice run`` the job runs with the command line's options (``--runtime``, ``--restore``,
+        the control endpoint, live progress, a savepoint on SIGTERM); an argument given here applies where
+        the command line leaves that option at its default.
+        """
+        launcher = _launcher.get()
+        if launcher is not None:
+            return launcher(self, kwargs)
         return self.start(**kwargs).wait()

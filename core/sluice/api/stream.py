@@ -23,6 +23,7 @@ from sluice.operators.stateless import (
     PassThroughOperator,
 )
 from sluice.operators.windows.spec import Duration, Session, Sliding, Tumbling, WindowAssigner
+from sluice.runtime.upgrades import key_config
 from sluice.sink import Sink
 
 if TYPE_CHECKING:
@@ -186,7 +187,9 @@ class Stream(DedupJoinMethods):
         """Write this stream to ``sink`` with two-phase commit (``uid``: see :meth:`uid`).
 
         A sink that ``compacts`` becomes two operators: ``<name>.writer`` and ``<name>`` (the compactor and
-        committer), joined by an exchange keyed by the compactor's key and never unaligned.
+        committer), joined by an exchange keyed by the compactor's key and never unaligned. A sink that needs
+        each key's records in one writer (:meth:`~sluice.sink.Sink.input_key_columns`: an upsert of plain
+        rows) reads the stream through a hash exchange on those columns.
         """
         if not isinstance(sink, Sink):
             raise ConfigError(f"sink: expected a sluice Sink, got {type(sink).__name__}")
@@ -194,7 +197,11 @@ class Stream(DedupJoinMethods):
         if self.schema is not None:
             sink.validate_schema(self.schema)
         p = self.pipeline
-        add_sink(p.graph, p._add, sink, self._edge(), name or sink.name, parallelism, uid)
+        key = sink.input_key_columns(self.schema)
+        edge = self._edge(Partitioning.HASH, KeySelector(key)) if key else self._edge()
+        # an unnamed sink is named after its kind; a second one of that kind gets "-2" (as other steps)
+        name = name if name is not None else p._fresh(sink.name)
+        add_sink(p.graph, p._add, sink, edge, name, parallelism, uid)
 
 
 class KeyedStream:
@@ -224,6 +231,7 @@ class KeyedStream:
             self.stream._edge(Partitioning.HASH, key),
             schema,
             key=key,
+            state_config={"operator": "process", **key_config(key, self.stream.schema)},
         )
 
     def reduce(

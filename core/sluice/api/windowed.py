@@ -11,6 +11,7 @@ from sluice.errors import ConfigError
 from sluice.graph import Partitioning
 from sluice.operators.windows.operator import WindowOperator
 from sluice.operators.windows.spec import Agg, Duration, WindowAssigner, check_aggs, to_ms
+from sluice.runtime.upgrades import key_config
 
 if TYPE_CHECKING:
     from sluice.api.stream import KeyedStream, Stream
@@ -62,6 +63,15 @@ class WindowedStream:
                     )
         key, assigner, time, lateness = self.keyed.key, self.assigner, self.time, self.allowed_lateness
         stream = self.keyed.stream
+        config = {
+            "operator": "window",
+            "window": assigner.kind,
+            **{f"{f}_ms": getattr(assigner, f) for f in ("size", "slide", "offset", "gap") if hasattr(assigner, f)},
+            "time": "event" if time is not None else "processing",
+            "allowed_lateness_ms": lateness,
+            "aggregations": [[a.fn, a.column, a.name] for a in aggs],
+            **key_config(key, schema),
+        }
         return stream._then(
             "window",
             name or "window",
@@ -70,6 +80,7 @@ class WindowedStream:
             stream._edge(Partitioning.HASH, key),
             None,
             key=key,
+            state_config=config,
         )
 
 

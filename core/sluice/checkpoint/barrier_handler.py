@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from sluice.errors import CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier
 
 __all__ = ["BarrierHandler", "CheckpointableInput", "CheckpointingTarget", "Clock"]
@@ -33,6 +34,10 @@ class CheckpointableInput(Protocol):
 
     def pull_barrier_forward(self, channel: int, checkpoint_id: int) -> list[Any] | None:
         """Move a queued barrier to the head of ``channel``; returns the overtaken input, None if not queued."""
+
+    def recovering(self) -> bool:
+        """After a restore with in-flight data: some channel has not yet delivered the end of its sender's
+        recovered data, so an unaligned snapshot now would persist recovered and later data out of order."""
 
 
 class CheckpointingTarget(Protocol):
@@ -53,8 +58,10 @@ class CheckpointingTarget(Protocol):
     def finish_recording(self, checkpoint_id: int) -> None:
         """Unaligned: every channel delivered its barrier; the channel state of the checkpoint is complete."""
 
-    def abort_checkpoint(self, checkpoint_id: int, reason: str) -> None:
-        """Give up ``checkpoint_id`` here (cancel it downstream, decline it)."""
+    def abort_checkpoint(
+        self, checkpoint_id: int, reason: str, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
+        """Give up ``checkpoint_id`` here (cancel it downstream, decline it for ``failure``)."""
 
     def alignment_done(self, checkpoint_id: int, alignment_s: float, switched: bool) -> None:
         """The checkpoint aligned in ``alignment_s`` seconds (``switched``: to unaligned on the way)."""
@@ -102,8 +109,10 @@ class BarrierHandler:
     def on_announcement(self, channel: int, barrier: CheckpointBarrier) -> None:
         """Barrier ``barrier`` is queued on ``channel`` behind data (timeout-adaptive mode)."""
 
-    def on_cancel(self, channel: int, checkpoint_id: int) -> None:
-        """A cancel marker for ``checkpoint_id`` arrived on ``channel``."""
+    def on_cancel(
+        self, channel: int, checkpoint_id: int, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
+        """A cancel marker for ``checkpoint_id`` arrived on ``channel`` (``failure``: why it was given up)."""
         raise NotImplementedError
 
     def on_aborted(self, checkpoint_id: int) -> None:

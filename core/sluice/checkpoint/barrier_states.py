@@ -11,7 +11,10 @@ and returns the next state; the handler keeps the ids and counts and is the stat
                       -- timeout, or a priority barrier --> CollectingBarriersUnaligned -> (waiting)
 
 A savepoint's barrier aligns in every mode (CollectingBarriers); a priority barrier is never blocked behind,
-so whatever the state it continues the checkpoint unaligned.
+so whatever the state it continues the checkpoint unaligned. Except while the task is still taking in the
+in-flight data of the checkpoint it restored (``inputs.recovering()``): an unaligned snapshot then would
+persist that data and newer data in an order a later restore cannot undo, so the checkpoint is declined
+(``TASK_NOT_READY``, which does not count as a failure), as Flink declines it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sluice.checkpoint.barrier_handler import CheckpointableInput, CheckpointingTarget
+from sluice.errors import CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier
 
 __all__ = [
@@ -82,8 +86,10 @@ class BarrierController(Protocol):
     def complete(self) -> None:
         """Every live channel delivered the barrier: report the alignment, end the checkpoint here."""
 
-    def abort_current(self, reason: str) -> None:
-        """Unblock, abort the checkpoint in progress, end it here."""
+    def abort_current(
+        self, reason: str, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
+        """Unblock, abort the checkpoint in progress (declined for ``failure``), end it here."""
 
 
 class BarrierHandlerState:
@@ -106,7 +112,12 @@ class BarrierHandlerState:
         """The task's periodic check: has the checkpoint aligned for too long?"""
         return self
 
-    def abort(self, h: BarrierController, reason: str) -> BarrierHandlerState:
+    def abort(
+        self,
+        h: BarrierController,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> BarrierHandlerState:
         """Abort the checkpoint in progress (a newer barrier, a cancel marker, the coordinator)."""
         return self
 
@@ -163,8 +174,13 @@ class AlternatingWaitingForFirstBarrier(BarrierHandlerState):
 
 
 class _Collecting(BarrierHandlerState):
-    def abort(self, h: BarrierController, reason: str) -> BarrierHandlerState:
-        h.abort_current(reason)
+    def abort(
+        self,
+        h: BarrierController,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> BarrierHandlerState:
+        h.abort_current(reason, failure)
         return h.waiting
 
 
@@ -239,6 +255,11 @@ def _snapshot_unaligned(
     """Snapshot now and record the rest as channel state. ``channel`` delivered a priority barrier that
     overtook ``overtaken`` (None: the alignment timeout fired). ``switch``: the checkpoint was aligned
     here (or an upstream task switched it): pull barriers still queued behind data forward."""
+    if h.inputs.recovering():
+        # a channel still owes recovered in-flight data (its priority barrier may have overtaken it): this
+        # snapshot's channel state would put newer data before it
+        h.abort_current("still taking in the in-flight data it restored", CheckpointFailureReason.TASK_NOT_READY)
+        return h.waiting
     b = h.continue_unaligned()
     taken: dict[int, list[Any]] = {}
     if channel is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.checkpoint.barrier_handler import BarrierHandler, CheckpointableInput, CheckpointingTarget
+from sluice.errors import CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind
 
 __all__ = ["CheckpointBarrierTracker"]
@@ -83,21 +84,25 @@ class CheckpointBarrierTracker(BarrierHandler):
                 self.checkpointing.alignment_done(cid, time.monotonic() - count.started_at, False)
         self.last_done = max(self.last_done, upto)
 
-    def _abort_upto(self, checkpoint_id: int, reason: str) -> None:
+    def _abort_upto(
+        self, checkpoint_id: int, reason: str, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
         """Abort every pending checkpoint up to ``checkpoint_id`` (a cancel of one subsumes older ones)."""
         for cid in sorted(c for c in self._pending if c <= checkpoint_id):
             if self._pending.pop(cid).aligned:
                 self.inputs.unblock_all()
-            self.checkpointing.abort_checkpoint(cid, reason)
+            self.checkpointing.abort_checkpoint(cid, reason, failure)
         self.last_done = max(self.last_done, checkpoint_id)
 
-    def on_cancel(self, channel: int, checkpoint_id: int) -> None:
+    def on_cancel(
+        self, channel: int, checkpoint_id: int, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
         if checkpoint_id <= self.last_done:
             return
         started = checkpoint_id in self._pending
-        self._abort_upto(checkpoint_id, "cancelled upstream")
+        self._abort_upto(checkpoint_id, "cancelled upstream", failure)
         if not started:
-            self.checkpointing.abort_checkpoint(checkpoint_id, "cancelled upstream")
+            self.checkpointing.abort_checkpoint(checkpoint_id, "cancelled upstream", failure)
 
     def on_aborted(self, checkpoint_id: int) -> None:
         if checkpoint_id > self.last_done:

@@ -270,12 +270,18 @@ class CheckpointCoordinator:
                     self._complete(p)
             return result
 
-    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
+    def decline(
+        self,
+        task: SubtaskId,
+        checkpoint_id: int,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> None:
         with self.lock:
             if task in self.finished:
                 return  # it acknowledged with its final state; an upload cut short by its end does not count
             if checkpoint_id in self.pending:
-                self._abort(checkpoint_id, CheckpointFailureReason.DECLINED, reason)
+                self._abort(checkpoint_id, failure, reason)
             elif checkpoint_id in self._aborted:  # a late writer may have left a file
                 self.store.discard(checkpoint_id, self._aborted[checkpoint_id])
 

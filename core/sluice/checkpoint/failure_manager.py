@@ -11,7 +11,12 @@ __all__ = ["CheckpointFailureManager"]
 
 log = logging.getLogger("sluice.checkpoint")
 
-_QUIET = (CheckpointFailureReason.FINISHED, CheckpointFailureReason.SUBSUMED, CheckpointFailureReason.JOB_CANCELLED)
+_QUIET = (
+    CheckpointFailureReason.FINISHED,
+    CheckpointFailureReason.SUBSUMED,
+    CheckpointFailureReason.JOB_CANCELLED,
+    CheckpointFailureReason.TASK_NOT_READY,
+)
 
 
 class CheckpointFailureManager:

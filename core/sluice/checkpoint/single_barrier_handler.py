@@ -15,7 +15,7 @@ from typing import Any
 
 from sluice.checkpoint.barrier_handler import BarrierHandler, CheckpointableInput, CheckpointingTarget, Clock
 from sluice.checkpoint.barrier_states import BarrierHandlerState, waiting_state
-from sluice.errors import ConfigError
+from sluice.errors import CheckpointFailureReason, ConfigError
 from sluice.events import AlignmentMode, CheckpointBarrier
 
 __all__ = ["SingleCheckpointBarrierHandler"]
@@ -133,10 +133,12 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         self.checkpointing.alignment_done(self._current.checkpoint_id, alignment_s, self.switched)
         self._end()
 
-    def abort_current(self, reason: str) -> None:
+    def abort_current(
+        self, reason: str, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
         assert self._current is not None
         self.inputs.unblock_all()
-        self.checkpointing.abort_checkpoint(self._current.checkpoint_id, reason)
+        self.checkpointing.abort_checkpoint(self._current.checkpoint_id, reason, failure)
         self._end()
 
     def _end(self) -> None:
@@ -167,14 +169,18 @@ class SingleCheckpointBarrierHandler(BarrierHandler):
         if self._current is None and not self._stale(barrier.checkpoint_id):
             self._state = self._state.announcement_received(self, channel, barrier)
 
-    def on_cancel(self, channel: int, checkpoint_id: int) -> None:
+    def on_cancel(
+        self, channel: int, checkpoint_id: int, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
         if self._stale(checkpoint_id):
             return
         cur = self._current
         if cur is not None:
-            self._state = self._state.abort(self, f"checkpoint {checkpoint_id} was cancelled upstream")
+            # the one in progress is given up for the reason of the cancelled one if it is that one
+            why = failure if cur.checkpoint_id == checkpoint_id else CheckpointFailureReason.DECLINED
+            self._state = self._state.abort(self, f"checkpoint {checkpoint_id} was cancelled upstream", why)
         if cur is None or cur.checkpoint_id != checkpoint_id:
-            self.checkpointing.abort_checkpoint(checkpoint_id, "cancelled upstream")
+            self.checkpointing.abort_checkpoint(checkpoint_id, "cancelled upstream", failure)
         self.last_done = max(self.last_done, checkpoint_id)
 
     def on_aborted(self, checkpoint_id: int) -> None:

@@ -36,6 +36,7 @@ from sluice.checkpoint.snapshot import OperatorSnapshot
 from sluice.checkpoint.state_files import ack_shared, keyed_sizes
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.uploads import AsyncUploads, UploadCancelled
+from sluice.errors import CheckpointFailureReason
 from sluice.events import (
     AlignmentMode,
     CancelCheckpointMarker,
@@ -63,7 +64,13 @@ class CheckpointResponder(Protocol):
     """Where a subtask reports the outcome of its part of a checkpoint (the coordinator)."""
 
     def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None: ...
-    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None: ...
+    def decline(
+        self,
+        task: SubtaskId,
+        checkpoint_id: int,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> None: ...
 
 
 class SnapshotOperator(Protocol):
@@ -341,13 +348,15 @@ class SubtaskCheckpointing:
             self._spec.signal.notify()
 
     # -- outcome -------------------------------------------------------------------------------------
-    def abort_checkpoint(self, checkpoint_id: int, reason: str) -> None:
-        """This subtask gives up ``checkpoint_id``: cancel it downstream and decline it."""
+    def abort_checkpoint(
+        self, checkpoint_id: int, reason: str, failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED
+    ) -> None:
+        """This subtask gives up ``checkpoint_id``: cancel it downstream and decline it (for ``failure``)."""
         for w in self._spec.all_writers:
-            w.broadcast(CancelCheckpointMarker(checkpoint_id))
+            w.broadcast(CancelCheckpointMarker(checkpoint_id, failure.name))
         self.channel_state.abort(checkpoint_id)
         self._drop(checkpoint_id)
-        self._responder.decline(self._spec.task_id, checkpoint_id, f"{self._name}: {reason}")
+        self._responder.decline(self._spec.task_id, checkpoint_id, f"{self._name}: {reason}", failure)
 
     def notify_complete(self, checkpoint_id: int) -> None:
         """``checkpoint_id`` completed: forget it and older ones, tell operators and the reader."""

@@ -141,4 +141,5 @@ def show_checkpoint(uri: str, checkpoint_id: int | None, job: str | None) -> Non
                 f"{t.get('async_s', 0):>8.4f}s {_size(t.get('state_bytes', 0)):>10} "
                 f"{_size(t.get('inflight_bytes', 0)):>10}"
             )
-        click.echo("  (* switched from aligned to unaligned after aligned_checkpoint_timeout)")
+        if any(t.get("unaligned") and t.get("switched") for t in tasks.values()):  # only for a mark shown
+            click.echo("  (* switched from aligned to unaligned after aligned_checkpoint_timeout)")

@@ -3,7 +3,8 @@
 A misspelled keyword argument (``KafkaSource(bootstrap_server=...)``) is one line naming the file and
 line, the callable, the wrong keyword, the closest allowed one and the others. Any other exception the
 file raises shows the traceback of the job file's own frames, not of runpy and click (``sluice -v`` shows
-all of it).
+all of it). A syntax error is one line: ``file:line:column: message: the line``; so is a wrong option
+found while the file builds its pipeline (``job.py:5: invalid CheckpointConfig: unknown option ...``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import inspect
 import os
 import re
 import runpy
+import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 import click
 
 from sluice.api import Pipeline
-from sluice.errors import ConfigError, SluiceError
+from sluice.errors import ConfigError, GraphError, SluiceError
 
 __all__ = ["JobFileError", "keyword_error", "load_pipeline"]
 
@@ -102,30 +105,67 @@ def keyword_error(exc: TypeError, path: str) -> ConfigError | None:
     return ConfigError(text)
 
 
-def load_pipeline(path: str) -> Pipeline:
-    """Load a job file: it defines ``pipeline`` (a Pipeline) or ``build_pipeline() -> Pipeline``.
+def load_pipeline(path: str, launched: Callable[[], bool] = lambda: False) -> Pipeline | None:
+    """Load a job file: run it as ``__main__`` (as ``python job.py`` would) and find its pipeline.
+
+    The pipeline is ``pipeline``, what ``build_pipeline()`` returns, or the one :class:`Pipeline` the file's
+    top level holds, whatever its name; None if the file ran its pipeline itself (``p.run()``, handed to
+    ``sluice run``: ``launched()`` says so).
 
     Raises:
         ConfigError: a call in the file has a keyword argument its callee does not take (one line).
+        click.ClickException: the file has a syntax error (one line: file:line: message), or defines no
+            pipeline (or several, naming them) and ran none.
         JobFileError: the file raised something else (printed with its own frames' traceback).
     """
     if not Path(path).is_file():
         raise click.BadParameter(f"no such job file: {path}", param_hint="JOB")
     ctx = click.get_current_context(silent=True)
     verbose = bool(ctx is not None and ctx.meta.get("sluice.verbose"))
+    argv = sys.argv
+    sys.argv = [path]  # what the file sees as `python job.py` would give it
     try:
-        ns = runpy.run_path(path, run_name="__sluice_job__")
+        ns = runpy.run_path(path, run_name="__main__")
+        if launched():
+            return None  # the file ran its pipeline(s) itself
         if isinstance(ns.get("pipeline"), Pipeline):
             return ns["pipeline"]  # type: ignore[no-any-return]
         p = ns["build_pipeline"]() if callable(ns.get("build_pipeline")) else None
+    except (ConfigError, GraphError) as exc:
+        if getattr(exc, "launched", False) or verbose:
+            raise  # the job ran and failed (its own one line), or -v: as it is
+        _, where = _call_site(exc, path)
+        raise click.ClickException(f"{where}: {' '.join(str(exc).split())}") from exc
     except (SluiceError, click.ClickException, SystemExit, KeyboardInterrupt):
         raise
+    except SyntaxError as exc:
+        if verbose:
+            raise JobFileError(path, exc, verbose) from exc
+        raise click.ClickException(_syntax_line(exc, path)) from None
     except TypeError as exc:
         raise (keyword_error(exc, path) or JobFileError(path, exc, verbose)) from exc
     except Exception as exc:
         raise JobFileError(path, exc, verbose) from exc
+    finally:
+        sys.argv = argv
     if isinstance(p, Pipeline):
         return p
+    found = [name for name, value in ns.items() if isinstance(value, Pipeline) and not name.startswith("_")]
+    if len(found) == 1:
+        return ns[found[0]]  # type: ignore[no-any-return]
+    if found:
+        raise click.ClickException(
+            f"{path} defines several pipelines ({', '.join(found)}): name the one to run `pipeline`, or call "
+            "its run() in the file"
+        )
     raise click.ClickException(
-        f"{path} defines neither `pipeline = Pipeline(...)` nor `build_pipeline() -> Pipeline`"
+        f"{path} defines no pipeline: make one with `Pipeline(...)` at the top level (any name), "
+        "`build_pipeline() -> Pipeline`, or call its run() in the file"
     )
+
+
+def _syntax_line(exc: SyntaxError, path: str) -> str:
+    """``file:line[:col]: message`` (and the offending line) for a syntax error of the job file."""
+    where = f"{path}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "") if exc.lineno else path
+    text = (exc.text or "").strip()
+    return f"{where}: {type(exc).__name__}: {exc.msg}" + (f": {text}" if text else "")

@@ -49,6 +49,7 @@ class _PluginGroup(click.Group):
 
 
 @click.group(cls=_PluginGroup)
+@click.version_option(package_name="sluice-etl", prog_name="sluice", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.pass_context
 def main(ctx: click.Context, verbose: int) -> None:

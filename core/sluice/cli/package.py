@@ -99,7 +99,8 @@ def submit_line(archive: Path, driver_python: str, job: str, master: str | None)
     parts += ["spark-submit"]
     if master:
         parts += ["--master", shlex.quote(master)]
-    parts += ["--conf", "spark.dynamicAllocation.enabled=false"]
+    # every recipe needs both (docs/spark.md): sluice recovers from its checkpoints, not Spark's retries
+    parts += ["--conf", "spark.dynamicAllocation.enabled=false", "--conf", "spark.task.maxFailures=1"]
     parts += ["--archives", shlex.quote(f"{archive}#{ARCHIVE_DIR}"), shlex.quote(job)]
     return " ".join(parts)
 

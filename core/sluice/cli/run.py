@@ -7,11 +7,15 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import click
+from click.core import ParameterSource
 
+from sluice.api.pipeline import Pipeline, launched_by
 from sluice.cli.jobfile import load_pipeline
 from sluice.cli.main import main
+from sluice.cli.params import Duration
 from sluice.client import JobClient
 from sluice.control.progress import Progress
 from sluice.errors import SluiceError
@@ -74,16 +78,23 @@ __all__ = ["load_pipeline", "run"]
 )
 @click.option(
     "--progress-interval",
-    type=float,
+    type=Duration(),
     default=10.0,
     show_default=True,
-    help="Seconds between progress lines when stderr is not a terminal.",
+    help="Time between progress lines when stderr is not a terminal: seconds, or a duration such as '1 min'.",
 )
 @click.option(
     "--allow-non-restored-state",
     is_flag=True,
     help="Restore even if the checkpoint holds state of operators (by uid) the job no longer has; that state "
     "is dropped. Without it such a restore fails, naming the uids.",
+)
+@click.option(
+    "--allow-changed-operators",
+    is_flag=True,
+    help="Restore operators whose state depends on settings that changed since the checkpoint (a window's size, "
+    "a deduplication's horizon, key columns; docs/upgrades.md): the old state is read with the new settings. "
+    "Without it such a restore fails, naming the operator and the change.",
 )
 @click.option(
     "--allow-reprocessing",
@@ -100,6 +111,7 @@ def run(
     recover_without_channel_state: int | None,
     allow_non_restored_state: bool,
     allow_reprocessing: bool,
+    allow_changed_operators: bool,
     conf: str | None,
     overrides: tuple[str, ...],
     control_endpoint: str,
@@ -108,44 +120,107 @@ def run(
 ) -> None:
     """Run the pipeline defined in JOB (a Python file).
 
+    JOB runs as `python JOB` would; its own `pipeline.run()` (any variable name, module level or under
+    `if __name__ == "__main__":`) runs with these options. Without such a call the pipeline it defines
+    (`pipeline`, `build_pipeline()`, or its one Pipeline) is run.
+
     SIGTERM (or Ctrl-C) stops the job with a savepoint (sources stop, the savepoint is its last checkpoint,
     sinks commit it) and prints the savepoint's path: resume with --restore PATH. A second signal while
     stopping cancels the job. While it runs, `sluice jobs`, `sluice status JOB_ID`, `sluice savepoint`,
     `sluice stop` and `sluice dashboard` reach it through its control endpoint.
     """
-    settings = {**(load_settings(conf) if conf else {}), **parse_overrides(overrides)}
-    pipeline = configure(load_pipeline(job), settings)
-    client = pipeline.start(
-        runtime=runtime,  # type: ignore[arg-type]
-        restore=restore,
-        spark_master=master,
-        recover_without_channel_state=recover_without_channel_state,
-        allow_non_restored_state=allow_non_restored_state,
-        allow_reprocessing=allow_reprocessing,
-        control_endpoint=None if control_endpoint.lower() == "none" else control_endpoint,
+    ctx = click.get_current_context()
+    explicit = {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+    }
+    launch = _Launch(
+        job,
+        {**(load_settings(conf) if conf else {}), **parse_overrides(overrides)},
+        {
+            "runtime": runtime,
+            "restore": restore,
+            "spark_master": master,
+            "recover_without_channel_state": recover_without_channel_state,
+            "allow_non_restored_state": allow_non_restored_state,
+            "allow_reprocessing": allow_reprocessing,
+            "allow_changed_operators": allow_changed_operators,
+            "control_endpoint": control_endpoint,
+        },
+        {_CALL_NAME.get(name, name) for name in explicit},
+        progress_interval if progress else None,
     )
-    if client.control is not None:
-        click.echo(
-            f"job {client.config.job_id}: control endpoint and dashboard at {client.control.url} (token in "
-            f"{client.control.token_file}); from another shell: sluice status {client.config.job_id} "
-            f"--storage {client.config.checkpoint.storage}",
-            err=True,
-        )
-    view = Progress(client.monitor, sys.stderr, progress_interval) if progress else None
-    try:
-        result = _wait_or_stop(client, view)
-    finally:
+    with launched_by(launch):  # the file's own `p.run()` (any name, module level or __main__) runs here
+        pipeline = load_pipeline(job, launched=lambda: launch.runs > 0)
+    if pipeline is not None:
+        launch(pipeline, {})
+
+
+#: ``sluice run`` option -> the ``Pipeline.start`` argument it sets
+_CALL_NAME = {"master": "spark_master"}
+
+
+class _Launch:
+    """Runs a job file's pipeline with the command line's options: called by ``Pipeline.run()`` inside the
+    file (as ``env.execute()`` under ``flink run``), else by ``sluice run`` on the pipeline the file defines.
+    An option given on the command line wins over the call's argument; the call's wins over a default."""
+
+    def __init__(
+        self,
+        job: str,
+        settings: dict[str, Any],
+        options: dict[str, Any],
+        explicit: set[str],
+        progress_interval: float | None,
+    ) -> None:
+        self.job = job
+        self.settings = settings
+        self.options = options
+        self.explicit = explicit
+        self.progress_interval = progress_interval
+        self.runs = 0
+
+    def __call__(self, pipeline: Pipeline, call: dict[str, Any]) -> JobResult:
+        self.runs += 1
+        kwargs = {**call}
+        for name, value in self.options.items():
+            if name in self.explicit or name not in call:
+                kwargs[name] = value
+        endpoint = kwargs.get("control_endpoint")
+        if isinstance(endpoint, str) and endpoint.lower() == "none":
+            kwargs["control_endpoint"] = None
+        try:
+            client = configure(pipeline, self.settings).start(**kwargs)
+        except SluiceError as exc:
+            exc.launched = True  # type: ignore[attr-defined]  # not the job file's line: the run's own error
+            raise
         if client.control is not None:
-            client.control.close()  # answers in flight (a stop) go out before the process ends
-    # a stopped job ended at its stop's savepoint or checkpoint, which is not the last periodic checkpoint
-    ended = (
-        f" at {posixpath.basename(result.stopped_at.rstrip('/'))}"
-        if result.stopped_at
-        else f"; last checkpoint {result.last_checkpoint}"
-    )
-    click.echo(f"job {result.job_id}: {result.status} after {result.attempts} attempt(s){ended}")
-    if result.stopped_at:
-        click.echo(f"stopped at {result.stopped_at}; resume with: sluice run {job} --restore {result.stopped_at}")
+            click.echo(
+                f"job {client.config.job_id}: control endpoint and dashboard at {client.control.url} (token "
+                f"in {client.control.token_file}); from another shell: sluice status {client.config.job_id} "
+                f"--storage {client.config.checkpoint.storage}",
+                err=True,
+            )
+        interval = self.progress_interval
+        view = Progress(client.monitor, sys.stderr, interval) if interval is not None else None
+        try:
+            result = _wait_or_stop(client, view)
+        finally:
+            if client.control is not None:
+                client.control.close()  # answers in flight (a stop) go out before the process ends
+        # a stopped job ended at its stop's savepoint or checkpoint, which is not the last periodic checkpoint
+        ended = (
+            f" at {posixpath.basename(result.stopped_at.rstrip('/'))}"
+            if result.stopped_at
+            else f"; last checkpoint {result.last_checkpoint}"
+        )
+        click.echo(f"job {result.job_id}: {result.status} after {result.attempts} attempt(s){ended}")
+        if result.stopped_at:
+            click.echo(
+                f"stopped at {result.stopped_at}; resume with: sluice run {self.job} --restore {result.stopped_at}"
+            )
+        return result
 
 
 def _wait_or_stop(client: JobClient, view: Progress | None = None) -> JobResult:

@@ -6,6 +6,7 @@ import click
 
 from sluice.cli.endpoint import connect, emit_json, job_options
 from sluice.cli.main import main
+from sluice.cli.params import Duration
 from sluice.errors import SluiceError
 
 __all__ = ["savepoint"]
@@ -15,10 +16,10 @@ __all__ = ["savepoint"]
 @job_options
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Duration(),
     default=600.0,
     show_default=True,
-    help="Seconds to wait for the savepoint (> 0).",
+    help="How long to wait for the savepoint: seconds, or a duration such as '10 min'.",
 )
 def savepoint(
     job: str | None, storage: str, url: str | None, token_file: str | None, as_json: bool, timeout: float

@@ -20,7 +20,7 @@ from sluice.cli.endpoint import (
 from sluice.cli.main import main
 from sluice.errors import SluiceError
 
-__all__ = ["checkpoint_line", "stalled_line", "status"]
+__all__ = ["checkpoint_line", "event_time", "stalled_line", "status"]
 
 
 def stalled_line(s: dict[str, Any]) -> str:
@@ -44,6 +44,13 @@ def checkpoint_line(c: dict[str, Any] | None) -> str:
         f"async {fmt_duration(ph.get('async_s'))}), {fmt_bytes(c.get('state_bytes'))}, {mode}, "
         f"in-flight {fmt_bytes(c.get('inflight_bytes'))}"
     )
+
+
+def event_time(ms: float | None) -> str:
+    """A watermark (epoch milliseconds) as UTC date and time, or ``-`` before the first one."""
+    if ms is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(ms) / 1000)) + " UTC"
 
 
 @main.command()
@@ -75,15 +82,18 @@ def status(job: str | None, storage: str, url: str | None, token_file: str | Non
             [
                 v["name"],
                 fmt_number(r.get("records_in_per_s")),
-                fmt_number(r.get("records_out_per_s")),
+                # a sink emits nothing downstream: its out/s is what it writes
+                fmt_number(r.get("sink_records_per_s") if v.get("sink") else r.get("records_out_per_s")),
                 fmt_number(t.get("records_in")),
                 f"{r['busy']:.0%}" if "busy" in r else "-",
                 f"{r['backpressured']:.0%}" if "backpressured" in r else "-",
                 "-" if lag is None else fmt_number(lag),
                 sum((t.get("side_records") or {}).values()),
+                event_time(t.get("watermark")),
             ]
         )
-    print_table(["vertex", "in/s", "out/s", "in total", "busy", "backpressured", "kafka lag", "dead letters"], rows)
+    columns = ["vertex", "in/s", "out/s", "in total", "busy", "backpressured", "kafka lag", "dead letters", "watermark"]
+    print_table(columns, rows)
     counts = o.get("checkpoint_counts") or {}
     click.echo(
         f"checkpoints: {counts.get('completed', 0)} completed, {counts.get('failed', 0)} failed, "

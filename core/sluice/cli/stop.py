@@ -6,6 +6,7 @@ import click
 
 from sluice.cli.endpoint import connect, emit_json, job_options
 from sluice.cli.main import main
+from sluice.cli.params import Duration
 from sluice.errors import SluiceError
 
 __all__ = ["stop"]
@@ -17,10 +18,10 @@ __all__ = ["stop"]
 @click.option("--drain", is_flag=True, help="End the sources' input first: event time ends, every timer fires.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Duration(),
     default=600.0,
     show_default=True,
-    help="Seconds to wait for the last checkpoint (> 0).",
+    help="How long to wait for the last checkpoint: seconds, or a duration such as '10 min'.",
 )
 def stop(
     job: str | None,

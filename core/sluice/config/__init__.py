@@ -8,14 +8,26 @@ and restart options; :mod:`sluice.config.checkpoint_key` resolves the checkpoint
 
 from __future__ import annotations
 
+import difflib
+import re
 import time
 from collections import deque
 from typing import Any, Literal
 
 import tenacity
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sluice.config.checkpoint_key import MIN_KEY_LENGTH, resolve_key
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 from sluice.events import AlignmentMode, CheckpointKind, CheckpointOptions
 
@@ -30,10 +42,25 @@ __all__ = [
 ]
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(model: type[BaseModel], err: dict[str, Any]) -> str:
+    """One validation error in words: the option, what it must be, what it got; an unknown option or a value
+    not among the allowed ones with the closest allowed one (did you mean) and the others."""
     loc = ".".join(str(x) for x in err.get("loc", ())) or "(value)"
-    msg = err.get("msg", "invalid")
-    if "input" in err and err.get("type") != "missing":
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        allowed = [f.alias or name for name, f in model.model_fields.items()]
+        near = difflib.get_close_matches(loc, allowed, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        return f"unknown option {loc!r} ({hint}allowed: {', '.join(allowed)})"
+    if kind == "literal_error" and "input" in err:
+        values = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        near = difflib.get_close_matches(str(err["input"]), values, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        return f"{loc}: {err['input']!r} is not allowed ({hint}allowed: {', '.join(map(repr, values))})"
+    msg = str(err.get("msg", "invalid"))
+    msg = re.sub(r"^Input should be ", "must be ", msg)
+    msg = msg.replace(", unable to parse string as a number", "").replace(", unable to interpret input", "")
+    if "input" in err and kind != "missing":
         return f"{loc}: {msg} (got {err['input']!r})"
     return f"{loc}: {msg}"
 
@@ -50,8 +77,16 @@ class _Frozen(BaseModel):
             for e in exc.errors():
                 if isinstance(e.get("ctx", {}).get("error"), ConfigError):
                     raise e["ctx"]["error"] from None
-            lines = "; ".join(_describe(dict(e)) for e in exc.errors())
+            lines = "; ".join(_describe(type(self), dict(e)) for e in exc.errors())
             raise ConfigError(f"invalid {type(self).__name__}: {lines}") from None
+
+
+def _duration(model: str, value: Any, info: ValidationInfo) -> Any:
+    """A duration option of ``model`` as seconds (:mod:`sluice.durations`); None passes (the model's own
+    check says whether None is allowed). The range is checked by the model, in its own words."""
+    if value is None:
+        return None
+    return to_seconds(value, f"{model}({info.field_name})", sign="any")
 
 
 def validated(model: type[_Frozen], value: Any, option: str) -> Any:
@@ -66,13 +101,15 @@ def validated(model: type[_Frozen], value: Any, option: str) -> Any:
 class CheckpointConfig(_Frozen):
     """How and how often the job takes checkpoints.
 
+    Durations are :mod:`sluice.durations`: ``"30 s"``, ``"1 min"``, a timedelta, or a number of seconds.
+
     Attributes:
-        interval: seconds between checkpoint triggers; ``None`` disables periodic checkpoints (a bounded
+        interval: time between checkpoint triggers; ``None`` disables periodic checkpoints (a bounded
             job still takes its final checkpoint).
         mode: ``"exactly_once"`` (barriers are aligned) or ``"at_least_once"`` (never blocks; replays may
             duplicate records downstream).
-        timeout: seconds after which a pending checkpoint is aborted.
-        min_pause: minimum seconds between the end of one checkpoint and the trigger of the next.
+        timeout: time after which a pending checkpoint is aborted.
+        min_pause: minimum time between the end of one checkpoint and the trigger of the next.
         max_concurrent: checkpoints in flight at once.
         tolerable_failed_checkpoints: consecutive failed checkpoints tolerated before the job fails.
         num_retained: completed checkpoints kept; older ones are deleted once subsumed.
@@ -80,12 +117,12 @@ class CheckpointConfig(_Frozen):
         storage: where checkpoints are written: a local path, ``file://`` or ``s3://`` URI.
         storage_options: options for the storage (for ``s3://``: endpoint_url, region_name, credentials).
         unaligned: barriers overtake in-flight data, which is persisted as channel state.
-        aligned_checkpoint_timeout: seconds; start aligned and switch to unaligned once alignment takes longer.
+        aligned_checkpoint_timeout: a duration; start aligned and switch to unaligned once alignment takes longer.
         key: the secret that signs every checkpoint file (HMAC-SHA256, at least 16 characters); a restore
             refuses files it did not sign. None: ``$SLUICE_CHECKPOINT_KEY``, else the user's key file
             ``~/.config/sluice/checkpoint.key`` (created, mode 0600). Restoring a savepoint on another host
             needs the same key (docs/security.md). Never shown or logged.
-        storage_retry_timeout: seconds a checkpoint storage operation is retried (with backoff) while it
+        storage_retry_timeout: how long a checkpoint storage operation is retried (with backoff) while it
             fails transiently (an I/O error, a timeout, an S3 connection failure, throttling or 5xx);
             0 tries once. A longer outage fails the checkpoint (or the attempt, which then restarts).
     """
@@ -105,6 +142,11 @@ class CheckpointConfig(_Frozen):
     key: SecretStr | None = Field(default=None, repr=False)
     storage_retry_timeout: float = 30.0
 
+    @field_validator("interval", "timeout", "min_pause", "aligned_checkpoint_timeout", "storage_retry_timeout", mode="before")
+    @classmethod
+    def _durations(cls, value: Any, info: ValidationInfo) -> Any:
+        return _duration("CheckpointConfig", value, info)
+
     @model_validator(mode="after")
     def _check(self) -> CheckpointConfig:
         def bad(option: str, allowed: str, got: Any) -> ConfigError:
@@ -112,12 +154,12 @@ class CheckpointConfig(_Frozen):
 
         if self.interval is not None and not self.interval > 0:
             raise bad(
-                "interval", "a number of seconds > 0, or None to disable periodic checkpoints", self.interval
+                "interval", "a duration > 0 ('30 s', a timedelta, seconds), or None to disable periodic checkpoints", self.interval
             )
         if not self.timeout > 0:
-            raise bad("timeout", "a number of seconds > 0", self.timeout)
+            raise bad("timeout", "a duration > 0", self.timeout)
         if self.min_pause < 0:
-            raise bad("min_pause", "a number of seconds >= 0", self.min_pause)
+            raise bad("min_pause", "a duration >= 0", self.min_pause)
         if self.max_concurrent < 1:
             raise bad("max_concurrent", "an integer >= 1", self.max_concurrent)
         if self.tolerable_failed_checkpoints < 0:
@@ -125,7 +167,7 @@ class CheckpointConfig(_Frozen):
         if self.num_retained < 1:
             raise bad("num_retained", "an integer >= 1", self.num_retained)
         if not 0 <= self.storage_retry_timeout < float("inf"):
-            raise bad("storage_retry_timeout", "a finite number of seconds >= 0", self.storage_retry_timeout)
+            raise bad("storage_retry_timeout", "a finite duration >= 0", self.storage_retry_timeout)
         if not self.storage:
             raise bad("storage", "a local path, file:// or s3:// URI", self.storage)
         scheme = self.storage.split("://", 1)[0] if "://" in self.storage else "file"
@@ -134,7 +176,7 @@ class CheckpointConfig(_Frozen):
         if self.aligned_checkpoint_timeout is not None and self.aligned_checkpoint_timeout < 0:
             raise bad(
                 "aligned_checkpoint_timeout",
-                "a number of seconds >= 0, or None",
+                "a duration >= 0, or None",
                 self.aligned_checkpoint_timeout,
             )
         if self.key is not None and len(self.key.get_secret_value().strip()) < MIN_KEY_LENGTH:
@@ -209,6 +251,11 @@ class FixedDelayRestart(RestartStrategy):
     attempts: int = 3
     delay: float = 1.0
 
+    @field_validator("delay", mode="before")
+    @classmethod
+    def _durations(cls, value: Any, info: ValidationInfo) -> Any:
+        return _duration("FixedDelayRestart", value, info)
+
     @model_validator(mode="after")
     def _check(self) -> FixedDelayRestart:
         if self.attempts < 0:
@@ -216,7 +263,7 @@ class FixedDelayRestart(RestartStrategy):
                 f"invalid FixedDelayRestart: attempts must be an integer >= 0 (got {self.attempts})"
             )
         if self.delay < 0:
-            raise ConfigError(f"invalid FixedDelayRestart: delay must be seconds >= 0 (got {self.delay})")
+            raise ConfigError(f"invalid FixedDelayRestart: delay must be a duration >= 0 (got {self.delay})")
         return self
 
     def stop(self) -> Any:
@@ -237,6 +284,11 @@ class ExponentialBackoffRestart(RestartStrategy):
     multiplier: float = 2.0
     jitter: float = 0.0
     max_attempts: int | None = None
+
+    @field_validator("initial", "max_delay", "jitter", mode="before")
+    @classmethod
+    def _durations(cls, value: Any, info: ValidationInfo) -> Any:
+        return _duration("ExponentialBackoffRestart", value, info)
 
     @model_validator(mode="after")
     def _check(self) -> ExponentialBackoffRestart:
@@ -289,6 +341,11 @@ class FailureRateRestart(RestartStrategy):
     max_failures: int = 3
     interval: float = 60.0
     delay: float = 1.0
+
+    @field_validator("interval", "delay", mode="before")
+    @classmethod
+    def _durations(cls, value: Any, info: ValidationInfo) -> Any:
+        return _duration("FailureRateRestart", value, info)
 
     @model_validator(mode="after")
     def _check(self) -> FailureRateRestart:

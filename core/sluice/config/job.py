@@ -28,6 +28,9 @@ class JobConfig:
     allow_non_restored_state: bool = False
     #: run even if a sink's output holds checkpoints newer than the restored one (their data comes again)
     allow_reprocessing: bool = False
+    #: restore operators whose state depends on settings that changed since the checkpoint (a window's size,
+    #: a key's columns: docs/upgrades.md), reading the old state with the new settings
+    allow_changed_operators: bool = False
     #: count the tasks' built-in metrics (records, bytes, busy and backpressured time; see docs/operations.md)
     metrics: bool = True
     #: where keyed state lives and how it is checkpointed (hashmap or rocksdb; docs/state.md)

@@ -27,14 +27,26 @@ class ControlError(SluiceError):
     message says which and what to do."""
 
 
-def find_job(job_id: str, storage: str) -> RegistryEntry:
-    """The running job ``job_id`` in the registry of checkpoint storage ``storage``.
+def find_job(job_id: str | None, storage: str) -> RegistryEntry:
+    """The running job ``job_id`` in the registry of checkpoint storage ``storage``; with no id, the one
+    job that runs there.
 
     Raises:
-        ControlError: no such running job there (the message lists those that run).
+        ControlError: no such running job there (the message lists those that run), or no id and not
+            exactly one job running (the message names them, to pick one).
     """
     entries = read_entries(storage)
     running = [e for e in entries if e.running]
+    if job_id is None:
+        if len(running) == 1:
+            return running[0]
+        if not running:
+            raise ControlError(
+                f"no job runs in the registry of {storage}: pass --storage with the job's checkpoint storage, "
+                "or --url with its endpoint"
+            )
+        names = ", ".join(sorted(e.job_id for e in running))
+        raise ControlError(f"{len(running)} jobs run in the registry of {storage} ({names}): name one as JOB")
     for e in running:
         if e.job_id == job_id:
             return e
@@ -81,12 +93,11 @@ class ControlClient:
     def connect(
         cls, job_id: str | None, storage: str, url: str | None = None, token_file: str | None = None
     ) -> ControlClient:
-        """A client for ``job_id`` found in ``storage``'s registry, or at ``url``; the token comes from
+        """A client for ``job_id`` (None: the one job that runs) found in ``storage``'s registry, or at
+        ``url``; the token comes from
         ``token_file``, else :data:`TOKEN_ENV`, else the token file the registry names."""
         entry = None
         if url is None:
-            if job_id is None:
-                raise ControlError("name the job (JOB), or give its endpoint with --url")
             entry = find_job(job_id, storage)
             url = entry.url
         token = os.environ.get(TOKEN_ENV) if token_file is None else None

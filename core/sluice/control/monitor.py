@@ -323,6 +323,7 @@ class JobMonitor:
                 {
                     "id": v.id,
                     "name": v.name,
+                    "sink": any(n.kind is NodeKind.SINK for n in v.chain),
                     "totals": totals[v.id],
                     "rates": rates.get(v.id, {}),
                     "subtasks": per,

@@ -22,6 +22,7 @@ from sluice.errors import ConfigError, StorageError
 
 __all__ = [
     "MISSING",
+    "PERMANENT",
     "S3_OPTIONS",
     "error_code",
     "is_transient",
@@ -63,6 +64,9 @@ _TRANSIENT = {
     "503",
     "504",
 }
+#: error codes a retry (or a restart) cannot cure: the StorageError says so (``recoverable=False``)
+PERMANENT = ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+             "InvalidBucketName")  # fmt: skip
 _HINTS = {
     "AccessDenied": "check that the credentials may perform this operation on the bucket",
     "NoSuchBucket": "create the bucket or fix the path",
@@ -156,6 +160,7 @@ def s3_call(operation: str, bucket: str, fn: Callable[..., T], /, *, attempts: i
             operation=operation,
             bucket=bucket,
             code=code,
+            recoverable=False if code in PERMANENT else None,
         ) from exc
     raise AssertionError("unreachable")  # pragma: no cover
 

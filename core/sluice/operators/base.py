@@ -129,6 +129,9 @@ class Operator:
     #: hands its last committables over at the final checkpoint): its task keeps its outputs open until the
     #: first checkpoint after end of input, and sends end of partition behind that checkpoint's barrier
     emits_at_checkpoint = False
+    #: per input index: seconds without data or watermark after which a channel of that input leaves the
+    #: task's watermark minimum until it delivers again (``join_latest``'s table side; the head operator's)
+    input_idle_timeouts: dict[int, float] = {}
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -31,7 +31,7 @@ from sluice.errors import RestoreError
 from sluice.keys import KeySelector
 from sluice.operators.base import MIN_WATERMARK, Collector, Operator, OperatorContext, OperatorSnapshot
 from sluice.operators.batchwise import distinct, event_ms, take_keys
-from sluice.operators.horizons import HorizonStore
+from sluice.operators.horizons import HorizonStore, key_hashes
 from sluice.state.api import ValueStateDescriptor
 from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend, TimeDomain
 
@@ -147,7 +147,7 @@ class DeduplicateOperator(Operator):
             now = self.watermark if self.time_column is not None else int(t[0])
             if self.time_column is None:
                 store.expire(now)
-            hashes = HorizonStore.hashes(keys, columns)[firsts]
+            hashes = key_hashes(unique)
             has, start = store.lookup(unique, hashes, now)
             before = np.where(has, start, np.iinfo(np.int64).min)
             _, opener = assign_horizons(codes, t, start, has, self.within)

@@ -9,25 +9,25 @@ Flink's TTL compaction filter or Arroyo's whole bins). State thus holds at most 
 horizons, and no entry is ever visited to expire it.
 
 A key is looked up in the buckets from the newest to the oldest; a bucket is only read for the keys its
-Bloom filter may hold (a NumPy filter of the keys' 64-bit hashes, kept in memory by this subtask, never
-wrong about an absent key): keys seen for the first time (the common case of deduplication) cost no read
-at all. A bucket restored from a checkpoint has no filter: every key is read in it, until it is dropped.
+Bloom filter may hold (a NumPy filter of 64-bit hashes of the encoded keys, kept in memory by this subtask,
+never wrong about a key it was given): keys seen for the first time (the common case of deduplication) cost
+no read at all. The filters are not checkpointed: a restore rebuilds each restored bucket's filter from the
+keys the bucket's state holds in this subtask's key groups (one scan of their stored keys, nothing
+decoded), so the filter is exact after a rescale too, and a restored job reads no more than a running one.
 A found start counts only while its horizon is open at the clock (``start + within > now``), as a state
 TTL that follows the clock would have it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pyarrow as pa
 
 from sluice.state.api import ValueStateDescriptor
-from sluice.state.keygroups import hash_columns
+from sluice.state.keycodec import binary_parts
 from sluice.state.spi import BatchValueState, KeyBatch, KeyedStateBackend
 
-__all__ = ["Bloom", "HorizonStore", "bucket_state_name"]
+__all__ = ["Bloom", "HorizonStore", "bucket_state_name", "key_hashes"]
 
 _PREFIX = "horizon@"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -41,6 +41,40 @@ def _mix(x: np.ndarray) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2
         return z ^ (z >> np.uint64(31))
+
+
+def _hash_rows(rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of an ``(n, width)`` uint8 matrix (encoded keys of one width): the row's
+    8-byte words, zero-padded, mixed in one after the other into a start that depends on the width."""
+    n, width = rows.shape
+    words = -(-width // 8)
+    padded = np.zeros((n, words * 8), np.uint8)
+    padded[:, :width] = rows
+    w = padded.view("<u8")
+    h = np.full(n, _mix(np.array([width], np.uint64))[0], np.uint64)
+    for j in range(words):
+        h = _mix(h ^ w[:, j])
+    return h
+
+
+def _hash_binary(keys: pa.Array) -> np.ndarray:
+    """:func:`_hash_rows` of a binary array of keys of any widths: the keys of each width as one matrix."""
+    buf, starts, widths = binary_parts(keys)
+    n = len(widths)
+    if n and (widths == widths[0]).all():  # one width (int keys): the bytes as one matrix
+        return _hash_rows(buf[starts[0] : starts[0] + n * widths[0]].reshape(n, int(widths[0])))
+    out = np.zeros(len(widths), np.uint64)
+    for width in np.unique(widths).tolist():
+        rows = np.flatnonzero(widths == width)
+        out[rows] = _hash_rows(buf[starts[rows, None] + np.arange(width)])
+    return out
+
+
+def key_hashes(keys: KeyBatch) -> np.ndarray:
+    """A 64-bit hash of each encoded key of ``keys`` (uint64): the same for the same bytes whether the batch
+    holds them as a fixed-width matrix or as a list, and computable from the keys a state stores, which is
+    how a restore rebuilds the filters. Not the key-group hash: that one needs the key columns' types."""
+    return _hash_rows(keys.fixed) if keys.fixed is not None else _hash_binary(pa.array(keys.keys, pa.binary()))
 
 
 def bucket_state_name(bucket: int) -> str:
@@ -67,8 +101,8 @@ class Bloom:
     @classmethod
     def probe(cls, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """What :meth:`add` and :meth:`may_hold` take: per hash, a mixed hash that picks its word (in any
-        segment) and its mask of K bits (from K 6-bit fields of the upper half: the lower bits pick key
-        groups). Compute it once for the filters of several buckets."""
+        segment) and its mask of K bits (from K 6-bit fields of the upper bits). Compute it once for the
+        filters of several buckets."""
         mask = np.zeros(len(hashes), np.uint64)
         for i in range(cls.K):
             mask |= np.uint64(1) << ((hashes >> np.uint64(28 + 6 * i)) & np.uint64(63))
@@ -112,36 +146,37 @@ class HorizonStore:
         self.within = within
         self.width = max(1, within // 4)
         self._states: dict[int, BatchValueState] = {}
-        self._blooms: dict[int, Bloom | None] = {}  # None: restored, no filter
+        self._blooms: dict[int, Bloom] = {}
 
-    def _state(self, bucket: int, bloom: bool) -> BatchValueState:
+    def _state(self, bucket: int) -> BatchValueState:
         state = self._states.get(bucket)
         if state is None:
             desc = ValueStateDescriptor(bucket_state_name(bucket), serializer="int64")
             state = self._states[bucket] = self.backend.batch_state(desc)
             # sized for as many keys as the newest bucket holds (one segment when the rate is steady)
-            sizes = [len(f) for f in self._blooms.values() if f is not None]
-            self._blooms[bucket] = Bloom(max(sizes, default=Bloom.FIRST)) if bloom else None
+            self._blooms[bucket] = Bloom(max((len(f) for f in self._blooms.values()), default=Bloom.FIRST))
         return state
 
     def restored(self) -> None:
-        """Open the buckets a restore brought (without filters)."""
+        """Open the buckets a restore brought, each with its filter rebuilt from the keys its state holds."""
         for name in self.backend.state_meta():
             if name.startswith(_PREFIX):
-                self._state(int(name[len(_PREFIX) :]), bloom=False)
+                bucket = int(name[len(_PREFIX) :])
+                self._state(bucket)
+                groups = [keys for _, keys in self.backend.encoded_keys(name)]
+                bloom = self._blooms[bucket] = Bloom(sum(map(len, groups)))
+                for keys in groups:
+                    if len(keys):
+                        bloom.add(Bloom.probe(_hash_binary(keys)))
 
     @property
     def buckets(self) -> list[int]:
         """The buckets held now (oldest first)."""
         return sorted(self._states)
 
-    @staticmethod
-    def hashes(keys: KeyBatch, columns: Sequence[pa.Array]) -> np.ndarray:
-        """The 64-bit hashes of a batch's keys (the ones its key groups came from, when it kept them)."""
-        return keys.hashes if keys.hashes is not None else hash_columns(columns)
-
     def lookup(self, keys: KeyBatch, hashes: np.ndarray, now: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per key, whether it has a horizon open at ``now`` and its start (0 where none)."""
+        """Per key, whether it has a horizon open at ``now`` and its start (0 where none); ``hashes`` are
+        :func:`key_hashes` of ``keys``."""
         n = len(keys)
         start = np.zeros(n, np.int64)
         has = np.zeros(n, bool)
@@ -150,8 +185,7 @@ class HorizonStore:
         for b in sorted(self._states, reverse=True):
             if (b + 1) * self.width + self.within <= now:
                 break  # this bucket and the older ones hold no open horizon
-            bloom = self._blooms[b]
-            rows = np.flatnonzero(todo & bloom.may_hold(probe) if bloom is not None else todo)
+            rows = np.flatnonzero(todo & self._blooms[b].may_hold(probe))
             if not len(rows):
                 continue
             got = self._states[b].get(_take(keys, rows))
@@ -167,8 +201,8 @@ class HorizonStore:
         return has, start
 
     def write(self, keys: KeyBatch, hashes: np.ndarray, starts: np.ndarray, now: int) -> None:
-        """Store the new horizon starts of ``keys`` (one per key), each in the bucket of its start; a horizon
-        already over at ``now`` is not stored."""
+        """Store the new horizon starts of ``keys`` (one per key, ``hashes`` their :func:`key_hashes`), each in
+        the bucket of its start; a horizon already over at ``now`` is not stored."""
         live = np.flatnonzero(starts + self.within > now)
         if not len(live):
             return
@@ -177,11 +211,8 @@ class HorizonStore:
         for b in np.unique(buckets).tolist():
             mine = buckets == b
             rows = live[mine]
-            state = self._state(b, bloom=True)
-            state.insert(_take(keys, rows), pa.array(starts[rows], pa.int64()))
-            bloom = self._blooms[b]
-            if bloom is not None:
-                bloom.add((mixed[mine], masks[mine]))
+            self._state(b).insert(_take(keys, rows), pa.array(starts[rows], pa.int64()))
+            self._blooms[b].add((mixed[mine], masks[mine]))
 
     def next_expiry(self) -> int | None:
         """When the oldest bucket may be dropped (None: no bucket)."""

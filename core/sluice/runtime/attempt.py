@@ -43,6 +43,7 @@ from sluice.runtime.enumerators import SourceEnumerators
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.lineage import check_sink_lineage
 from sluice.runtime.restore import RestoredCheckpoint
+from sluice.runtime.upgrades import operator_configs
 from sluice.sink import GlobalCommitter, Sink
 
 __all__ = ["AttemptCancelled", "AttemptFailedError", "FailureKind", "JobAttempt"]
@@ -168,6 +169,7 @@ class JobAttempt:
                 }
                 for v in self.job.vertices.values()
             },
+            "operators": operator_configs(self.job),
         }
         next_id = (r.checkpoint_id + 1) if r is not None else 1
         prior = highest_id(self.storage)
@@ -214,9 +216,15 @@ class JobAttempt:
         if self.coordinator is not None:
             self.coordinator.acknowledge(task, checkpoint_id, handle)
 
-    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
+    def decline(
+        self,
+        task: SubtaskId,
+        checkpoint_id: int,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> None:
         if self.coordinator is not None:
-            self.coordinator.decline(task, checkpoint_id, reason)
+            self.coordinator.decline(task, checkpoint_id, reason, failure)
 
     def end_of_input(self, task: SubtaskId) -> None:
         if self.coordinator is not None:

@@ -7,7 +7,14 @@ the watermark valve; barriers, announcements and cancel markers go to the barrie
 task's input.
 
 While the task's outputs are full it polls *events only* (an item is taken only where the channel's head
-is an event), so barriers and cancel markers are seen under backpressure while no data moves. The gate is
+is an event), so barriers and cancel markers are seen under backpressure while no data moves.
+
+After a restore with in-flight data (:meth:`InputGate.expect_recovered_data`), every sender first re-sends
+its output channel state, then ``EndOfChannelState``. A channel that delivered it is *held* (nothing more is
+taken from it, events included) until every channel did, as Flink's ``UpstreamRecoveryTracker`` blocks it.
+A rescale can give a key (a Kafka partition, a key group) to another sender than the old sender's successor,
+which re-sends the key's recovered records: the key's newer records (what its new sender makes of its input
+channel state, then of new input) come on another channel, and must wait. The gate is
 its barrier handler's input half (:class:`~sluice.checkpoint.barrier_handler.CheckpointableInput`): it
 blocks and unblocks channels and pulls a queued barrier forward to the head of its channel
 (timeout-adaptive checkpoints switching to unaligned).
@@ -21,10 +28,12 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.checkpoint.barrier_handler import BarrierHandler
+from sluice.errors import CheckpointFailureReason
 from sluice.events import (
     CancelCheckpointMarker,
     CheckpointAnnouncement,
     CheckpointBarrier,
+    EndOfChannelState,
     EndOfPartition,
     Watermark,
     WatermarkStatus,
@@ -67,6 +76,10 @@ class InputGate:
         self.blocked: set[int] = set()
         #: channels that delivered EndOfPartition
         self.ended: set[int] = set()
+        #: after a restore with in-flight data: channels that have not delivered ``EndOfChannelState`` yet
+        self.recovering_channels: set[int] = set()
+        #: channels that delivered it while others have not: held until they all did
+        self.held: set[int] = set()
         self._next = 0
         self.handler = handler(self)
 
@@ -80,7 +93,7 @@ class InputGate:
         n = len(channels)
         for k in range(n):
             i = (self._next + k) % n
-            if i in self.blocked or i in self.ended:
+            if i in self.blocked or i in self.ended or i in self.held:
                 continue
             ch = channels[i]
             if not ch.has_input():
@@ -104,6 +117,7 @@ class InputGate:
         elif isinstance(item, WatermarkStatus):
             self.valve.input_status(channel, item.idle)
         elif isinstance(item, CheckpointBarrier):
+            self.valve.input_event(channel)
             overtaken = self.channels[channel].take_overtaken() if item.options.is_unaligned else None
             h = self.handler
             if len(h.live - h.received) > 1:
@@ -112,7 +126,9 @@ class InputGate:
         elif isinstance(item, CheckpointAnnouncement):
             self.handler.on_announcement(channel, item.barrier)
         elif isinstance(item, CancelCheckpointMarker):
-            self.handler.on_cancel(channel, item.checkpoint_id)
+            self.handler.on_cancel(channel, item.checkpoint_id, CheckpointFailureReason[item.failure])
+        elif isinstance(item, EndOfChannelState):
+            self._recovered(channel)
         elif isinstance(item, EndOfPartition):
             self.ended.add(channel)
             self.blocked.discard(channel)
@@ -121,7 +137,26 @@ class InputGate:
             if len(self.ended) == len(self.channels):
                 self._end_of_input()
 
+    # -- recovery of a restored checkpoint's in-flight data ----------------------------------------------
+    def expect_recovered_data(self) -> None:
+        """Restored with in-flight data: every channel delivers ``EndOfChannelState`` after the data its
+        sender recovered; until all did, those that did deliver nothing more."""
+        self.recovering_channels = set(range(len(self.channels)))
+
+    def _recovered(self, channel: int) -> None:
+        if channel not in self.recovering_channels:
+            raise RuntimeError(f"channel {channel} delivered EndOfChannelState twice, or without a restore")
+        self.recovering_channels.discard(channel)
+        if self.recovering_channels:
+            self.held.add(channel)
+        else:
+            self.held.clear()  # every sender's recovered data is in: all channels flow again
+
     # -- CheckpointableInput: the barrier handler's input half ----------------------------------------
+    def recovering(self) -> bool:
+        """Some channel has not yet delivered the end of its sender's recovered in-flight data."""
+        return bool(self.recovering_channels)
+
     def block(self, channel: int) -> None:
         """Take no more input from ``channel`` until :meth:`unblock_all` (aligned checkpoints)."""
         self.blocked.add(channel)

@@ -177,7 +177,7 @@ def run_job(
             attempts.run.first = restored.path
             attempts.run.latest = None if "savepoint-" in restored.path else restored.checkpoint_id
         if restored is not None:
-            restored.check_compatible(job, cfg.allow_non_restored_state)
+            restored.check_compatible(job, cfg.allow_non_restored_state, cfg.allow_changed_operators)
         a = JobAttempt(job, cfg, storage, n, restored)
         a.faults = faults
         if on_attempt is not None:

@@ -17,6 +17,7 @@ from sluice.operators.committables import unpack_pending
 from sluice.runtime.partitioners import HashPartitioner
 from sluice.runtime.rechain import old_chain, rechained_channel_state
 from sluice.runtime.task_spec import TaskRestore
+from sluice.runtime.upgrades import check_operator_changes
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Sink
 from sluice.source import SourceSplit
@@ -89,6 +90,12 @@ class RestoredCheckpoint:
     def has_channel_state(self) -> bool:
         return any(t.payload.get("input_state") or t.payload.get("output_state") for t in self.tasks)
 
+    @property
+    def recovers_channel_state(self) -> bool:
+        """The restore re-sends and replays in-flight data (the same answer for every subtask of the job, on
+        every runtime: the subtasks agree on whether ``EndOfChannelState`` comes)."""
+        return self.has_channel_state and not self.drop_channel_state
+
     def state_uids(self) -> set[str]:
         """Uids of the operators this checkpoint holds state for (stateless operators hold none)."""
         uids = {u for u, blob in (self.metadata.get("enumerators") or {}).items() if blob}
@@ -99,13 +106,18 @@ class RestoredCheckpoint:
                     uids.add(uid)
         return uids
 
-    def check_compatible(self, job: JobGraph, allow_non_restored_state: bool = False) -> None:
-        """Refuse restores that would lose or misroute state.
+    def check_compatible(
+        self, job: JobGraph, allow_non_restored_state: bool = False, allow_changed_operators: bool = False
+    ) -> None:
+        """Refuse restores that would lose or misroute state (docs/upgrades.md).
 
         State whose operator uid the job no longer has (renamed or removed) fails the restore, naming the
-        uids, unless ``allow_non_restored_state`` (then that state is dropped, as in Flink).
+        uids, unless ``allow_non_restored_state`` (then that state is dropped, as in Flink). An operator whose
+        state depends on settings that changed (a window's size, a key's columns: :mod:`sluice.runtime.upgrades`)
+        fails it, naming the operator and the change, unless ``allow_changed_operators``.
         """
-        orphans = sorted(self.state_uids() - {n.uid for n in job.logical.nodes.values()})
+        holding = self.state_uids()
+        orphans = sorted(holding - {n.uid for n in job.logical.nodes.values()})
         if orphans and not allow_non_restored_state:
             raise RestoreError(
                 f"checkpoint {self.path} holds state of operator uid(s) {orphans} that this job does not "
@@ -117,6 +129,7 @@ class RestoredCheckpoint:
                 f"checkpoint {self.path} was taken with max_parallelism={self.metadata.get('max_parallelism')}; "
                 f"the job has {job.max_parallelism}: keyed state cannot be redistributed across that change"
             )
+        check_operator_changes(self.path, self.metadata, job, holding, allow_changed_operators)
         if self.drop_channel_state or not self.has_channel_state:
             return
         old_vertices = self.metadata.get("vertices", {})
@@ -151,7 +164,7 @@ class RestoredCheckpoint:
 
     def for_subtask(self, job: JobGraph, vertex: JobVertex, index: int) -> TaskRestore:
         """The state of subtask ``index`` of ``vertex`` in ``job``, redistributed by key group."""
-        r = TaskRestore(checkpoint_id=self.checkpoint_id)
+        r = TaskRestore(self.checkpoint_id, self.recovers_channel_state)
         kgr = key_group_range(job.max_parallelism, vertex.parallelism, index)
         for node in vertex.chain:
             olds = self._tasks_of(node.uid)

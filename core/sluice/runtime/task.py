@@ -34,7 +34,7 @@ import pyarrow as pa
 from sluice.checkpoint.barriers import barrier_handler
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.subtask import CheckpointResponder, SubtaskCheckpointing
-from sluice.events import AlignmentMode, CheckpointBarrier
+from sluice.events import AlignmentMode, CheckpointBarrier, EndOfChannelState
 from sluice.graph import SubtaskId
 from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
@@ -101,7 +101,13 @@ class Task:
         self._max_rows = spec.max_batch_rows
         self.checkpointing = SubtaskCheckpointing(spec, gateway, storage, self.finishing, self._fault)
         self._channel_state = self.checkpointing.channel_state
-        self.valve = StatusWatermarkValve(len(spec.inputs), self._head.process_watermark)
+        timeouts = self._head.input_idle_timeouts
+        self.valve = StatusWatermarkValve(
+            len(spec.inputs),
+            self._head.process_watermark,
+            [timeouts.get(i) for i in spec.input_index_of] if timeouts else None,
+        )
+        self._idle_timeouts = self.valve.has_idle_timeouts
         self.gate = InputGate(
             spec.inputs,
             lambda gate: barrier_handler(spec.alignment, len(spec.inputs), gate, self.checkpointing),
@@ -111,6 +117,8 @@ class Task:
             self._fault,
         )
         self.handler = self.gate.handler
+        if spec.restore is not None and spec.restore.recovers_channel_state and spec.inputs:
+            self.gate.expect_recovered_data()
         self._source_output = SourceOutput(
             self._head, self.all_writers, self.valve, spec.max_batch_rows, self._fault, self.io
         )
@@ -191,7 +199,7 @@ class Task:
         return (
             f"{self.name}: {self.status.value} handler={h.state_name} "
             f"current={h.current.checkpoint_id if h.current else None} last_done={h.last_done} "
-            f"blocked={sorted(self.gate.blocked)} ended={sorted(self.gate.ended)} "
+            f"blocked={sorted(self.gate.blocked)} ended={sorted(self.gate.ended)} held={sorted(self.gate.held)} "
             f"in={self.gate.queued()} out={outq} final_after={self.finishing.final_after} "
             f"pending={self.checkpointing.pending}"
         )
@@ -243,6 +251,11 @@ class Task:
             # output channel state first, then input channel state, before any new input
             for idx, batch in r.resend_output:
                 self.all_writers[idx].emit(batch)
+            if r.recovers_channel_state:
+                # what follows (from its input channel state, then new input) is newer than every sender's
+                # output channel state: receivers hold it until all senders got here (runtime.input_gate)
+                for w in self.all_writers:
+                    w.broadcast(EndOfChannelState())
             for pos, input_index, batch in r.inject:
                 self.operators[pos].process_batch(batch, input_index)
             for input_index, batch in r.replay_input:
@@ -315,6 +328,8 @@ class Task:
             if nxt is not None and nxt <= ms:
                 op.on_processing_time(ms)
         self.handler.check_timeout()
+        if self._idle_timeouts:
+            self.valve.check_idle()
         if self.status is TaskStatus.RUNNING:  # changelog state: a materialization once its interval passed
             for be in self._keyed_backends:
                 be.materialize_if_due()
@@ -338,6 +353,8 @@ class Task:
         """A data batch from input ``channel`` (the gate's output)."""
         if self._channel_state.recording:
             self._channel_state.record(channel, batch)
+        if self._idle_timeouts:
+            self.valve.input_data(channel)
         if self.io is not None:
             self.io.count_in(batch.num_rows, batch.get_total_buffer_size())
         self._fault("process")

@@ -30,6 +30,10 @@ class TaskRestore:
     """What a subtask restores from a checkpoint (already redistributed for its index)."""
 
     checkpoint_id: int
+    #: the checkpoint holds in-flight data (and it is not dropped): every subtask of the job sends
+    #: ``EndOfChannelState`` on all its outputs once it re-sent its output channel state, and takes nothing
+    #: from its inputs after that event before every one of them delivered it (sluice.runtime.input_gate)
+    recovers_channel_state: bool = False
     #: node uid -> the keyed state handles of the old subtasks whose key groups overlap this one's
     keyed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     operator: dict[str, list[Any]] = field(default_factory=dict)  # node uid -> operator states

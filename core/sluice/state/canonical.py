@@ -17,17 +17,27 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from sluice.errors import RestoreError
+from sluice.state.keycodec import key_end
 from sluice.state.keygroups import KeyGroupRange
-from sluice.state.meta import StateMeta
+from sluice.state.meta import RegisteredState, StateMeta
 from sluice.state.transfer import FileRef, FileTransfer, download_verified
 
-__all__ = ["SCHEMA", "GroupWriter", "canonical_groups", "handle_range", "merged_meta", "read_group"]
+__all__ = [
+    "SCHEMA",
+    "GroupWriter",
+    "canonical_groups",
+    "entry_rows",
+    "handle_range",
+    "merged_meta",
+    "read_group",
+    "split_entry_key",
+]
 
 FORMAT_VERSION = 1
 SCHEMA = pa.schema(
@@ -41,6 +51,28 @@ SCHEMA = pa.schema(
     ]
 )
 _BATCH = 65536
+
+
+def split_entry_key(entry: bytes) -> tuple[bytes, bytes]:
+    """A hashmap table key's (key, namespace): the key, then the namespace length-prefixed when not empty."""
+    end = key_end(entry)
+    return entry[:end], entry[end + 2 :] if len(entry) > end else b""
+
+
+def entry_rows(reg: RegisteredState, value: Any) -> Iterator[tuple[bytes | None, bytes, int | None]]:
+    """One hashmap table entry's canonical rows ``(user key, value bytes, expiry)``: one per list element and
+    map entry (a value with TTL is held as ``(value, expiry)``)."""
+    if reg.kind == "value":
+        items: Iterable[tuple[bytes | None, Any]] = [(None, value)]
+    elif reg.kind == "list":
+        items = [(None, x) for x in value]
+    else:
+        assert reg.key_serializer is not None
+        items = [(reg.key_serializer.encode(k), x) for k, x in value.items()]
+    encode = reg.serializer.encode
+    for uk, x in items:
+        v, expiry = x if reg.ttl is not None else (x, None)
+        yield uk, encode(v), expiry
 
 
 class GroupWriter:

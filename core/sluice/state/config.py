@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import field_validator, model_validator
 
 from sluice.config import _Frozen
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 
 __all__ = [
@@ -40,8 +41,6 @@ _MEMORY_UNITS = {
     "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40, "tebibytes": 1 << 40,
 }  # fmt: skip
 _MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
-_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: the smallest memory budget the RocksDB backend accepts (block cache plus write buffers)
 MIN_MEMORY = 16 << 20
 
@@ -58,14 +57,13 @@ def parse_memory_size(option: str, value: Any) -> int:
 
 
 def _seconds(option: str, value: Any) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    m = _DURATION.fullmatch(str(value))
-    unit = m.group(2).lower() if m else ""
-    unit = {"second": "s", "seconds": "s", "minute": "min", "minutes": "min", "hour": "h"}.get(unit, unit)
-    if m is None or unit not in _SECONDS:
-        raise ConfigError(f"{option}: {value!r} is not a duration: write a number with a unit, e.g. '10 min'")
-    return float(m.group(1)) * _SECONDS[unit]
+    """A duration option of code (a bare number is seconds; :mod:`sluice.durations`)."""
+    return to_seconds(value, option, sign="any")
+
+
+def _setting_seconds(key: str, value: Any) -> float:
+    """A duration from Flink's keys (a unit is required)."""
+    return to_seconds(value, key, sign="any", bare="refuse")
 
 
 class StateBackendConfig(_Frozen):
@@ -79,7 +77,7 @@ class StateBackendConfig(_Frozen):
         changelog: changelog (generalized incremental) checkpoints (``state.backend.changelog.enabled``):
             each checkpoint persists the changes since the last one, a full materialization is written in
             the background.
-        changelog_materialize_interval: seconds between background materializations with changelog on
+        changelog_materialize_interval: time between background materializations (a duration) with changelog on
             (``state.backend.changelog.periodic-materialize.interval``).
         local_recovery: keep a local copy of the last completed checkpoint for restarts on the same host
             (``state.backend.local-recovery``).
@@ -121,7 +119,7 @@ class StateBackendConfig(_Frozen):
     @field_validator("changelog_materialize_interval", mode="before")
     @classmethod
     def _interval(cls, value: Any) -> float:
-        return _seconds("changelog_materialize_interval", value)
+        return _seconds("StateBackendConfig(changelog_materialize_interval)", value)
 
     @model_validator(mode="after")
     def _check(self) -> StateBackendConfig:
@@ -163,12 +161,6 @@ class StateBackendConfig(_Frozen):
                 field, parse = spec
                 fields[field] = parse(key, value)
         return cls(**fields)
-
-    def create(self) -> Any:
-        """The job's :class:`~sluice.state.spi.StateBackend` for these options."""
-        from sluice.state.factory import create_state_backend
-
-        return create_state_backend(self)
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -213,7 +205,7 @@ STATE_KEYS: dict[str, tuple[str, Any]] = {
     "state.backend.incremental": ("incremental", _bool),
     "execution.checkpointing.incremental": ("incremental", _bool),
     "state.backend.changelog.enabled": ("changelog", _bool),
-    "state.backend.changelog.periodic-materialize.interval": ("changelog_materialize_interval", _seconds),
+    "state.backend.changelog.periodic-materialize.interval": ("changelog_materialize_interval", _setting_seconds),
     "state.backend.local-recovery": ("local_recovery", _bool),
     "execution.state-recovery.from-local": ("local_recovery", _bool),
     "state.backend.rocksdb.localdir": ("local_dir", _text),
@@ -238,7 +230,7 @@ class StateTtlConfig(_Frozen):
     expires per element, map state per entry.
 
     Attributes:
-        ttl: seconds a value lives (> 0).
+        ttl: how long a value lives (a duration > 0: "10 min", a timedelta, seconds).
         update_type: when its clock restarts.
         visibility: whether an expired value not yet removed may be returned.
         cleanup_full_snapshot: leave expired values out of full snapshots and savepoints.
@@ -256,7 +248,7 @@ class StateTtlConfig(_Frozen):
     @field_validator("ttl", mode="before")
     @classmethod
     def _ttl(cls, value: Any) -> float:
-        return _seconds("ttl", value)
+        return _seconds("StateTtlConfig(ttl)", value)
 
     @model_validator(mode="after")
     def _check(self) -> StateTtlConfig:

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from sluice.state.spi import BatchValueState, Handle, KeyedStateBackend, StateSnapshot, TimerService
 
 if TYPE_CHECKING:
@@ -63,6 +65,9 @@ class DelegatingKeyedStateBackend(KeyedStateBackend):
 
     def keys(self, name: str) -> Iterator[tuple[int, Any]]:
         return self.delegate.keys(name)
+
+    def encoded_keys(self, name: str) -> Iterator[tuple[int, pa.Array]]:
+        return self.delegate.encoded_keys(name)
 
     @property
     def timers(self) -> TimerService:

@@ -37,11 +37,14 @@ import pyarrow as pa
 from sluice.errors import ConfigError
 
 __all__ = [
+    "binary_parts",
     "decode_key",
     "encode_key",
     "encode_keys",
     "encode_keys_fixed",
+    "gather_binary",
     "key_end",
+    "key_widths",
     "rows_as_bytes",
     "split_entry",
     "state_id",
@@ -149,6 +152,51 @@ def key_end(data: bytes, at: int = 0) -> int:
             end = key_end(data, end)
         return end
     raise ValueError(f"not an encoded state key (tag {tag})")
+
+
+#: the width of a key by its tag, for the tags whose keys have one width (0 for the others)
+_WIDTH = np.zeros(256, dtype=np.int64)
+_WIDTH[[0, 1, 2, 3, 7, 10]] = [1, 2, 9, 9, 5, 9]
+
+
+def binary_parts(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A binary array (no nulls) as NumPy: its bytes (uint8), and each value's start and length in them."""
+    n = len(values)
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32)[values.offset : values.offset + n + 1].astype(np.int64)
+    buf = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return buf, offsets[:-1], np.diff(offsets)
+
+
+def key_widths(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """:func:`key_end` of many byte strings at once: the width of the key encoded at the front of each
+    ``buf[starts[i] : starts[i] + lengths[i]]``, from its tag (and a string's or binary's length) with NumPy;
+    only tuple keys are measured one by one."""
+    tags = buf[starts]
+    widths: np.ndarray = _WIDTH[tags]
+    sized = np.flatnonzero((tags == 4) | (tags == 5))  # string, binary: u32 length after the tag
+    if len(sized):
+        at = starts[sized]
+        size = (buf[at + 1].astype(np.int64) << 24) | (buf[at + 2].astype(np.int64) << 16)
+        widths[sized] = 5 + (size | (buf[at + 3].astype(np.int64) << 8) | buf[at + 4])
+    zoned = np.flatnonzero(tags == 6)  # timestamp: u8 zone length, zone, int64
+    if len(zoned):
+        widths[zoned] = 10 + buf[starts[zoned] + 1].astype(np.int64)
+    for i in np.flatnonzero(widths == 0).tolist():  # tuples
+        widths[i] = key_end(buf[starts[i] : starts[i] + lengths[i]].tobytes())
+    return widths
+
+
+def gather_binary(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """The byte ranges ``buf[starts[i] : starts[i] + lengths[i]]`` as a binary array."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    index = np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
+    data = buf[index] if total else np.zeros(0, np.uint8)
+    return pa.Array.from_buffers(
+        pa.binary(), len(lengths), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    )
 
 
 def _decode(data: bytes, at: int) -> tuple[Any, int]:

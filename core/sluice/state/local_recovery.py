@@ -21,7 +21,6 @@ stays alive) finds it.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import os
 import shutil
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING
 from sluice.state.delegating import DelegatingKeyedStateBackend
 from sluice.state.handles import handle_files
 from sluice.state.spi import Handle, KeyedStateBackend, StateSnapshot
-from sluice.state.transfer import FileRef, FileTransfer, sha256_file, transfer_location
+from sluice.state.transfer import FileRef, FileTransfer, new_mark, sha256_file, transfer_location
 
 if TYPE_CHECKING:
     from sluice.state.config import StateBackendConfig
@@ -45,19 +44,12 @@ __all__ = [
     "LocalRecoveryTransfer",
     "LocalStateStore",
     "local_recovery_root",
-    "new_mark",
 ]
 
 log = logging.getLogger("sluice.state")
 
-_MARKS = itertools.count(1)
 #: files that are never changed once written: a local copy may be a hard link
 _IMMUTABLE = (".sst", ".arrows")
-
-
-def new_mark() -> int:
-    """A number larger than every earlier one in this process: orders uploads against snapshots."""
-    return next(_MARKS)
 
 
 def local_recovery_root(config: StateBackendConfig, owner: str, transfer: FileTransfer) -> str:

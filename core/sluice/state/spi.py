@@ -19,18 +19,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from sluice.errors import ConfigError
-from sluice.state.config import StateBackendConfig
-from sluice.state.keycodec import encode_keys, encode_keys_fixed, rows_as_bytes
+from sluice.state.keycodec import encode_key, encode_keys, encode_keys_fixed, rows_as_bytes
 from sluice.state.keygroups import KeyGroupRange, hash_columns, key_groups
 from sluice.state.transfer import FileTransfer
 
 if TYPE_CHECKING:
+    from sluice.state.config import StateBackendConfig
     from sluice.state.meta import StateMeta
 
 __all__ = [
@@ -202,6 +202,9 @@ class KeyedStateBackend(ABC):
         max_parallelism: the job's number of key groups.
     """
 
+    #: a built-in backend's name in its handles (``"hashmap"``, ``"rocksdb"``); empty for the others
+    backend_name: ClassVar[str] = ""
+
     def __init__(
         self,
         key_groups: KeyGroupRange,
@@ -224,8 +227,6 @@ class KeyedStateBackend(ABC):
     # -- current key ----------------------------------------------------------------------------------
     def set_current_key(self, key: Any, key_group: int, key_bytes: bytes | None = None) -> None:
         """Make ``key`` (of ``key_group``) the key the per-key handles read and write."""
-        from sluice.state.keycodec import encode_key
-
         self._key = key
         self._kg = key_group
         self._key_bytes = encode_key(key) if key_bytes is None else key_bytes
@@ -272,6 +273,17 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def keys(self, name: str) -> Iterator[tuple[int, Any]]:
         """Every (key group, key) with a value in state ``name`` (default namespace)."""
+
+    def encoded_keys(self, name: str) -> Iterator[tuple[int, pa.Array]]:
+        """Per key group, the keys :meth:`keys` gives, encoded as state stores them
+        (:mod:`sluice.state.keycodec`), as one binary array: the built-in backends hand the stored bytes over
+        in bulk, decoding nothing (a filter of the keys rebuilt at restore reads them so); by default the
+        keys of :meth:`keys`, encoded again."""
+        groups: dict[int, list[bytes]] = {}
+        for kg, key in self.keys(name):
+            groups.setdefault(kg, []).append(encode_key(key))
+        for kg, keys in groups.items():
+            yield kg, pa.array(keys, pa.binary())
 
     @property
     @abstractmethod

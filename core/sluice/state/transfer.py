@@ -11,6 +11,7 @@ RocksDB never opens a file that was changed in storage. A transfer with local re
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -26,12 +27,20 @@ __all__ = [
     "FileTransfer",
     "LocalFileTransfer",
     "download_verified",
+    "new_mark",
     "sha256_file",
     "transfer_location",
     "upload_file",
 ]
 
 _CHUNK = 1 << 20
+_MARKS = itertools.count(1)
+
+
+def new_mark() -> int:
+    """A number larger than every earlier one in this process: orders uploads (local recovery's copies)
+    against snapshots and changelog materializations."""
+    return next(_MARKS)
 
 
 class FileTransfer(Protocol):

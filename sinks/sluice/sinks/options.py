@@ -12,13 +12,14 @@ unchecked copy; :meth:`SinkOptions.checked`, which ``Sink.validate`` calls when 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import model_validator
 from sluice.config import _Frozen
 from sluice.errors import ConfigError
 
-__all__ = ["HasOptions", "Option", "SinkOptions", "int_at_least", "policy"]
+__all__ = ["RENAMED", "HasOptions", "Option", "SinkOptions", "int_at_least", "policy", "refuse_renamed"]
 
 T = TypeVar("T")
 M = TypeVar("M", bound="SinkOptions")
@@ -84,6 +85,25 @@ class Option(Generic[T]):
 
     def __set__(self, obj: HasOptions, value: T) -> None:
         obj.options = obj.options.model_copy(update={self.field: value})
+
+
+#: options of the sinks that were renamed, and their name now: one name for key columns across the sinks
+#: (``PostgresSink`` and the Kafka change formats already said ``key_columns``)
+RENAMED = {"keys": "key_columns", "key": "key_columns"}
+
+
+def refuse_renamed(kind: str, given: Mapping[str, Any], strict: bool = True) -> None:
+    """ConfigError naming the new name of an option of ``given`` that was renamed (:data:`RENAMED`); with
+    ``strict`` (``given`` holds only arguments the sink does not take), a TypeError as Python's own for any
+    other."""
+    for old, value in given.items():
+        if old in RENAMED:
+            new = RENAMED[old]
+            raise ConfigError(
+                f"{kind}: {old}= is now {new}= (one name for the key columns of every sink): {new}={value!r}"
+            )
+    if given and strict:
+        raise TypeError(f"{kind}() got an unexpected keyword argument {next(iter(given))!r}")
 
 
 def int_at_least(kind: str, option: str, value: Any, low: int, what: str = "an integer") -> None:

@@ -74,10 +74,12 @@ class LocalBroker:
     Args:
         startup_timeout: seconds to wait until it answers a metadata request.
         log_path: file for its stdout and stderr (default: a temporary file, removed by ``stop()``).
+        port: the port to listen on (default: a free one).
     """
 
-    def __init__(self, startup_timeout: float = 15.0, log_path: Path | None = None) -> None:
+    def __init__(self, startup_timeout: float = 15.0, log_path: Path | None = None, port: int | None = None) -> None:
         self.startup_timeout = startup_timeout
+        self.port = port
         self._log_path = log_path
         self._tmpdir: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -138,7 +140,7 @@ class LocalBroker:
     advertised_port: int | None = None
 
     def _launch(self, binary: Path) -> None:
-        self._port = _free_port()
+        self._port = self.port or _free_port()
         url = f"tcp://127.0.0.1:{self._port}"
         advertised = f"tcp://127.0.0.1:{self.advertised_port}" if self.advertised_port else url
         cmd = [

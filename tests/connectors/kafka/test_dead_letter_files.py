@@ -12,6 +12,7 @@ import pytest
 from sluice.connectors.kafka import KafkaSource
 from sluice.sinks.files import FileSink
 
+from tests import listing
 from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
@@ -38,7 +39,7 @@ def test_dead_letter_json_files_show_the_record_as_text(
     stream.sink(FileSink(str(tmp_path / "out"), format="json"))
     stream.side_output("dead_letters").sink(FileSink(str(tmp_path / "dead"), format="json"), name="dead")
     p.run(runtime="local", restore="none")
-    files = [f for f in (tmp_path / "dead").rglob("*.jsonl") if not f.name.startswith((".", "_"))]
+    files = [f for f in listing.file_paths(tmp_path / "dead", "*.jsonl") if not f.name.startswith((".", "_"))]
     rows = sorted((json.loads(line) for f in files for line in f.read_text().splitlines()), key=lambda r: r["offset"])
     assert [r["offset"] for r in rows] == [1, 2]
     text, raw = rows

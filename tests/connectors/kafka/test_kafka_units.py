@@ -200,7 +200,8 @@ def test_idle_partition_is_left_out() -> None:
         ({"format": "json", "schema_sample_size": -1}, "schema_sample_size must be an integer >= 0"),
         ({"max_prefetch_bytes": 1000}, "max_prefetch_bytes must be an integer >= 4 MiB"),
         ({"fetch_thread": "yes"}, "fetch_thread must be True or False"),
-        ({"idle_timeout_s": -1}, "idle_timeout_s must be a number of seconds > 0 or None"),
+        ({"idle_timeout_s": -1}, "KafkaSource: idle_timeout_s: must be a duration > 0"),
+        ({"idle_timeout_s": "soon"}, "KafkaSource: idle_timeout_s: 'soon' is not a duration"),
     ],
 )
 def test_validate_names_the_option(kwargs: dict[str, object], message: str) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 from sluice.api import JobResult
 from sluice.runtime.fault_hook import FaultHook
 
-from tests.faults.shapes import SHAPE, Shape, run_shape
+from tests.faults.expected import expected_rows
+from tests.faults.shapes import SHAPE, Shape, inputs_of, run_shape
 
 
 def shape_named(name: str) -> Shape:
@@ -33,7 +34,6 @@ def run_shape_on(
 
 @functools.cache
 def reference(shape_name: str, seed: int) -> tuple[tuple[Any, ...], ...]:
-    """The committed output of a failure-free in-process run."""
-    rows, _ = run_shape_on("local", shape_named(shape_name), seed)
-    return tuple(rows)
+    """What the shape must commit, computed from its input in plain Python (tests/faults/expected.py)."""
+    return expected_rows(shape_name, inputs_of(shape_named(shape_name), seed))
 

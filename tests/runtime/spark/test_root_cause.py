@@ -10,6 +10,7 @@ and the user's exception must still be the root cause, with the others attached.
 
 from __future__ import annotations
 
+import re
 import tempfile
 import threading
 import time
@@ -91,7 +92,10 @@ def test_user_error_is_the_root_cause_of_the_failed_job(spark: Any, monkeypatch:
         p.run(runtime="spark", restore="none")
     assert held.overtaken == [True], "the slot's report was not overtaken by another failure"
     root, _, others = str(info.value).partition("root cause: ")[2].partition("; also failed: ")
-    assert "UserFunctionError: operator 'picky' failed: ValueError: bad row in split 1" in root, root
+    # the user's file and line, found on the executor, travel with the error to the driver
+    line = _fails_in_slot_1.__code__.co_filename
+    assert f"UserFunctionError: operator 'picky' failed at {line}:" in root, root
+    assert re.search(r"\(in _fails_in_slot_1\): ValueError: bad row in split 1", root), root
     assert others, "the failures the user's error caused are not attached"
     cause = info.value.__cause__
     assert type(cause).__name__ not in ("SlotLostError", "SparkStageError", "NoneType"), root

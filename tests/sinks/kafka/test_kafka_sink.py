@@ -78,7 +78,7 @@ def test_json_values_keys_headers_partitions_and_timestamps(broker: TansuBroker,
         "ts": pa.array([1_700_000_000_000 + i for i in range(40)], pa.int64()),
         "trace": [f"trace-{i}" for i in range(40)],
     })  # fmt: skip
-    sink = KafkaSink(broker.bootstrap, t, key="user", header_columns=["trace"], headers={"source": "sluice"},
+    sink = KafkaSink(broker.bootstrap, t, key_columns="user", header_columns=["trace"], headers={"source": "sluice"},
                      timestamp_column="ts")  # fmt: skip
     drive(sink, [rows])
     got = read_topic(broker, t)
@@ -104,14 +104,14 @@ def test_json_of_other_types_raw_values_and_a_partition_column(broker: TansuBrok
         "tags": [["a", "b"], [], None],
         "p": pa.array([2, 0, 1], pa.int32()),
     })  # fmt: skip
-    drive(KafkaSink(broker.bootstrap, t, partition_by="p", key=["p", "price"], key_format="json"), [rows])
+    drive(KafkaSink(broker.bootstrap, t, partition_by="p", key_columns=["p", "price"], key_format="json"), [rows])
     got = sorted(read_topic(broker, t), key=lambda r: r.partition)
     assert [r.partition for r in got] == [0, 1, 2]
     assert json.loads(got[2].value) == {"when": "2024-01-02T03:04:05+00:00", "price": "1.25", "tags": ["a", "b"]}  # type: ignore[arg-type]
     assert json.loads(got[2].key) == {"p": 2, "price": "1.25"}  # type: ignore[arg-type]
     raw = topic(1)
     payload = pa.record_batch({"k": ["a", "b"], "blob": [b"\x00\x01", b"\xff"]})
-    drive(KafkaSink(broker.bootstrap, raw, key="k", value_format="raw", value_columns=["blob"]), [payload])
+    drive(KafkaSink(broker.bootstrap, raw, key_columns="k", value_format="raw", value_columns=["blob"]), [payload])
     assert sorted((r.key, r.value) for r in read_topic(broker, raw)) == [(b"a", b"\x00\x01"), (b"b", b"\xff")]
 
 
@@ -278,7 +278,8 @@ def test_options_are_checked_in_one_line(broker: TansuBroker, tmp_path: Path) ->
     cases: list[tuple[dict[str, Any], str]] = [
         ({"delivery": "twice"}, "delivery"),
         ({"value_format": "avro"}, "schema_registry"),
-        ({"key": ["a", "b"]}, "key_format 'raw' takes one key column"),
+        ({"key_columns": ["a", "b"]}, "key_format 'raw' takes one key column"),
+        ({"key": ["a"]}, "KafkaSink: key= is now key_columns= (one name for the key columns of every sink)"),
         ({"producer_config": {"lingerr.ms": 5}}, "lingerr.ms"),
         ({"producer_config": {"transactional.id": "x"}}, "transactional_id_prefix"),
         ({"schema_registry": "http://user:pw@reg:8081"}, "username and password"),
@@ -294,8 +295,8 @@ def test_options_are_checked_in_one_line(broker: TansuBroker, tmp_path: Path) ->
     p = Pipeline("bad-columns", checkpoint={"storage": str(tmp_path / "chk")})
     stream = p.source(KafkaSource(broker.bootstrap, "t", format="json", schema=pa.schema([("id", pa.int64())])))
     with pytest.raises(ConfigError) as err:
-        stream.sink(KafkaSink(broker.bootstrap, "t", key="nope"))
-    assert "key names column(s) ['nope']" in str(err.value)
+        stream.sink(KafkaSink(broker.bootstrap, "t", key_columns="nope"))
+    assert "key_columns names column(s) ['nope']" in str(err.value)
 
 
 def test_a_missing_topic_fails_at_once_naming_it(broker: TansuBroker, tmp_path: Path) -> None:

@@ -73,10 +73,14 @@ class Stream:
     batch: int = 25
     extra: int | None = None  # from this position on, batches carry the new column ``note``
 
+    def rows(self) -> Callable[[int, int, int], pa.RecordBatch]:
+        """The source's ``rows`` function."""
+        return functools.partial(change_rows, extra=self.extra)
+
     def source(self, rate: float | None = None, until: Callable[[], bool] | None = None) -> Any:
         """The stream as a source; given ``until``, its readers end their input only once ``until()`` holds
         (polled; ending anyway after ``HOLD_DEADLINE`` seconds, for the test's own check to fail)."""
-        rows = functools.partial(change_rows, extra=self.extra)
+        rows = self.rows()
         kw: dict[str, Any] = {
             "num_splits": self.splits,
             "records_per_split": self.per_split,
@@ -114,6 +118,29 @@ class Stream:
             replay(state, [change])
             out.setdefault(frozenset(state.items()), n)
         return out
+
+
+def plain_rows(split: int, start: int, end: int) -> pa.RecordBatch:
+    """Changes ``start..end`` of ``split`` as plain rows, as a keyed JSON topic or a window's results carry
+    them: no change columns, no key metadata, the deletes left out (each other change is a row of its key)."""
+    b = change_rows(split, start, end)
+    keep = np.asarray(b.column(OP).to_numpy()) != int(Op.DELETE)
+    return b.filter(pa.array(keep)).drop_columns([OP, ORDER]).replace_schema_metadata(None)
+
+
+@dataclass(frozen=True)
+class PlainStream(Stream):
+    """The stream as plain rows (:func:`plain_rows`): into an upsert sink given ``key_columns``, the table
+    must hold the last row per key of the input, and every version a per-split prefix of it."""
+
+    def rows(self) -> Callable[[int, int, int], pa.RecordBatch]:
+        return plain_rows
+
+    def split_changes(self, split: int) -> list[tuple[int, int, Row]]:
+        """``(key, insert, row)`` of ``split``'s rows in source order (read from the batches)."""
+        b = plain_rows(split, 0, self.per_split)
+        rows = zip(b.column("name").to_pylist(), b.column("amount").to_pylist(), strict=True)
+        return [(k, int(Op.INSERT), r) for k, r in zip(b.column("id").to_pylist(), rows, strict=True)]
 
 
 #: seconds a source given ``until`` holds its end of input at most
@@ -232,13 +259,17 @@ def pipeline(
     checkpoint: dict[str, Any] | None = None,
     until: Callable[[], bool] | None = None,
     source: Any = None,
+    sink_parallelism: int | None = None,
 ) -> Pipeline:
     """source -> sink, chained (the writers see each split's changes in source order); ``until``: see
-    :meth:`Stream.source`; ``source``: another source of the stream's changes (e.g. paced by checkpoints)."""
+    :meth:`Stream.source`; ``source``: another source of the stream's changes (e.g. paced by checkpoints);
+    ``sink_parallelism``: the sink's, if not the source's (plain rows then cross a hash exchange)."""
     p = Pipeline(
         name,
         checkpoint=CheckpointConfig(interval=interval, storage=f"{directory}/chk", **(checkpoint or {})),
         restart=FixedDelayRestart(attempts=attempts, delay=0.0) if attempts else NoRestart(),
     )
-    p.source(source or stream.source(rate, until), parallelism=parallelism).sink(sink, parallelism=parallelism)
+    p.source(source or stream.source(rate, until), parallelism=parallelism).sink(
+        sink, parallelism=sink_parallelism or parallelism
+    )
     return p

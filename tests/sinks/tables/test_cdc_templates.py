@@ -32,7 +32,7 @@ def test_the_templates_build_an_upsert_job_without_a_broker(template: str, tmp_p
     (kafka,) = [s for s in specs if type(s).__name__ == "KafkaSource"]
     assert kafka.options.format == "debezium-json" and kafka.topics == ["dbserver1.inventory.customers"]
     (table,) = [s for s in specs if type(s).__name__ in ("DeltaSink", "IcebergSink")]
-    assert table.mode == "upsert" and table.schema_mode == "merge" and table.keys == []
+    assert table.mode == "upsert" and table.schema_mode == "merge" and table.key_columns == []
 
 
 def change_events(rng: random.Random, partition: int, n: int) -> tuple[list[tuple[bytes, bytes | None]], dict[int, Any]]:

@@ -75,3 +75,18 @@ def test_an_existing_table_partitioned_otherwise_is_refused_naming_both_specs(tm
     src, same = job(target.sink(), tmp_path)  # no partition_by: the table's spec is used
     same.run(runtime="local", restore="none", allow_reprocessing=True)
     assert ids(target.read()) == ids(src.expected())
+
+
+def test_the_docs_name_the_transforms_the_sink_takes() -> None:
+    """docs/tables.md's Limits list the Iceberg transforms offered and those not offered: as the code has them
+    (it said bucket was not offered while the same page offered it, as the code does)."""
+    import re
+
+    from sluice.sinks.iceberg.partitioning import TRANSFORMS
+
+    text = " ".join((Path(__file__).resolve().parents[3] / "docs" / "tables.md").read_text().split())
+    m = re.search(r"Iceberg transforms: (.+?) \(([^()]+?) (?:is|are) not offered\)", text)
+    assert m, "docs/tables.md no longer lists the Iceberg transforms in its Limits"
+    names = r"\b(identity|year|month|day|hour|bucket|truncate|void)\b"
+    offered, refused = set(re.findall(names, m[1])), set(re.findall(names, m[2]))
+    assert offered == set(TRANSFORMS) and not refused & set(TRANSFORMS), (offered, refused)

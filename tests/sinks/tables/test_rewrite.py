@@ -11,6 +11,7 @@ from pathlib import Path
 from sluice.sink import CommitOutcome
 from sluice.sinks.tables import RewritePolicy
 
+from tests import listing
 from tests.sinks.tables.helpers import Target, completed, ids
 from tests.sinks.tables.paced import Paced
 from tests.sinks.tables.test_commits import GCtx, precommit
@@ -105,7 +106,7 @@ def test_an_iceberg_rewrite_whose_files_a_merge_replaced_takes_its_turn_holding_
     for cid in range(1, 5):  # four small files: keys 100-109, 200-209, 300-309, 400-409
         up.checkpoint(cid, upserts(range(cid * 100, cid * 100 + 10), cid * 1000))
         apply_in_order(ref, upserts(range(cid * 100, cid * 100 + 10), cid * 1000))
-    sink = up.target.sink(mode="upsert", keys=["id"])
+    sink = up.target.sink(mode="upsert", key_columns=["id"])
     lock = threading.Lock()
     data = tmp_path / "lake" / "warehouse" / "db" / "events" / "data"
     done: list[int] = []
@@ -121,7 +122,7 @@ def test_an_iceberg_rewrite_whose_files_a_merge_replaced_takes_its_turn_holding_
         th = threading.Thread(target=rewrite)
         th.start()
         deadline = time.monotonic() + 120
-        while not list(data.rglob("rewrite-*.parquet")):
+        while not listing.file_paths(data, "rewrite-*.parquet"):  # listed while the rewrite writes there
             assert th.is_alive() and time.monotonic() < deadline, (done, errors)
             time.sleep(0.01)
         change = Change(205, Op.UPDATE, "moved on", -1.0, 9000)  # replaces the file of keys 200-209
@@ -133,4 +134,4 @@ def test_an_iceberg_rewrite_whose_files_a_merge_replaced_takes_its_turn_holding_
     assert sum(1 for s in snaps if s.summary and "sluice.rewrite" in s.summary.additional_properties) == 1
     assert up.state() == ref
     assert len(up.target.files()) == 1
-    assert len(list(data.rglob("rewrite-*.parquet"))) == 1, "the stale merged file was left behind"
+    assert len(listing.file_paths(data, "rewrite-*.parquet")) == 1, "the stale merged file was left behind"

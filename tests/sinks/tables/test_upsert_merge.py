@@ -140,6 +140,45 @@ def test_new_nullable_columns_join_the_table_in_merge_mode_and_are_refused_in_st
     assert merging.checkpoint(3, [Change(1, Op.UPDATE, "a3", 1.5, 5)]) is CommitOutcome.COMMITTED  # without it
 
 
+def _schemas(target: Target) -> list[list[str]]:
+    """The columns of every version (Delta) or snapshot (Iceberg) of the table, oldest first."""
+    if target.kind == "delta":
+        from deltalake import DeltaTable
+
+        last = target.delta_table().version()
+        return [
+            DeltaTable(f"{target.root}/table", version=v, storage_options=target._delta_options()).schema().to_arrow().names
+            for v in range(last + 1)
+        ]
+    table = target.iceberg_table()
+    schemas = table.schemas()
+    return [[f.name for f in schemas[snap.schema_id].fields] for snap in table.snapshots()]
+
+
+def test_a_new_column_joins_the_table_with_the_merge_that_brings_it_never_before(local_target: Target) -> None:
+    """The column a checkpoint's changes add lands in the merge's own commit. It was a commit of its own
+    before the merge (Delta ``alter``, Iceberg ``update_schema``): a crash between the two, and the restored
+    job's table had a column that no committed change carried, before the job had read one again."""
+    up = Upserts(local_target, schema_mode="merge")
+    up.checkpoint(1, [Change(1, Op.INSERT, "a", 1.0, 1), Change(2, Op.INSERT, "b", 2.0, 2)])
+    f = up.stage(2, with_note([Change(2, Op.UPDATE, "b2", 2.5, 3), Change(3, Op.INSERT, "c", 3.0, 4)]))
+
+    def crash(point: str) -> None:
+        if point == "table_commit":
+            raise RuntimeError("crash before the merge's commit")
+
+    with pytest.raises(RuntimeError, match="crash before"):
+        up.commit(2, [f], crash)
+    assert "note" not in local_target.read().column_names  # what the restored job finds
+    assert all("note" not in columns for columns in _schemas(local_target)), _schemas(local_target)
+    up.engine = up.make_engine()  # the restored attempt's committer merges checkpoint 2 again
+    assert up.commit(2, [f]) is CommitOutcome.COMMITTED
+    schemas = _schemas(local_target)
+    assert "note" in schemas[-1] and all("note" not in columns for columns in schemas[:-1]), schemas
+    got = {r["id"]: r for r in local_target.read().to_pylist()}
+    assert (got[1]["note"], got[2]["note"], got[3]["note"]) == (None, "note-2", "note-3")
+
+
 def concurrent_compaction(target: Target) -> Any:
     """A hook that, the first time a merge is about to commit, compacts the table in another commit:
     every file the merge read is replaced by a merged one (Delta ``optimize``; Iceberg the sink's rewrite)."""

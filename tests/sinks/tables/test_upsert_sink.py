@@ -18,14 +18,24 @@ from sluice.changes import OP, ORDER, with_keys
 from sluice.sinks.delta import DeltaSink
 from sluice.sinks.iceberg import IcebergSink
 
-from tests.sinks.tables.cdc import Stream, change_rows, check_versions, pipeline, table_state, version_states
+from tests.sinks.tables.cdc import (
+    KEYS_PER_SPLIT,
+    PlainStream,
+    Stream,
+    change_rows,
+    check_versions,
+    pipeline,
+    table_state,
+    version_states,
+)
 from tests.sinks.tables.helpers import Target
 from tests.sinks.tables.paced import Paced
 
 CHANGES = with_keys(
     pa.schema([("id", pa.int64()), ("name", pa.string()), (OP, pa.int8()), (ORDER, pa.int64())]).empty_table(), ["id"]
 ).schema
-PLAIN = CHANGES.remove_metadata()
+PLAIN = CHANGES.remove_metadata()  # a change stream that does not name its keys
+ROWS = pa.schema([("id", pa.int64()), ("name", pa.string())])  # plain rows
 
 
 @pytest.mark.parametrize(
@@ -33,17 +43,29 @@ PLAIN = CHANGES.remove_metadata()
     [
         (lambda: DeltaSink("/tmp/x", mode="merge"), "DeltaSink: mode must be one of append, upsert (got 'merge')"),
         (lambda: IcebergSink("db.t", warehouse="/tmp/w", mode="x"), "IcebergSink: mode must be one of append, upsert"),
-        (lambda: DeltaSink("/tmp/x", keys=["id"]), "DeltaSink: keys is for mode='upsert' only (got mode='append')"),
-        (lambda: DeltaSink("/tmp/x", mode="upsert", keys=["id", "id"]), "keys must be distinct column names"),
-        (lambda: IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", keys=[""]), "keys must be distinct column"),
+        (lambda: DeltaSink("/tmp/x", key_columns=["id"]), "DeltaSink: key_columns is for mode='upsert' only (got mode='append')"),
+        (lambda: DeltaSink("/tmp/x", mode="upsert", key_columns=["id", "id"]), "key_columns must be distinct column names"),
+        (lambda: IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", key_columns=[""]), "key_columns must be distinct column"),
         (
-            lambda: DeltaSink("/tmp/x", mode="upsert", keys=["k"], schema=pa.schema([("id", pa.int64())])),
-            "keys names column(s) ['k'] not in schema",
+            lambda: DeltaSink("/tmp/x", mode="upsert", key_columns=["k"], schema=pa.schema([("id", pa.int64())])),
+            "key_columns names column(s) ['k'] not in schema",
         ),
-        (lambda: DeltaSink("/tmp/x", mode="upsert").validate_schema(PLAIN), "mode='upsert' needs keys=[...]"),
+        (lambda: DeltaSink("/tmp/x", mode="upsert").validate_schema(PLAIN), "mode='upsert' needs key_columns=[...]"),
         (
-            lambda: IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", keys="k").validate_schema(CHANGES),
+            lambda: IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", key_columns="k").validate_schema(CHANGES),
             "the stream lacks ['k']",
+        ),
+        (
+            lambda: DeltaSink("/tmp/x", mode="upsert", key_columns="k").validate_schema(ROWS),
+            "mode='upsert' takes rows with the key column(s) ['k']; the stream lacks ['k']",
+        ),
+        (  # the old names: one line naming the new one
+            lambda: DeltaSink("/tmp/x", mode="upsert", keys=["id"]),
+            "DeltaSink: keys= is now key_columns= (one name for the key columns of every sink): key_columns=['id']",
+        ),
+        (
+            lambda: IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", keys="id"),
+            "IcebergSink: keys= is now key_columns=",
         ),
         (
             lambda: DeltaSink("/tmp/x", mode="upsert").validate_schema(CHANGES.remove(3)),
@@ -64,10 +86,14 @@ def test_wrong_upsert_options_name_the_option_in_one_line(build: Any, message: s
 
 def test_keys_given_or_named_by_the_change_format_pass_the_build_checks() -> None:
     DeltaSink("/tmp/x", mode="upsert").validate_schema(CHANGES)  # keys from the schema's metadata
-    DeltaSink("/tmp/x", mode="upsert", keys="id").validate_schema(PLAIN)
-    sink = IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", keys=["id"], partition_by=["bucket(8, id)"])
+    DeltaSink("/tmp/x", mode="upsert", key_columns="id").validate_schema(PLAIN)
+    sink = IcebergSink("db.t", warehouse="/tmp/w", mode="upsert", key_columns=["id"], partition_by=["bucket(8, id)"])
     sink.validate_schema(PLAIN)
-    assert sink.keys == ["id"] and sink.mode == "upsert" and "mode='upsert'" in repr(sink)
+    assert sink.key_columns == ["id"] and sink.mode == "upsert" and "mode='upsert'" in repr(sink)
+    # plain rows cross a hash exchange on the key columns; a change stream keeps its partitioning
+    sink.validate_schema(ROWS)
+    assert sink.input_key_columns(ROWS) == ["id"] and sink.input_key_columns(None) == ["id"]
+    assert sink.input_key_columns(PLAIN) is None and DeltaSink("/tmp/x").input_key_columns(None) is None
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
@@ -77,9 +103,25 @@ def test_keys_given_to_the_sink_when_the_stream_names_none(kind: str, tmp_path: 
     q = Pipeline("plain", checkpoint=CheckpointConfig(interval=0.05, storage=str(tmp_path / "chk")))
     q.source(stream.source(), parallelism=2).map_batches(  # the change format's metadata removed
         lambda b: b.replace_schema_metadata(None)
-    ).sink(target.sink(mode="upsert", keys=["id"]), parallelism=2)
+    ).sink(target.sink(mode="upsert", key_columns=["id"]), parallelism=2)
     q.run(runtime="local")
     assert table_state(target.read()) == stream.final()
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_plain_rows_upsert_their_key(kind: str, tmp_path: Path) -> None:
+    """Plain rows (no change columns: a keyed JSON topic, a window's results) into ``mode="upsert",
+    key_columns=["id"]``: each row an upsert of its key. The table equals the last row per key of the input
+    (a dict the rows are written into in order), and every version is a checkpoint's cut of it; the sink
+    runs at another parallelism than the source, so the rows cross the hash exchange on the key columns
+    that keeps a key's rows in one writer, in order. (Before, such a stream was refused at build time.)"""
+    target = Target(kind, str(tmp_path / "lake"), {}, str(tmp_path))
+    stream = PlainStream(splits=3, per_split=600, batch=4)  # a key recurs in many batches of one checkpoint
+    sink = target.sink(mode="upsert", key_columns=["id"])
+    p = pipeline(stream, sink, str(tmp_path), parallelism=3, rate=2000.0, sink_parallelism=2)
+    assert p.run(runtime="local").status == "finished"
+    assert table_state(target.read()) == stream.final() and len(stream.final()) == 3 * KEYS_PER_SPLIT
+    assert check_versions(stream, target) >= 2
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
@@ -93,7 +135,7 @@ def test_a_stream_naming_no_keys_into_a_sink_given_none_fails_at_once(kind: str,
     q.source(Stream(splits=1, per_split=50).source()).map_batches(
         lambda b: b.replace_schema_metadata(None)
     ).sink(target.sink(mode="upsert"))
-    with pytest.raises(JobFailedError, match="no keys="):
+    with pytest.raises(JobFailedError, match="no key_columns="):
         q.run(runtime="local")
 
 

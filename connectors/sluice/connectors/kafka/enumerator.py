@@ -185,7 +185,7 @@ class KafkaSplitEnumerator(SplitEnumerator):
             reached = self.run.brokers_reached
             raise KafkaSourceError(
                 f"KafkaSource {src.name!r}: cannot reach the Kafka brokers at {src.bootstrap_servers!r} "
-                f"within {src.request_timeout_s}s ({exc.args[0].str() if exc.args else exc}). Check "
+                f"within {src.request_timeout_s:g}s ({exc.args[0].str() if exc.args else exc}). Check "
                 "bootstrap_servers and the connection/security settings in consumer_config."
                 + ("" if reached else " (never reached since the job started: failing at once)"),
                 recoverable=reached,

@@ -30,7 +30,7 @@ from sluice.connectors.kafka.formats import FORMATS, Decoder, Format, format_nam
 from sluice.connectors.kafka.formats.messages import METADATA_FIELDS
 from sluice.connectors.kafka.formats.schema_registry import SchemaRegistry
 from sluice.connectors.kafka.offsets import OffsetsInitializer
-from sluice.connectors.options import convert, is_count, must
+from sluice.connectors.options import convert, duration, is_count, must
 from sluice.errors import ConfigError
 
 __all__ = ["DEAD_LETTERS", "ON_BAD_RECORD", "READERS", "KafkaSourceOptions"]
@@ -43,10 +43,6 @@ DEAD_LETTERS = "dead_letters"
 
 
 _must = functools.partial(must, "KafkaSource")
-
-
-def _is_seconds(v: Any) -> bool:
-    return isinstance(v, int | float) and v > 0
 
 
 def _pattern(v: Any) -> Any:
@@ -91,9 +87,7 @@ def _is_format(v: Any) -> bool:
 
 
 _Flag = Annotated[bool, SkipValidation, _must("True or False", lambda v: isinstance(v, bool))]
-_SecondsOrNone = Annotated[
-    float | None, SkipValidation, _must("a number of seconds > 0 or None", lambda v: v is None or _is_seconds(v))
-]
+_SecondsOrNone = Annotated[float | None, SkipValidation, duration("KafkaSource", none=True)]
 
 _Count0 = Annotated[int, SkipValidation, _must("an integer >= 0", is_count(0))]
 _Count1 = Annotated[int, SkipValidation, _must("an integer >= 1", is_count(1))]
@@ -176,7 +170,7 @@ class KafkaSourceOptions(_Frozen):
         SkipValidation,
         _must("'kafka' (the message timestamp), a column name, or None", lambda v: v is None or _is_text(v)),
     ] = None
-    max_out_of_orderness_ms: _Count0 = 0
+    max_out_of_orderness_ms: Annotated[int, SkipValidation, duration("KafkaSource", bare="ms", sign="non-negative")] = 0
     idle_timeout_s: _SecondsOrNone = None
     discovery_interval_s: _SecondsOrNone = 10.0
     fail_on_data_loss: _Flag = True
@@ -191,12 +185,13 @@ class KafkaSourceOptions(_Frozen):
         int,
         SkipValidation,
         _must("an integer in 0..50 (checkpoints wait for poll_next)", lambda v: isinstance(v, int) and 0 <= v <= 50),
+        duration("KafkaSource", bare="ms", sign="non-negative"),
     ] = 20
     fetch_thread: _Flag = True
     max_prefetch_bytes: Annotated[
         int, SkipValidation, _must("an integer >= 4 MiB (4194304)", is_count(4 * 1024 * 1024))
     ] = 64 * 1024 * 1024
-    request_timeout_s: Annotated[float, SkipValidation, _must("a number of seconds > 0", _is_seconds)] = 10.0
+    request_timeout_s: Annotated[float, SkipValidation, duration("KafkaSource")] = 10.0
     broker_unavailable_timeout_s: _SecondsOrNone = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S
     reader: Annotated[
         Literal["auto", "native", "python"], SkipValidation, _must(f"one of {READERS}", lambda v: v in READERS)

@@ -18,6 +18,7 @@ from sluice.connectors.kafka.formats.schema_registry import SchemaRegistry
 from sluice.connectors.kafka.offsets import OffsetsInitializer, RunState
 from sluice.connectors.kafka.options import READERS, KafkaSourceOptions
 from sluice.connectors.options import OptionAttributes
+from sluice.durations import Duration
 from sluice.errors import ConfigError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.source import (
@@ -95,7 +96,10 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
             timestamp); None = no watermarks.
         max_out_of_orderness_ms: watermark = max timestamp seen in a partition minus this.
         idle_timeout_s: a partition without records for this long is left out of the watermark; None = never.
-        discovery_interval_s: seconds between checks for new partitions and topics (unbounded); None = off.
+        discovery_interval_s: time between checks for new partitions and topics (unbounded); None = off.
+
+        Durations (:mod:`sluice.durations`) are ``"30 s"``, ``"5 min"``, a timedelta, or a bare number in the
+        unit the option's name ends with (``idle_timeout_s=3``, ``max_out_of_orderness_ms=5000``).
         fail_on_data_loss: raise KafkaDataLossError when a position is out of range (records deleted); if
             False, log, count ``data_loss_resets`` and continue from the earliest offset.
         consumer_config: librdkafka settings (security: ``security.protocol``, ``sasl.*``, ``ssl.*``; fetch
@@ -147,17 +151,17 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         on_bad_record: str = "fail",
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         event_time: str | None = None,
-        max_out_of_orderness_ms: int = 0,
-        idle_timeout_s: float | None = None,
-        discovery_interval_s: float | None = 10.0,
+        max_out_of_orderness_ms: Duration = 0,
+        idle_timeout_s: Duration | None = None,
+        discovery_interval_s: Duration | None = 10.0,
         fail_on_data_loss: bool = True,
         consumer_config: Mapping[str, Any] | None = None,
         batch_size: int = 10_000,
-        poll_timeout_ms: int = 20,
+        poll_timeout_ms: Duration = 20,
         fetch_thread: bool = True,
         max_prefetch_bytes: int = 64 * 1024 * 1024,
-        request_timeout_s: float = 10.0,
-        broker_unavailable_timeout_s: float | None = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
+        request_timeout_s: Duration = 10.0,
+        broker_unavailable_timeout_s: Duration | None = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
         reader: str = "auto",
         name: str = "kafka",
     ) -> None:
@@ -199,7 +203,7 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
 
     @property
     def discovery_interval(self) -> float | None:
-        return self._given["discovery_interval_s"] if self.boundedness is Boundedness.CONTINUOUS else None
+        return self.options.discovery_interval_s if self.boundedness is Boundedness.CONTINUOUS else None
 
     def create_enumerator(self, ctx: EnumeratorContext, restored: Any | None) -> SplitEnumerator:
         from sluice.connectors.kafka.enumerator import KafkaSplitEnumerator

@@ -44,6 +44,11 @@ function secs(s) {
   return s >= 1 ? s.toFixed(2) + " s" : (s * 1000).toFixed(1) + " ms";
 }
 
+// a watermark (epoch milliseconds, the minimum over the vertex's subtasks) as UTC date and time
+function eventTime(ms) {
+  if (ms === null || ms === undefined) return "none yet";
+  return new Date(ms).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+}
 function pct(x) { return x === undefined ? "-" : Math.round(x * 100) + "%"; }
 
 // Paths are relative to the session's address (/s/<session>/), where its cookie is valid.
@@ -111,7 +116,7 @@ function renderGraph(graph, metrics) {
   };
   const columns = [];
   for (const v of graph.vertices) (columns[depthOf(v)] = columns[depthOf(v)] || []).push(v);
-  const W = 250, H = 96, GX = 70, GY = 24;
+  const W = 250, H = 112, GX = 70, GY = 24;
   const pos = new Map();
   columns.forEach((col, c) => col.forEach((v, r) => pos.set(v.id, { x: 10 + c * (W + GX), y: 10 + r * (H + GY) })));
   const rows = Math.max(...columns.map((c) => c.length));
@@ -133,14 +138,17 @@ function renderGraph(graph, metrics) {
     g.appendChild(el("rect", { width: W, height: H, rx: 6, class: "box" }));
     const name = v.name.length > 34 ? v.name.slice(0, 33) + "…" : v.name;
     g.appendChild(el("text", { x: 10, y: 20, class: "vname" }, name));
+    // a sink emits nothing downstream: what it writes is its rate (rows handed to the sink's writers)
+    const out = v.sink ? `written ${num(r.sink_records_per_s)}/s` : `out ${num(r.records_out_per_s)}/s`;
     g.appendChild(el("text", { x: 10, y: 42, class: "vstat" },
-      `×${v.parallelism} · in ${num(r.records_in_per_s)}/s · out ${num(r.records_out_per_s)}/s · ${num(t.records_in)} total`));
+      `×${v.parallelism} · in ${num(r.records_in_per_s)}/s · ${out} · ${num(t.records_in)} total`));
     const lag = (t.gauges || {}).kafka_lag_records;
     const extra = lag !== undefined ? ` · lag ${num(lag)}` : "";
     g.appendChild(el("text", { x: 10, y: 62, class: "vstat" }, `busy ${pct(r.busy)} · backpressured ${pct(r.backpressured)}${extra}`));
+    g.appendChild(el("text", { x: 10, y: 82, class: "vstat vwatermark" }, `watermark ${eventTime(t.watermark)}`));
     const bp = r.backpressured || 0;
-    g.appendChild(el("rect", { x: 10, y: 72, width: W - 20, height: 12, rx: 3, class: "bp-track" }));
-    g.appendChild(el("rect", { x: 10, y: 72, width: Math.max(0, (W - 20) * bp), height: 12, rx: 3,
+    g.appendChild(el("rect", { x: 10, y: 90, width: W - 20, height: 12, rx: 3, class: "bp-track" }));
+    g.appendChild(el("rect", { x: 10, y: 90, width: Math.max(0, (W - 20) * bp), height: 12, rx: 3,
       class: "bp " + (bp > 0.5 ? "high" : bp > 0.1 ? "mid" : "low") }));
     svg.appendChild(g);
   }

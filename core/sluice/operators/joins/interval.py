@@ -1,9 +1,10 @@
 """Interval join (``Stream.interval_join``): pairs of a left and a right record with the same key whose
-times satisfy ``right.t - lower <= left.t <= right.t + upper`` (Flink's interval join).
+times satisfy ``left.t + lower <= right.t <= left.t + upper`` (Flink's ``left.intervalJoin(right).between(
+lower, upper)``; either bound may be negative).
 
 Each side's records wait in an Arrow buffer of the operator until no future record of the other side can
-match them: a left record until the watermark passes ``left.t + lower``, a right record until it passes
-``right.t + upper``. A record joins the other side's buffer when it arrives (one hash join per batch,
+match them: a left record until the watermark passes ``left.t + upper``, a right record until it passes
+``right.t - lower``. A record joins the other side's buffer when it arrives (one hash join per batch,
 ``pyarrow``), so every pair is emitted exactly once, when its second record arrives. Records behind the
 watermark (late) are dropped and counted (``late_records_dropped``), as in Flink. The buffers are
 checkpointed whole, as Arrow IPC in the operator's state, and split by key group on restore.
@@ -26,7 +27,7 @@ _T = "__sluice_t"
 
 
 class IntervalJoinOperator(Operator):
-    """Left (input 0) and right (input 1) records of one key within ``[-lower, +upper]`` of each other."""
+    """Left (input 0) and right (input 1) records of one key with ``right.t - left.t`` in ``[lower, upper]``."""
 
     operator_state_distribution = "union"
 
@@ -59,7 +60,7 @@ class IntervalJoinOperator(Operator):
 
     def _bound(self, side: int) -> int:
         """How far past a record's time of ``side`` a record of the other side may still match it."""
-        return self.lower if side == 0 else self.upper
+        return self.upper if side == 0 else -self.lower
 
     def _update_expiry(self, side: int) -> None:
         buf = self.buffers[side]
@@ -98,7 +99,7 @@ class IntervalJoinOperator(Operator):
             return
         lt = pairs.column(_T).to_numpy()
         rt = pairs.column("__rt").to_numpy()
-        ok = (rt - self.lower <= lt) & (lt <= rt + self.upper)
+        ok = (lt + self.lower <= rt) & (rt <= lt + self.upper)
         if not ok.any():
             return
         out = pairs.filter(pa.array(ok)).select([*(c for c in left.column_names if c != _T), *names.values()])

@@ -11,7 +11,9 @@ whose columns other than the key and the time are all null, as a Kafka tombstone
 * event time: both sides wait until the watermark (the minimum of both inputs) passes their time; then each
   left record joins the latest right row of its key whose time is at or before its own (Flink's event-time
   temporal join). The result does not depend on which input ran ahead: a left record that comes before its
-  dimension row in time finds none (inner: dropped, left: nulls) however the inputs interleave.
+  dimension row in time finds none (inner: dropped, left: nulls) however the inputs interleave. A table
+  side that delivers nothing for ``table_idle_timeout_s`` (a quiet topic) leaves the minimum until it
+  delivers again (:mod:`sluice.runtime.watermarks`), so the records go on joining the table as it is.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ class LatestJoinOperator(Operator):
         right_time: str | None = None,
         right_schema: pa.Schema | None = None,
         suffix: str = "_right",
+        table_idle_timeout_s: float | None = None,
     ) -> None:
         super().__init__(name)
+        if left_time is not None and table_idle_timeout_s is not None:
+            self.input_idle_timeouts = {1: table_idle_timeout_s}
         self.left_key, self.right_key = list(left_key), list(right_key)
         self.how = how
         self.left_time, self.right_time = left_time, right_time

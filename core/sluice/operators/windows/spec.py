@@ -2,21 +2,21 @@
 named as in Flink SQL / Spark / Quix Streams (``count``, ``sum``, ``min``, ``max``, ``mean``, ``first``,
 ``last``, ``count_distinct``, and :func:`agg` for a user function over Arrow arrays).
 
-Durations are milliseconds (int), a :class:`datetime.timedelta`, or a string such as ``"500ms"``, ``"30s"``,
-``"1m"``, ``"2h"``, ``"1d"``.
+Durations are :mod:`sluice.durations`: a string such as ``"500ms"``, ``"30 s"``, ``"1m"``, ``"2 h"``, a
+:class:`datetime.timedelta`, or a bare number of **seconds** (``Tumbling(60)`` is one minute).
 """
 
 from __future__ import annotations
 
 import builtins
-import datetime
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from sluice.durations import Duration, Sign
+from sluice.durations import to_ms as _to_ms
 from sluice.errors import ConfigError
 
 __all__ = [
@@ -38,28 +38,9 @@ __all__ = [
     "to_ms",
 ]
 
-Duration = int | str | datetime.timedelta
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|min|m|h|d)\s*$")
-
-
-def to_ms(value: Duration, what: str) -> int:
-    """``value`` in milliseconds (refused in one line, naming ``what``, unless it is a positive duration)."""
-    ms: int | None = None
-    if isinstance(value, bool):
-        ms = None
-    elif isinstance(value, int):
-        ms = value
-    elif isinstance(value, datetime.timedelta):
-        ms = int(value.total_seconds() * 1000)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        ms = int(m.group(1)) * _UNITS[m.group(2)]
-    if ms is None or ms < 0:
-        raise ConfigError(
-            f"{what}: expected a duration (milliseconds as int, a timedelta, or a string such as '500ms', '30s', "
-            f"'1m', '2h', '1d'), got {value!r}"
-        )
-    return ms
+def to_ms(value: Duration, what: str, *, sign: Sign = "non-negative") -> int:
+    """``value`` in whole milliseconds (:func:`sluice.durations.to_ms`; one ConfigError line naming ``what``)."""
+    return _to_ms(value, what, sign=sign)
 
 
 class WindowAssigner:
@@ -82,10 +63,8 @@ class Tumbling(WindowAssigner):
     kind = "tumbling"
 
     def __init__(self, size: Duration, offset: Duration = 0) -> None:
-        object.__setattr__(self, "size", to_ms(size, "Tumbling(size)"))
+        object.__setattr__(self, "size", to_ms(size, "Tumbling(size)", sign="positive"))
         object.__setattr__(self, "offset", to_ms(offset, "Tumbling(offset)"))
-        if self.size <= 0:
-            raise ConfigError(f"Tumbling(size): the size must be positive, got {size!r}")
 
     def describe(self) -> str:
         return f"tumbling {self.size} ms"
@@ -104,8 +83,8 @@ class Sliding(WindowAssigner):
     kind = "sliding"
 
     def __init__(self, size: Duration, slide: Duration, offset: Duration = 0) -> None:
-        object.__setattr__(self, "size", to_ms(size, "Sliding(size)"))
-        object.__setattr__(self, "slide", to_ms(slide, "Sliding(slide)"))
+        object.__setattr__(self, "size", to_ms(size, "Sliding(size)", sign="positive"))
+        object.__setattr__(self, "slide", to_ms(slide, "Sliding(slide)", sign="positive"))
         object.__setattr__(self, "offset", to_ms(offset, "Sliding(offset)"))
         if self.slide <= 0 or self.size <= 0 or self.size % self.slide:
             raise ConfigError(
@@ -127,9 +106,7 @@ class Session(WindowAssigner):
     kind = "session"
 
     def __init__(self, gap: Duration) -> None:
-        object.__setattr__(self, "gap", to_ms(gap, "Session(gap)"))
-        if self.gap <= 0:
-            raise ConfigError(f"Session(gap): the gap must be positive, got {gap!r}")
+        object.__setattr__(self, "gap", to_ms(gap, "Session(gap)", sign="positive"))
 
     def describe(self) -> str:
         return f"session gap {self.gap} ms"

@@ -24,7 +24,7 @@ from typing import Any
 
 import sluice.runtime.spark.messages as m
 import sluice.runtime.spark.rpc as rpc
-from sluice.errors import SluiceError
+from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.events import CheckpointBarrier
 from sluice.graph import SubtaskId
 from sluice.runtime.attempt import FailureKind, JobAttempt
@@ -226,8 +226,8 @@ class ControlServer:
                         self.all_registered.set()
             case m.Acknowledge(task=task, checkpoint_id=cid, handle=handle):
                 a.acknowledge(task, cid, handle)
-            case m.Decline(task=task, checkpoint_id=cid, reason=reason):
-                a.decline(task, cid, reason)
+            case m.Decline(task=task, checkpoint_id=cid, reason=reason, failure=failure):
+                a.decline(task, cid, reason, CheckpointFailureReason[failure])
             case m.EndOfInput(task=task):
                 a.end_of_input(task)
             case m.Finished(task=task, metrics=metrics):

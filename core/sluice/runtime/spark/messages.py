@@ -127,11 +127,13 @@ class Acknowledge(SlotMessage):
 
 @dataclass(frozen=True, slots=True)
 class Decline(SlotMessage):
-    """A subtask cannot complete checkpoint ``checkpoint_id``; the driver's coordinator aborts it."""
+    """A subtask cannot complete checkpoint ``checkpoint_id``; the driver's coordinator aborts it for
+    ``failure`` (a :class:`~sluice.errors.CheckpointFailureReason` name)."""
 
     task: SubtaskId
     checkpoint_id: int
     reason: str
+    failure: str = "DECLINED"
 
 
 @dataclass(frozen=True, slots=True)

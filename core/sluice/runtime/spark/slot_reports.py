@@ -10,7 +10,7 @@ import traceback
 from typing import Any, Protocol
 
 import sluice.runtime.spark.messages as m
-from sluice.errors import SluiceError
+from sluice.errors import CheckpointFailureReason, SluiceError
 from sluice.graph import SubtaskId
 from sluice.runtime.spark.slot_spec import SlotSpec
 
@@ -46,8 +46,14 @@ class SlotGateway:
     def acknowledge(self, task: SubtaskId, checkpoint_id: int, handle: dict[str, Any]) -> None:
         self._slot.send(m.Acknowledge(self._attempt, task, checkpoint_id, handle))
 
-    def decline(self, task: SubtaskId, checkpoint_id: int, reason: str) -> None:
-        self._slot.send(m.Decline(self._attempt, task, checkpoint_id, reason))
+    def decline(
+        self,
+        task: SubtaskId,
+        checkpoint_id: int,
+        reason: str,
+        failure: CheckpointFailureReason = CheckpointFailureReason.DECLINED,
+    ) -> None:
+        self._slot.send(m.Decline(self._attempt, task, checkpoint_id, reason, failure.name))
 
     def end_of_input(self, task: SubtaskId) -> None:
         self._slot.send(m.EndOfInput(self._attempt, task))

@@ -41,10 +41,9 @@ from sluice.state.changelog.capture import capture_for
 from sluice.state.changelog.format import FORMAT_VERSION, ChangelogPaths, SegmentRef, write_segment
 from sluice.state.config import StateBackendConfig
 from sluice.state.delegating import DelegatingKeyedStateBackend
-from sluice.state.local_recovery import new_mark
 from sluice.state.meta import StateMeta
 from sluice.state.spi import Handle, KeyedStateBackend, StateSnapshot
-from sluice.state.transfer import upload_file
+from sluice.state.transfer import new_mark, upload_file
 
 __all__ = ["ChangelogKeyedStateBackend"]
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.errors import ConfigError
+from sluice.state.canonical import entry_rows, split_entry_key
 from sluice.state.changelog.format import HEAP_SEGMENT, OP_ADD, OP_CLEAR, ROCKSDB_SEGMENT
 from sluice.state.meta import TIMER_STATES
 from sluice.state.spi import KeyedStateBackend
@@ -111,8 +112,6 @@ class HeapChangeCapture(ChangeCapture):
         return bool(self._be.has_changes())
 
     def rows(self, changes: Any) -> pa.Table:
-        from sluice.state.hashmap.backend import entry_rows, split_entry_key
-
         entries, timers, registered, _ = changes
         cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [])
 
@@ -143,11 +142,9 @@ class HeapChangeCapture(ChangeCapture):
 
 def capture_for(backend: KeyedStateBackend) -> ChangeCapture:
     """The change capture of a hashmap or RocksDB keyed backend (it starts recording now)."""
-    from sluice.state.hashmap.backend import HashMapKeyedStateBackend
-
-    if isinstance(backend, HashMapKeyedStateBackend):
+    if backend.backend_name == HeapChangeCapture.backend:
         return HeapChangeCapture(backend)
-    if hasattr(backend, "change_log") and hasattr(backend, "write_many"):
+    if backend.backend_name == RocksDBChangeCapture.backend:
         return RocksDBChangeCapture(backend)
     raise ConfigError(
         f"changelog checkpoints need the hashmap or rocksdb state backend (got {type(backend).__name__})"

@@ -35,12 +35,6 @@ from sluice.state.transfer import download_verified
 __all__ = ["restore_changelog"]
 
 
-def _backend_name(be: KeyedStateBackend) -> str:
-    from sluice.state.hashmap.backend import HashMapKeyedStateBackend
-
-    return "hashmap" if isinstance(be, HashMapKeyedStateBackend) else "rocksdb"
-
-
 def _check(handle: Handle, backend: str) -> None:
     if handle.get("version") != FORMAT_VERSION:
         raise RestoreError(f"changelog keyed state version {handle.get('version')} is not readable by this sluice")
@@ -73,7 +67,7 @@ def _segments(be: KeyedStateBackend, handle: Handle, schema: pa.Schema) -> Itera
 def restore_changelog(be: KeyedStateBackend, handles: Sequence[Handle]) -> None:
     """Load this subtask's key groups out of changelog (and plain) handles into ``be`` (a fresh hashmap or
     RocksDB keyed backend)."""
-    name = _backend_name(be)
+    name = be.backend_name
     logs = [h for h in handles if h.get("format") == "changelog"]
     for h in logs:
         _check(h, name)

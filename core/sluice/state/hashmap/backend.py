@@ -15,25 +15,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.errors import ConfigError, RestoreError
-from sluice.state.canonical import FORMAT_VERSION, SCHEMA, GroupWriter, canonical_groups, merged_meta
+from sluice.errors import RestoreError
+from sluice.state.canonical import (
+    FORMAT_VERSION,
+    SCHEMA,
+    GroupWriter,
+    canonical_groups,
+    entry_rows,
+    merged_meta,
+    split_entry_key,
+)
 from sluice.state.config import StateBackendConfig
 from sluice.state.hashmap.bulk import bulk_rows, state_column
 from sluice.state.hashmap.states import HeapBatchValueState, HeapListState, HeapMapState, HeapValueState
 from sluice.state.hashmap.tables import HeapTimerService, Table, TrackedTables
-from sluice.state.keycodec import decode_key, key_end, namespace_part
+from sluice.state.keycodec import binary_parts, decode_key, key_widths, namespace_part
 from sluice.state.keygroups import KeyGroupRange
-from sluice.state.meta import (
-    EVENT_TIMERS,
-    TIMER_STATES,
-    RegisteredState,
-    StateMeta,
-    check_compatible,
-    resolve,
-)
+from sluice.state.meta import EVENT_TIMERS, TIMER_STATES, RegisteredState, StateMeta
+from sluice.state.registration import RegisteringKeyedStateBackend
 from sluice.state.spi import (
     Handle,
-    KeyedStateBackend,
     StateBackend,
     StatePaths,
     StateSnapshot,
@@ -42,7 +43,7 @@ from sluice.state.spi import (
 )
 from sluice.state.transfer import FileTransfer
 
-__all__ = ["HashMapKeyedStateBackend", "HashMapStateBackend", "HeapChanges", "entry_rows", "split_entry_key"]
+__all__ = ["HashMapKeyedStateBackend", "HashMapStateBackend", "HeapChanges"]
 
 _TS = 8
 
@@ -57,30 +58,13 @@ HeapChanges = tuple[
 ]
 
 
-def split_entry_key(entry: bytes) -> tuple[bytes, bytes]:
-    """A table key's (key, namespace)."""
-    end = key_end(entry)
-    return entry[:end], entry[end + 2 :] if len(entry) > end else b""
-
-
-def entry_rows(reg: RegisteredState, value: Any) -> Iterator[tuple[bytes | None, bytes, int | None]]:
-    """One table entry's canonical rows ``(user key, value bytes, expiry)``: one per list element and map
-    entry."""
-    if reg.kind == "value":
-        items: Iterable[tuple[bytes | None, Any]] = [(None, value)]
-    elif reg.kind == "list":
-        items = [(None, x) for x in value]
-    else:
-        assert reg.key_serializer is not None
-        items = [(reg.key_serializer.encode(k), x) for k, x in value.items()]
-    encode = reg.serializer.encode
-    for uk, x in items:
-        v, expiry = x if reg.ttl is not None else (x, None)
-        yield uk, encode(v), expiry
-
-
-class HashMapKeyedStateBackend(KeyedStateBackend):
+class HashMapKeyedStateBackend(RegisteringKeyedStateBackend):
     """Keyed state of one operator subtask, in memory."""
+
+    backend_name = "hashmap"
+    handle_classes = {"value": HeapValueState, "list": HeapListState, "map": HeapMapState}
+    batch_class = HeapBatchValueState
+    ttl_layout_fixed = False  # a restore decodes values: a TTL may be added or removed
 
     def __init__(
         self,
@@ -92,9 +76,6 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
     ) -> None:
         super().__init__(key_groups, max_parallelism, transfer, paths, clock)
         self._tables: dict[str, TrackedTables] = {}
-        self._registered: dict[str, RegisteredState] = {}
-        self._handles: dict[str, Any] = {}
-        self._restored_meta: dict[str, StateMeta] = {}
         self._pending: dict[str, list[tuple[int, pa.Table]]] = {}  # restored, not yet read by a descriptor
         self._timers = HeapTimerService()
         self._cleanup: Iterator[int] | None = None
@@ -113,49 +94,25 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         ns = self._namespace
         return self._key_bytes if not ns else self._key_bytes + namespace_part(ns)
 
-    def _register(self, descriptor: Any) -> RegisteredState:
-        reg = self._registered.get(descriptor.name)
-        if reg is None:
-            reg = resolve(descriptor)
-            check_compatible(reg.name, self._restored_meta.get(reg.name), reg.meta, ttl_layout_fixed=False)
-            self._registered[reg.name] = reg
-            for kg, rows in self._pending.pop(reg.name, []):
-                self._load(reg, kg, rows)
-        elif resolve(descriptor).meta != reg.meta:
-            raise ConfigError(f"state {reg.name!r} is already used with another kind, serializer or TTL")
-        return reg
-
-    def state(self, descriptor: Any) -> Any:
-        h = self._handles.get(descriptor.name)
-        if h is not None and h.descriptor != descriptor:
-            self._register(descriptor)  # refuses another kind, serializer or TTL
-        if h is None:
-            reg = self._register(descriptor)
-            cls = {"value": HeapValueState, "list": HeapListState, "map": HeapMapState}[reg.kind]
-            h = self._handles[reg.name] = cls(self, reg)
-            h.descriptor = descriptor
-        return h
-
-    def batch_state(self, descriptor: Any) -> HeapBatchValueState:
-        reg = self._register(descriptor)
-        if reg.kind != "value" or reg.serializer.arrow_type is None:
-            raise ConfigError(
-                f"state {reg.name!r}: batch-wise access needs a value state whose serializer has an Arrow type "
-                f"(got {reg.kind} state with serializer {reg.serializer.id!r})"
-            )
-        return HeapBatchValueState(self, reg)
+    def on_register(self, reg: RegisteredState) -> None:
+        for kg, rows in self._pending.pop(reg.name, []):
+            self._load(reg, kg, rows)
 
     def keys(self, name: str) -> Iterator[tuple[int, Any]]:
+        for kg, keys in self.encoded_keys(name):
+            for key in keys.to_pylist():
+                yield kg, decode_key(key)
+
+    def encoded_keys(self, name: str) -> Iterator[tuple[int, pa.Array]]:
         for kg, t in list(self._tables.get(name, {}).items()):
-            for ek in list(t.data):
-                if key_end(ek) == len(ek):
-                    yield kg, decode_key(ek)
+            if t.data:
+                entries = pa.array(list(t.data), pa.binary())
+                buf, starts, lengths = binary_parts(entries)
+                plain = key_widths(buf, starts, lengths) == lengths  # the default namespace: the key alone
+                yield kg, entries if plain.all() else entries.filter(pa.array(plain))
         for kg, rows in list(self._pending.get(name, [])):
-            seen = set()
-            for key, ns in zip(rows.column("key").to_pylist(), rows.column("namespace").to_pylist(), strict=True):
-                if not ns and key not in seen:
-                    seen.add(key)
-                    yield kg, decode_key(key)
+            plain = pc.equal(pc.binary_length(rows.column("namespace")), 0)
+            yield kg, pc.unique(rows.column("key").filter(plain).combine_chunks())
 
     @property
     def timers(self) -> TimerService:
@@ -215,8 +172,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
                     t.delete(ek)
             return
         self._tables.pop(name, None)
-        for d in (self._registered, self._restored_meta, self._handles):
-            d.pop(name, None)
+        self.forget_state(name)
 
     # -- changelog ------------------------------------------------------------------------------------
     def capture_changes(self) -> None:
@@ -251,9 +207,6 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
         """Whether anything changed since the last :meth:`take_changes`."""
         return bool(self._timers.dirty) or any(t.dirty for tables in self._tables.values() for t in tables.values())
 
-    def state_meta(self) -> dict[str, StateMeta]:
-        return {**self._restored_meta, **{n: r.meta for n, r in self._registered.items()}}
-
     # -- checkpoints ----------------------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
         frozen: dict[str, dict[int, dict[bytes, Any]]] = {}
@@ -280,7 +233,7 @@ class HashMapKeyedStateBackend(KeyedStateBackend):
 
     def restore_groups(self, meta: dict[str, StateMeta], groups: Iterable[tuple[int, pa.Table]]) -> None:
         """Load canonical rows by key group (those of key groups this subtask owns), skipping expired ones."""
-        self._restored_meta.update(meta)
+        self.restored_meta.update(meta)
         now = self.clock()
         for kg, rows in groups:
             if kg not in self.key_groups:

@@ -3,7 +3,7 @@ keys and values in bulk instead of entry by entry.
 
 It covers states without TTL (value, list and map); the rows (and so the bytes
 :class:`~sluice.state.canonical.GroupWriter` writes) are the ones the per-entry path
-(:func:`~sluice.state.hashmap.backend.entry_rows`) gives, in the same order. Entry keys are split into key and
+(:func:`~sluice.state.canonical.entry_rows`) gives, in the same order. Entry keys are split into key and
 namespace with NumPy over the Arrow binary array's buffers: a key's width follows from its tag (and the
 length of a string or binary key); only tuple keys are measured per entry.
 """
@@ -16,15 +16,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sluice.state.keycodec import key_end
+from sluice.state.keycodec import binary_parts, gather_binary, key_widths
 from sluice.state.meta import RegisteredState
 from sluice.state.serializers import PrimitiveSerializer, StateSerializer
 
 __all__ = ["bulk_rows"]
-
-#: the width of a key by its tag, for the tags whose keys have one width (0 for the others)
-_WIDTH = np.zeros(256, dtype=np.int64)
-_WIDTH[[0, 1, 2, 3, 7, 10]] = [1, 2, 9, 9, 5, 9]
 
 #: what the bulk encoding of values may raise where the per-entry encoding may not (it then runs instead)
 _BULK_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
@@ -43,43 +39,16 @@ def _repeated(value: bytes, n: int) -> pa.Array:
     return _binary(np.arange(n + 1, dtype=np.int64) * len(value), value * n)
 
 
-def _gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """The byte ranges ``buf[starts[i] : starts[i] + lengths[i]]`` as a binary array."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if not total:
-        return _binary(offsets, b"")
-    index = np.arange(total, dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
-    return _binary(offsets, buf[index])
-
-
 def split_keys(entries: pa.Array) -> tuple[pa.Array, pa.Array]:
     """The (key, namespace) columns of a binary array of entry keys (``key | u16 length, namespace``)."""
     n = len(entries)
-    _, offsets_buf, data_buf = entries.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32)[entries.offset : entries.offset + n + 1].astype(np.int64)
-    buf = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    tags = buf[starts]
-    widths = _WIDTH[tags]
-    sized = np.flatnonzero((tags == 4) | (tags == 5))  # string, binary: u32 length after the tag
-    if len(sized):
-        at = starts[sized]
-        size = (buf[at + 1].astype(np.int64) << 24) | (buf[at + 2].astype(np.int64) << 16)
-        widths[sized] = 5 + (size | (buf[at + 3].astype(np.int64) << 8) | buf[at + 4])
-    zoned = np.flatnonzero(tags == 6)  # timestamp: u8 zone length, zone, int64
-    if len(zoned):
-        widths[zoned] = 10 + buf[starts[zoned] + 1].astype(np.int64)
-    other = np.flatnonzero(widths == 0)  # tuples: measured per entry
-    if len(other):
-        raw = entries.take(pa.array(other)).to_pylist()
-        widths[other] = [key_end(ek) for ek in raw]
+    buf, starts, lengths = binary_parts(entries)
+    widths = key_widths(buf, starts, lengths)
     if np.array_equal(widths, lengths):  # no namespaces
         return entries, _binary(np.zeros(n + 1, dtype=np.int64), b"")
-    keys = _gather(buf, starts, widths)
+    keys = gather_binary(buf, starts, widths)
     ns_lengths = np.maximum(lengths - widths - 2, 0)
-    return keys, _gather(buf, starts + widths + 2, ns_lengths)
+    return keys, gather_binary(buf, starts + widths + 2, ns_lengths)
 
 
 def encode_values(serializer: StateSerializer, values: list[Any]) -> pa.Array:

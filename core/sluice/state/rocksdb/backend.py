@@ -16,18 +16,23 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from sluice.errors import ConfigError
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from sluice.state.canonical import merged_meta
 from sluice.state.config import StateBackendConfig
-from sluice.state.keycodec import decode_key, key_end, namespace_part, state_id
-from sluice.state.keygroups import KeyGroupRange
-from sluice.state.meta import (
-    RegisteredState,
-    StateMeta,
-    check_compatible,
-    resolve,
-    unpack_expiry,
+from sluice.state.keycodec import (
+    binary_parts,
+    decode_key,
+    gather_binary,
+    key_widths,
+    namespace_part,
+    state_id,
 )
+from sluice.state.keygroups import KeyGroupRange
+from sluice.state.meta import RegisteredState, unpack_expiry
+from sluice.state.registration import RegisteringKeyedStateBackend
 from sluice.state.rocksdb.cache import EntryCache
 from sluice.state.rocksdb.resources import RocksResources, rocksdict_module
 from sluice.state.rocksdb.snapshot import CanonicalExport, IncrementalSnapshot
@@ -41,7 +46,7 @@ from sluice.state.rocksdb.states import (
     successor,
 )
 from sluice.state.rocksdb.timers import RocksDBTimerService
-from sluice.state.spi import Handle, KeyedStateBackend, StateBackend, StatePaths, StateSnapshot
+from sluice.state.spi import Handle, StateBackend, StatePaths, StateSnapshot
 from sluice.state.transfer import FileRef, FileTransfer
 
 __all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
@@ -50,8 +55,13 @@ __all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
 _CLEANUP_EVERY = 1000
 
 
-class RocksDBKeyedStateBackend(KeyedStateBackend):
+class RocksDBKeyedStateBackend(RegisteringKeyedStateBackend):
     """Keyed state of one operator subtask in an embedded RocksDB under ``root``."""
+
+    backend_name = "rocksdb"
+    handle_classes = {"value": RocksValueState, "list": RocksListState, "map": RocksMapState}
+    batch_class = RocksBatchValueState
+    ttl_layout_fixed = True  # a value with TTL starts with its expiry time
 
     def __init__(
         self,
@@ -82,9 +92,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         #: once raw entries were written through :meth:`write_many` (a changelog restore)
         self.cached_states: set[bytes] = set()
         self.raw_writes = False
-        self._registered: dict[str, RegisteredState] = {}
-        self._handles: dict[str, Any] = {}
-        self.restored_meta: dict[str, StateMeta] = {}
         self._timers = RocksDBTimerService(self)
         self._lock = threading.Lock()
         self._confirmed: dict[str, FileRef] = {}  # SST name -> upload confirmed by the last completed checkpoint
@@ -175,47 +182,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.cache.flush()
         return self.scan_db(self.db, lo, hi, strip)
 
-    # -- handles --------------------------------------------------------------------------------------
-    def _register(self, descriptor: Any) -> RegisteredState:
-        reg = self._registered.get(descriptor.name)
-        if reg is None:
-            reg = resolve(descriptor)
-            check_compatible(reg.name, self.restored_meta.get(reg.name), reg.meta, ttl_layout_fixed=True)
-            self._registered[reg.name] = reg
-        elif resolve(descriptor).meta != reg.meta:
-            raise ConfigError(f"state {reg.name!r} is already used with another kind, serializer or TTL")
-        return reg
-
-    def state(self, descriptor: Any) -> Any:
-        h = self._handles.get(descriptor.name)
-        if h is not None and h.descriptor != descriptor:
-            self._register(descriptor)  # refuses another kind, serializer or TTL
-        if h is None:
-            reg = self._register(descriptor)
-            cls = {"value": RocksValueState, "list": RocksListState, "map": RocksMapState}[reg.kind]
-            h = self._handles[reg.name] = cls(self, reg)
-            h.descriptor = descriptor
-        return h
-
-    def batch_state(self, descriptor: Any) -> RocksBatchValueState:
-        reg = self._register(descriptor)
-        if reg.kind != "value" or reg.serializer.arrow_type is None:
-            raise ConfigError(
-                f"state {reg.name!r}: batch-wise access needs a value state whose serializer has an Arrow type "
-                f"(got {reg.kind} state with serializer {reg.serializer.id!r})"
-            )
-        return RocksBatchValueState(self, reg)
-
+    # -- state ----------------------------------------------------------------------------------------
     def keys(self, name: str) -> Iterator[tuple[int, Any]]:
+        for kg, keys in self.encoded_keys(name):
+            for key in keys.to_pylist():
+                yield kg, decode_key(key)
+
+    def encoded_keys(self, name: str) -> Iterator[tuple[int, pa.Array]]:
         sid = state_id(name)
+        rd = rocksdict_module()
         for kg in self.key_groups:
+            self.cache.flush()  # the caller may have written since the last key group
             prefix = self.kg_prefixes[kg] + sid
-            last = None
-            for rest, _ in list(self.scan(prefix, successor(prefix), len(prefix))):
-                end = key_end(rest)
-                if rest[end : end + 2] == b"\x00\x00" and rest[:end] != last:
-                    last = rest[:end]
-                    yield kg, decode_key(last)
+            ro = rd.ReadOptions()
+            ro.set_iterate_upper_bound(successor(prefix))
+            entries = list(self.db.keys(from_key=prefix, read_opt=ro))  # keys only: no value is read
+            if entries:
+                yield kg, _default_namespace_keys(pa.array(entries, pa.binary()), len(prefix))
 
     @property
     def timers(self) -> RocksDBTimerService:
@@ -272,13 +255,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.db.delete_range(lo, hi, self._wo)
         self.cache.forget(sid)
         self.cached_states.discard(sid)
-        for d in (self._registered, self.restored_meta, self._handles):
-            d.pop(name, None)
+        self.forget_state(name)
 
     # -- checkpoints ----------------------------------------------------------------------------------
-    def state_meta(self) -> dict[str, StateMeta]:
-        return {**self.restored_meta, **{n: r.meta for n, r in self._registered.items()}}
-
     def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> StateSnapshot:
         folder = os.path.join(self.root, f"{'sp' if savepoint else 'chk'}-{checkpoint_id}")
         shutil.rmtree(folder, ignore_errors=True)
@@ -336,6 +315,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self.db = None
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _default_namespace_keys(entries: pa.Array, strip: int) -> pa.Array:
+    """The keys of sorted storage keys ``prefix | key | u16 namespace length, namespace | user key`` (the
+    prefix ``strip`` bytes) whose namespace is empty, each once (a map state has an entry per user key)."""
+    buf, starts, lengths = binary_parts(entries)
+    starts, lengths = starts + strip, lengths - strip
+    widths = key_widths(buf, starts, lengths)
+    rows = np.flatnonzero(lengths >= widths + 2)
+    ns = starts[rows] + widths[rows]
+    rows = rows[(buf[ns] == 0) & (buf[ns + 1] == 0)]
+    keys = gather_binary(buf, starts[rows], widths[rows])
+    if len(keys) > 1:
+        new = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+        if not new.all():
+            keys = keys.filter(pa.array(np.r_[True, new]))
+    return keys
 
 
 class RocksDBStateBackend(StateBackend):

@@ -6,17 +6,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from sluice.errors import StorageError
 from sluice.sink import GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.delta.committer import DeltaCommitter, app_id
 from sluice.sinks.delta.format import DeltaFormat
 from sluice.sinks.delta.options import DeltaSinkOptions
 from sluice.sinks.delta.table import check_partitioning, check_schema, create_table, open_table
 from sluice.sinks.delta.upsert import upsert_committer
-from sluice.sinks.options import Option
+from sluice.sinks.options import Option, refuse_renamed
 from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.sink import TableSink
+from sluice.sinks.tables.storage import probe_location
 from sluice.sinks.tables.writer import TableFormat
 
 __all__ = ["DeltaSink"]
@@ -48,10 +50,12 @@ class DeltaSink(TableSink):
         compression: Parquet compression of data files.
         commit_retries: how often delta-rs retries a commit that lost a race against another writer (upsert
             mode: how often a merge that lost a race runs again).
-        mode: ``"append"`` (rows are appended) or ``"upsert"`` (the stream carries change batches,
-            :mod:`sluice.changes`: per checkpoint they are collapsed to the last change per key and applied as
-            one ``MERGE`` carrying the checkpoint's app transaction; see ``docs/tables.md``).
-        keys: upsert mode: the key columns; none given, those the stream's schema names (a change format's).
+        mode: ``"append"`` (rows are appended) or ``"upsert"`` (each row an upsert of its key, or change
+            batches, :mod:`sluice.changes`, with deletes: per checkpoint they are collapsed to the last change
+            per key and applied as one ``MERGE`` carrying the checkpoint's app transaction; see
+            ``docs/tables.md``).
+        key_columns: upsert mode: the columns that identify a row (as ``PostgresSink``'s and the Kafka sink's
+            ``key_columns``); none given, those the stream's schema names (a change format's).
         table_name: the table's name in its metadata when the sink creates it.
         configuration: Delta table properties when the sink creates it.
         name: the sink operator's name.
@@ -79,9 +83,11 @@ class DeltaSink(TableSink):
         table_name: str | None = None,
         configuration: dict[str, str | None] | None = None,
         mode: str = "append",
-        keys: Sequence[str] | str = (),
+        key_columns: Sequence[str] | str = (),
         name: str = "delta-sink",
+        **renamed: Any,
     ) -> None:
+        refuse_renamed("DeltaSink", renamed)
         self.options = DeltaSinkOptions.of(
             path=path,
             partition_by=partition_by,
@@ -95,7 +101,7 @@ class DeltaSink(TableSink):
             table_name=table_name,
             configuration=configuration,
             mode=mode,
-            keys=keys,
+            key_columns=key_columns,
             name=name,
         )
 
@@ -124,6 +130,18 @@ class DeltaSink(TableSink):
         """The table's app transaction version of this job and sink (0 if none, or no table yet)."""
         table = open_table(self.options)
         return 0 if table is None else int(table.transaction_version(app_id(job_id, sink_uid)) or 0)
+
+    def probe(self) -> None:
+        """At job start: write and delete a file in the table's folder (created if missing)."""
+        try:
+            probe_location(self.path, self.storage_options)
+        except Exception as exc:
+            raise StorageError(
+                f"DeltaSink path {self.path!r} is not writable: {type(exc).__name__}: {exc} (fix the path or "
+                "its permissions; on S3 the bucket, or the credentials and endpoint: storage_options)",
+                operation="probe",
+                bucket=self.path,
+            ) from exc
 
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
         """Create the table if ``schema`` was given, or check its schema. (Files of checkpoints that never

@@ -135,7 +135,7 @@ class DeltaUpsert:
         done = table.transaction_version(self.app_id)
         if done is not None and done >= checkpoint_id:
             return CommitOutcome.ALREADY_COMMITTED
-        source = self._source(table, changes)
+        source, evolve = self._source(table, changes)
         props = CommitProperties(
             custom_metadata={
                 **self.metadata,
@@ -156,6 +156,10 @@ class DeltaUpsert:
                 source_alias="s",
                 target_alias="t",
                 streamed_exec=False,  # a small source: its key ranges prune the target files (early filter)
+                # new columns (schema_mode="merge") join the table in the merge's own commit, with the rows
+                # that carry them: never a version (nor, after a crash before the merge, a restored job's
+                # table) with a column no committed change has
+                merge_schema=evolve,
                 commit_properties=props,
             )
             .when_matched_delete(is_delete)
@@ -186,9 +190,10 @@ class DeltaUpsert:
             storage_options=dict(self.storage_options),
         )
 
-    def _source(self, table: DeltaTable, changes: pa.Table) -> pa.Table:
+    def _source(self, table: DeltaTable, changes: pa.Table) -> tuple[pa.Table, bool]:
         """The merge source: the changes cast to the table's column types, columns the table has and the
-        changes lack as nulls; columns the changes add are added to the table first (``schema_mode="merge"``)."""
+        changes lack as nulls, then the columns the changes add (``schema_mode="merge"``, nullable; the merge
+        adds them to the table: True when there are such)."""
         from sluice.sinks.delta.table import describe_schema
 
         have = pa.schema(table.schema().to_arrow())
@@ -206,20 +211,17 @@ class DeltaUpsert:
                     + ([f"new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"] if new else [])
                 )
             )
-        if new:
-            from deltalake.schema import Schema
-
-            table.alter.add_columns(list(Schema.from_arrow(pa.schema(new)).fields))
-            table.update_incremental()
-            have = pa.schema(table.schema().to_arrow())
+        fields = [*have, *new]
         cols: list[pa.Array | pa.ChunkedArray] = []
-        for f in have:
+        for f in fields:
             if f.name in changes.column_names:
                 col = changes.column(f.name)
                 cols.append(col.cast(f.type) if col.type != f.type else col)
             else:
                 cols.append(pa.nulls(changes.num_rows, f.type))
-        return pa.table([*cols, changes.column(OP), changes.column(ORDER)], names=[*have.names, OP, ORDER])
+        schema = pa.schema([f.with_nullable(True) for f in fields] + [(OP, changes.column(OP).type),
+                                                                       (ORDER, changes.column(ORDER).type)])
+        return pa.table([*cols, changes.column(OP), changes.column(ORDER)], schema=schema), bool(new)
 
 
 def key_predicate(keys: Sequence[str]) -> str:
@@ -236,7 +238,7 @@ def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> 
 
     engine = DeltaUpsert(
         options.path,
-        tuple(options.keys),
+        tuple(options.key_columns),
         app_id(ctx.job_id, ctx.sink_uid),
         options.delta_storage_options(),
         schema_mode=options.schema_mode,
@@ -255,7 +257,7 @@ def upsert_committer(options: DeltaSinkOptions, ctx: GlobalCommitterContext) -> 
         f"DeltaSink {options.path}",
         engine,
         options.filesystem,
-        options.keys,
+        options.key_columns,
         ctx,
         on_commit=rewriter.committed if rewriter is not None else None,
         on_close=rewriter.close if rewriter is not None else None,

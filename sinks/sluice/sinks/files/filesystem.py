@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -63,6 +64,10 @@ class FileSystem(ABC):
     @abstractmethod
     def committed_checkpoint(self, job_id: str) -> int:
         """The newest checkpoint of ``job_id`` that a visible file names (0 if none): one listing."""
+
+    @abstractmethod
+    def probe(self) -> None:
+        """Write and delete a small hidden file under the root (at job start: is the output writable?)."""
 
     def discard_local(self, local_path: str) -> None:
         """Drop an in-progress file that will never be staged."""
@@ -138,6 +143,13 @@ class LocalFileSystem(FileSystem):
                     n += 1
         return n
 
+
+    def probe(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        path = os.path.join(self.root, f".sluice-probe-{uuid.uuid4().hex}")
+        with open(path, "wb") as f:
+            f.write(b"sluice")
+        os.remove(path)
 
     def committed_checkpoint(self, job_id: str) -> int:
         newest = 0

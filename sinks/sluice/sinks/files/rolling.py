@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import cast
 
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 
 __all__ = ["RollingPolicy"]
@@ -20,13 +23,20 @@ class RollingPolicy:
     Attributes:
         max_size: bytes; a file reaching it is rolled (Parquet counts buffered, not yet encoded rows at
             their Arrow size).
-        rollover_interval: seconds since the file was opened, or None.
-        inactivity_interval: seconds without a write to the file, or None.
+        rollover_interval: time since the file was opened (a duration: ``"15 min"``, a timedelta, seconds),
+            or None.
+        inactivity_interval: time without a write to the file (a duration), or None.
     """
 
     max_size: int = 128 * 1024 * 1024
-    rollover_interval: float | None = None
-    inactivity_interval: float | None = None
+    rollover_interval: float | str | timedelta | None = None
+    inactivity_interval: float | str | timedelta | None = None
+
+    def __post_init__(self) -> None:  # durations are kept as float seconds
+        for opt in ("rollover_interval", "inactivity_interval"):
+            v = getattr(self, opt)
+            if v is not None:  # a duration (sluice.durations): "15 min", a timedelta or seconds
+                object.__setattr__(self, opt, to_seconds(v, f"FileSink: rolling.{opt}"))
 
     def validate(self) -> None:
         """Raise ConfigError naming the option and the allowed values."""
@@ -45,8 +55,8 @@ class RollingPolicy:
         """After a write: roll on size or age."""
         if size >= self.max_size:
             return True
-        return self.rollover_interval is not None and now - opened_at >= self.rollover_interval
+        return self.rollover_interval is not None and now - opened_at >= cast(float, self.rollover_interval)
 
     def inactive(self, last_write: float, now: float) -> bool:
         """Whether a file not written since ``last_write`` should be rolled."""
-        return self.inactivity_interval is not None and now - last_write >= self.inactivity_interval
+        return self.inactivity_interval is not None and now - last_write >= cast(float, self.inactivity_interval)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -215,6 +216,11 @@ class S3FileSystem(FileSystem):
                             raise
                     n += 1
         return n
+
+    def probe(self) -> None:
+        key = self._key(f".sluice-probe-{uuid.uuid4().hex}")
+        self._call("PutObject", self.client.put_object, Key=key, Body=b"sluice")
+        self._call("DeleteObject", self.client.delete_object, Key=key)
 
     def committed_checkpoint(self, job_id: str) -> int:
         newest = 0

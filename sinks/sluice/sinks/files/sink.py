@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, StorageError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Committer, Compactor, Sink, SinkContext, SinkWriter
 from sluice.sinks.files.committable import FileCommittable
@@ -168,6 +168,28 @@ class FileSink(Sink[FileCommittable]):
             return fs.committed_checkpoint(job_id)
         finally:
             fs.close()
+
+    def probe(self) -> None:
+        """At job start: write and delete a hidden file under ``path`` (the folder is created if missing)."""
+        s3 = self.path.startswith("s3://")
+        try:
+            fs = self.options.filesystem()
+            try:
+                fs.probe()
+            finally:
+                fs.close()
+        except Exception as exc:
+            fix = (
+                "fix the path, the bucket, or the credentials and endpoint (storage_options, the AWS chain)"
+                if s3
+                else "fix the path or its permissions"
+            )
+            raise StorageError(
+                f"FileSink path {self.path!r} is not writable: {type(exc).__name__}: {exc} ({fix})",
+                operation="probe",
+                bucket=self.path,
+                code=str(getattr(exc, "code", "")),
+            ) from exc
 
     def recover(self, job_id: str, committables: Sequence[FileCommittable]) -> None:
         """Delete staged files and abort multipart uploads of ``job_id`` that the restored checkpoint does not

@@ -6,7 +6,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from sluice.sink import SinkContext, SinkWriter
@@ -112,7 +112,7 @@ class FileSinkWriter(SinkWriter[FileCommittable]):
 
     def _roll_idle(self, now: float) -> None:
         idle = self.rolling.inactivity_interval
-        if idle is None or time.monotonic() - self._last_idle_check < min(1.0, idle / 4):
+        if idle is None or time.monotonic() - self._last_idle_check < min(1.0, cast(float, idle) / 4):
             return
         self._last_idle_check = time.monotonic()
         for b in [b for b, f in self.open.items() if self.rolling.inactive(f.last_write, now)]:

@@ -81,12 +81,22 @@ def _catalog_properties(given: dict[str, Any], warehouse: str | None, storage_op
                 "SqlCatalog, or a REST/Glue/Hive catalog's settings), or a local warehouse folder"
             )
         root = split_uri(location)[1]
-        os.makedirs(root, exist_ok=True)
+        _folder(root, "warehouse")
         props["uri"] = f"sqlite:///{root}/catalog.db"
         props["warehouse"] = f"file://{root}"
     if "type" not in props and props.get("uri", "").startswith(("sqlite:", "postgresql:", "mysql:")):
         props["type"] = "sql"
     if props.get("uri", "").startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(props["uri"].removeprefix("sqlite:///")) or ".", exist_ok=True)
+        _folder(os.path.dirname(props["uri"].removeprefix("sqlite:///")) or ".", "catalog_properties['uri']")
     props.update(iceberg_io_options(storage_options))
     return props
+
+
+def _folder(path: str, option: str) -> None:
+    """Make the embedded catalog's folder; ConfigError naming ``option`` if it cannot be made."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"IcebergSink: {option}: the folder {path!r} cannot be made: {type(exc).__name__}: {exc.strerror or exc}"
+        ) from exc

@@ -7,20 +7,27 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, StorageError
 from sluice.sink import GlobalCommitter, GlobalCommitterContext
-from sluice.sinks.iceberg.catalog import check_schema, check_spec, open_or_create, remove_orphans
+from sluice.sinks.iceberg.catalog import (
+    check_schema,
+    check_spec,
+    load_catalog,
+    open_or_create,
+    remove_orphans,
+)
 from sluice.sinks.iceberg.committer import IcebergCommitter
 from sluice.sinks.iceberg.format import IcebergFormat
 from sluice.sinks.iceberg.layout import max_committed_checkpoint
 from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.iceberg.partitioning import parse_partition, partition_fields
 from sluice.sinks.iceberg.upsert_sink import staging_storage, upsert_committer
-from sluice.sinks.options import Option
+from sluice.sinks.options import Option, refuse_renamed
 from sluice.sinks.tables.change_writer import Storage
 from sluice.sinks.tables.files import TableFile
 from sluice.sinks.tables.rewrite import RewritePolicy
 from sluice.sinks.tables.sink import TableSink
+from sluice.sinks.tables.storage import probe_location
 from sluice.sinks.tables.writer import TableFormat
 
 __all__ = ["IcebergSink"]
@@ -56,11 +63,12 @@ class IcebergSink(TableSink):
         rewrite: a RewritePolicy (or dict, or True) for a background rewrite of older small files; None = off.
         compression: Parquet compression of data files.
         table_properties: Iceberg table properties when the sink creates the table.
-        mode: ``"append"`` (rows are appended) or ``"upsert"`` (the stream carries change batches,
-            :mod:`sluice.changes`: per checkpoint they are collapsed to the last change per key and applied as
+        mode: ``"append"`` (rows are appended) or ``"upsert"`` (each row an upsert of its key, or change
+            batches, :mod:`sluice.changes`, with deletes: per checkpoint they are collapsed to the last change per key and applied as
             one copy-on-write overwrite snapshot; partition by ``bucket(n, key)`` so that a merge rewrites few
             files; see ``docs/tables.md``).
-        keys: upsert mode: the key columns; none given, those the stream's schema names (a change format's).
+        key_columns: upsert mode: the columns that identify a row (as ``PostgresSink``'s and the Kafka sink's
+            ``key_columns``); none given, those the stream's schema names (a change format's).
         name: the sink operator's name.
     """
 
@@ -88,9 +96,11 @@ class IcebergSink(TableSink):
         compression: str = "zstd",
         table_properties: dict[str, str] | None = None,
         mode: str = "append",
-        keys: Sequence[str] | str = (),
+        key_columns: Sequence[str] | str = (),
         name: str = "iceberg-sink",
+        **renamed: Any,
     ) -> None:
+        refuse_renamed("IcebergSink", renamed)
         self.options = IcebergSinkOptions.of(
             table=table,
             catalog=catalog,
@@ -105,7 +115,7 @@ class IcebergSink(TableSink):
             compression=compression,
             table_properties=table_properties,
             mode=mode,
-            keys=keys,
+            key_columns=key_columns,
             name=name,
         )
 
@@ -140,6 +150,47 @@ class IcebergSink(TableSink):
         table yet)."""
         table = open_or_create(self.options, None)
         return 0 if table is None else max_committed_checkpoint(table, job_id, sink_uid)
+
+    def probe(self) -> None:
+        """At job start: the catalog answers, and a file can be written and deleted where the table's data
+        goes (its location, or for a table still to be made the warehouse)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            catalog = load_catalog(self.options)
+            catalog.list_namespaces()
+        except Exception as exc:
+            raise StorageError(
+                f"IcebergSink {self.table!r}: catalog {self.catalog!r} cannot be reached: {type(exc).__name__}: "
+                f"{exc} (fix catalog_properties, or warehouse for the embedded catalog)",
+                operation="probe",
+                bucket=str(self.warehouse),
+            ) from exc
+        try:
+            location: str | None = catalog.load_table(self.table).location()
+            option = "the table's location"
+        except NoSuchTableError:
+            location = self.options.catalog_config().get("warehouse")
+            option = "warehouse"
+        except Exception as exc:
+            raise StorageError(
+                f"IcebergSink {self.table!r}: catalog {self.catalog!r} cannot load the table: "
+                f"{type(exc).__name__}: {exc} (fix catalog_properties)",
+                operation="probe",
+                bucket=str(self.warehouse),
+            ) from exc
+        if location is None:
+            return  # a catalog that places tables itself: its first commit says
+        try:
+            probe_location(location, self.storage_options)
+        except Exception as exc:
+            raise StorageError(
+                f"IcebergSink {self.table!r}: {option} {location!r} is not writable: {type(exc).__name__}: {exc} "
+                "(fix the warehouse or its permissions; on S3 the bucket, or the credentials and endpoint: "
+                "storage_options)",
+                operation="probe",
+                bucket=location,
+            ) from exc
 
     def recover(self, job_id: str, committables: Sequence[TableFile]) -> None:
         """Create the table if ``schema`` was given, or check an existing one's partition spec (and schema);

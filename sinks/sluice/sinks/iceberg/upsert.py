@@ -17,9 +17,14 @@ Merged files are named ``merge-<job>-<checkpoint>-a<attempt>-<seq>-<run>.parquet
 behind before its commit belongs to a checkpoint after the table's recorded one: :meth:`remove_orphans`,
 called before an attempt's first merge, deletes it.
 
-pyiceberg's own ``delete`` + ``upsert`` (:func:`pyiceberg_upsert`) gives the same table and is kept as the
-benchmark's reference; the sink does not use it (on 100k changes it is slower by an order of magnitude or
-more: a Python filter expression per key, iceberg-python #2159).
+pyiceberg gives the same table two ways, kept as the benchmark's peers (benchmarks/upserts.py) and a test's
+cross-check; the sink uses neither. :func:`pyiceberg_overwrite` is its one-call copy-on-write, the path its
+docs recommend: ``overwrite`` of the changed rows with an ``In`` filter over every changed key, in one
+transaction, so each touched file is rewritten once. :func:`pyiceberg_upsert` is ``delete`` (of the keys
+whose last change is a delete) + ``upsert`` (of the rest): for a one-column key both build one ``In``
+filter (not an expression per key), but every touched file is rewritten twice (by the delete, then by the
+upsert's overwrite) after a scan of the matched rows, whose non-key cells ``upsert`` compares one row at a
+time in Python (``pyiceberg.table.upsert_util.get_rows_to_update``).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from sluice.sinks.tables.storage import arrow_filesystem
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-__all__ = ["OPERATION", "IcebergUpsert", "merge_file_name", "pyiceberg_upsert"]
+__all__ = ["OPERATION", "IcebergUpsert", "merge_file_name", "pyiceberg_overwrite", "pyiceberg_upsert"]
 
 log = logging.getLogger("sluice.sinks.iceberg")
 
@@ -156,29 +161,36 @@ class IcebergUpsert:
         table = self._table(rows)
         if self._committed_in(table) >= checkpoint_id:
             return CommitOutcome.ALREADY_COMMITTED
-        table = self._evolve(table, rows)
+        new = self._new_columns(table, rows)
         fs, root = arrow_filesystem(table.location(), dict(self.storage_options))
-        files = merge_files(
-            table,
-            changes,
-            self.keys,
-            fs,
-            root,
-            lambda: merge_file_name(self.job_id, checkpoint_id, self.attempt, next(self._seq), self._run),
-            checkpoint_id,
-            self.compression,
-            self.target_file_size,
-        )
-        self.last = files
         props = {
             JOB_ID: self.job_id,
             SINK_UID: self.sink_uid,
             MAX_COMMITTED: str(checkpoint_id),
             OPERATION: "upsert",
         }
+        files = MergeFiles()
         try:
-            fault_hook("table_commit")
+            # one transaction: new columns (schema_mode="merge") join the table in the snapshot that brings
+            # the rows carrying them, never before it (nor, after a crash before the commit, in a restored
+            # job's table). The merge's files are written against the schema the transaction stages.
             with table.transaction() as tx:
+                if new:
+                    with tx.update_schema() as evolve:
+                        evolve.union_by_name(pa.schema(new))
+                files = merge_files(
+                    _staged(table, tx) if new else table,
+                    changes,
+                    self.keys,
+                    fs,
+                    root,
+                    lambda: merge_file_name(self.job_id, checkpoint_id, self.attempt, next(self._seq), self._run),
+                    checkpoint_id,
+                    self.compression,
+                    self.target_file_size,
+                )
+                self.last = files
+                fault_hook("table_commit")
                 update = tx.update_snapshot(snapshot_properties=props)
                 if files.replaced:
                     with update.overwrite() as overwrite:
@@ -195,8 +207,9 @@ class IcebergUpsert:
             raise
         return CommitOutcome.COMMITTED
 
-    def _evolve(self, table: Table, rows: pa.Schema) -> Table:
-        """TableSchemaError unless ``rows`` fits the table; new columns join it (``schema_mode="merge"``)."""
+    def _new_columns(self, table: Table, rows: pa.Schema) -> list[pa.Field]:
+        """TableSchemaError unless ``rows`` fits the table; the columns ``rows`` adds to it (nullable; allowed
+        with ``schema_mode="merge"``)."""
         from pyiceberg.catalog import Catalog
 
         have = {f.name: str(f.field_type) for f in table.schema().fields}
@@ -211,11 +224,7 @@ class IcebergUpsert:
                     + ([f"new columns {[f.name for f in new]} (set schema_mode='merge' to add them)"] if new else [])
                 )
             )
-        if not new:
-            return table
-        with table.update_schema() as update:  # a lost race raises CommitFailedException: the merge reruns
-            update.union_by_name(pa.schema(new))
-        return self._table(rows)
+        return new
 
     def _table(self, rows: pa.Schema) -> Table:
         table = self.load(rows)
@@ -256,11 +265,32 @@ def _delete(fs: pafs.FileSystem, paths: Sequence[str]) -> None:
             fs.delete_file(p)
 
 
+def pyiceberg_overwrite(
+    table: Table, changes: pa.Table, keys: Sequence[str], snapshot_properties: Mapping[str, str]
+) -> None:
+    """pyiceberg's copy-on-write of collapsed ``changes`` in one call: ``overwrite`` of the rows whose last
+    change is not a delete, its filter matching every changed key (``In`` for a one-column key), in one
+    transaction (one catalog commit). The benchmark's peer at its best (module docstring)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.table.upsert_util import create_match_filter
+
+    upserts, _ = upserts_and_deletes(changes)
+    key_filter = create_match_filter(changes.select(list(keys)), list(keys))  # one In(key, values) for one key
+    props = dict(snapshot_properties)
+    with table.transaction() as tx:
+        if upserts.num_rows:
+            rows = conform(upserts, schema_to_pyarrow(table.schema(), include_field_ids=False))
+            tx.overwrite(rows, overwrite_filter=key_filter, snapshot_properties=props)
+        else:
+            tx.delete(key_filter, snapshot_properties=props)
+
+
 def pyiceberg_upsert(
     table: Table, changes: pa.Table, keys: Sequence[str], snapshot_properties: Mapping[str, str]
 ) -> None:
     """pyiceberg's ``delete`` (of the keys whose last change is a delete) + ``upsert`` (of the rest) in one
-    transaction: one catalog commit. The benchmark's reference (module docstring)."""
+    transaction: one catalog commit. A slower path of the benchmark's peer, reported beside
+    :func:`pyiceberg_overwrite` (module docstring)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.table.upsert_util import create_match_filter
 
@@ -272,3 +302,10 @@ def pyiceberg_upsert(
         if upserts.num_rows:
             rows = conform(upserts, schema_to_pyarrow(table.schema(), include_field_ids=False))
             tx.upsert(rows, join_cols=list(keys), snapshot_properties=props)
+
+
+def _staged(table: Table, tx: Any) -> Table:
+    """``table`` as transaction ``tx`` leaves it (its staged schema; the same snapshot, files and location)."""
+    from pyiceberg.table import Table as _Table
+
+    return _Table(table.name(), tx.table_metadata, table.metadata_location, table.io, table.catalog)

@@ -46,7 +46,7 @@ def upsert_committer(options: IcebergSinkOptions, ctx: GlobalCommitterContext) -
     lock = threading.Lock()
     engine = IcebergUpsert(
         lambda schema: open_or_create(options, schema),
-        tuple(options.keys),
+        tuple(options.key_columns),
         ctx.job_id,
         ctx.sink_uid,
         storage_options=options.storage_options,
@@ -65,7 +65,7 @@ def upsert_committer(options: IcebergSinkOptions, ctx: GlobalCommitterContext) -
         f"IcebergSink {options.table}",
         engine,
         lambda: located(options),
-        options.keys,
+        options.key_columns,
         ctx,
         on_commit=rewriter.committed if rewriter is not None else None,
         remove_orphans=engine.remove_orphans,

@@ -203,7 +203,7 @@ class RecordEncoder:
         self.partitions = partitions
         self._next = subtask % max(1, partitions)
         self.value = _Part(options, "value", options.value_format, options.value_schema)
-        self.key = _Part(options, "key", options.key_format, options.key_schema) if options.key else None
+        self.key = _Part(options, "key", options.key_format, options.key_schema) if options.key_columns else None
 
     def _round_robin(self, n: int) -> pa.Array:
         parts = (np.arange(self._next, self._next + n, dtype=np.int64) % self.partitions).astype(np.int32)
@@ -234,7 +234,7 @@ class RecordEncoder:
     def _keys(self, batch: pa.RecordBatch) -> pa.Array | None:
         if self.key is None:
             return None
-        cols = list(self.options.key)
+        cols = list(self.options.key_columns)
         missing = [c for c in cols if c not in batch.schema.names]
         if missing:
             raise ConfigError(

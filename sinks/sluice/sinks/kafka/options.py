@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from sluice.config import _Frozen
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 
 __all__ = [
@@ -78,6 +79,11 @@ class RegistryOptions(_Frozen):
     timeout_s: float = 10.0
     ca_location: str | None = None
 
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return to_seconds(v, "KafkaSink: schema_registry timeout_s", sign="any")
+
     @model_validator(mode="after")
     def _check(self) -> RegistryOptions:
         from urllib.parse import urlsplit
@@ -117,7 +123,7 @@ class KafkaSinkOptions(_Frozen):
     value_format: Literal["json", "avro", "json_schema", "raw"] = "json"
     value_columns: tuple[str, ...] | None = None
     value_schema: dict[str, Any] | str | None = None
-    key: tuple[str, ...] = ()
+    key_columns: tuple[str, ...] = ()
     key_format: Literal["json", "avro", "json_schema", "raw"] = "raw"
     key_schema: dict[str, Any] | str | None = None
     value_subject: str | None = None
@@ -133,7 +139,12 @@ class KafkaSinkOptions(_Frozen):
     lineage_header: str | None = None
     transaction_timeout_s: float = 60.0
 
-    @field_validator("key", "header_columns", "value_columns", mode="before")
+    @field_validator("transaction_timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return to_seconds(v, "KafkaSink: transaction_timeout_s", sign="any")
+
+    @field_validator("key_columns", "header_columns", "value_columns", mode="before")
     @classmethod
     def _columns(cls, v: Any) -> Any:
         return (v,) if isinstance(v, str) else v
@@ -151,15 +162,15 @@ class KafkaSinkOptions(_Frozen):
             if (
                 fmt in ("avro", "json_schema")
                 and self.schema_registry is None
-                and (which == "value_format" or self.key)
+                and (which == "value_format" or self.key_columns)
             ):
                 raise ConfigError(
                     f"KafkaSink: {which} {fmt!r} writes the schema registry's wire format: give schema_registry "
                     "(a URL or a SchemaRegistry)"
                 )
-        if self.key_format == "raw" and len(self.key) > 1:
+        if self.key_format == "raw" and len(self.key_columns) > 1:
             raise ConfigError(
-                f"KafkaSink: key_format 'raw' takes one key column (got {list(self.key)}): use key_format 'json'"
+                f"KafkaSink: key_format 'raw' takes one key column (got {list(self.key_columns)}): use key_format 'json'"
             )
         if self.value_format == "raw" and self.value_columns is not None and len(self.value_columns) != 1:
             raise ConfigError(

@@ -15,6 +15,7 @@ from sluice.sinks.kafka.encoding import value_columns
 from sluice.sinks.kafka.options import KafkaSinkOptions, redact, redact_text
 from sluice.sinks.kafka.registry import avro_schema
 from sluice.sinks.kafka.transactions import KafkaCommittable, KafkaCommittableSerializer
+from sluice.sinks.options import refuse_renamed
 
 __all__ = ["KafkaSink"]
 
@@ -38,7 +39,8 @@ class KafkaSink(Sink[KafkaCommittable]):
         delivery: ``"exactly_once"``, ``"at_least_once"`` or ``"none"``.
         value_format: ``"json"``, ``"avro"`` or ``"json_schema"`` (the schema registry's wire format), or
             ``"raw"`` (one column's bytes).
-        key: key column(s); none: records without a key, spread round robin over the partitions.
+        key_columns: the columns of the message key; none: records without a key, spread round robin over
+            the partitions.
         key_format: as ``value_format`` (default ``"raw"``: one column's bytes, text as UTF-8).
         name: the sink operator's name.
         **options: the rest of :class:`KafkaSinkOptions`: ``value_columns``, ``value_schema``,
@@ -55,13 +57,14 @@ class KafkaSink(Sink[KafkaCommittable]):
         *,
         delivery: str = "exactly_once",
         value_format: str = "json",
-        key: Sequence[str] | str = (),
+        key_columns: Sequence[str] | str = (),
         key_format: str = "raw",
         name: str = "kafka-sink",
         **options: Any,
     ) -> None:
+        refuse_renamed("KafkaSink", options, strict=False)
         given: dict[str, Any] = {"bootstrap_servers": bootstrap_servers, "topic": topic, "delivery": delivery,
-                                 "value_format": value_format, "key": key, "key_format": key_format}
+                                 "value_format": value_format, "key_columns": key_columns, "key_format": key_format}
         self.options = KafkaSinkOptions(**given, **options)
         self.name = name
         self.options.check_producer_config()
@@ -77,7 +80,7 @@ class KafkaSink(Sink[KafkaCommittable]):
     def validate_schema(self, schema: pa.Schema) -> None:
         """At build time: the columns the options name are in the stream, with usable types."""
         o = self.options
-        named = {"key": list(o.key), "header_columns": list(o.header_columns)}
+        named = {"key_columns": list(o.key_columns), "header_columns": list(o.header_columns)}
         if o.value_columns is not None:
             named["value_columns"] = list(o.value_columns)
         for opt in ("partition_by", "timestamp_column"):
@@ -128,6 +131,16 @@ class KafkaSink(Sink[KafkaCommittable]):
         from sluice.sinks.kafka.markers import marker_groups, read_markers
 
         return max(read_markers(self.options, marker_groups(self.options, job_id)).values(), default=0)
+
+    def probe(self) -> None:
+        """At job start: a broker of ``bootstrap_servers`` answers (within 30 s, or the transaction timeout if
+        shorter) and ``topic`` (and ``marker_topic``) exist: the sink does not create topics."""
+        from sluice.sinks.kafka.writer import partition_count
+
+        timeout = min(30.0, self.options.transaction_timeout_s)
+        partition_count(self.options, timeout=timeout)
+        if self.options.marker_topic is not None:
+            partition_count(self.options, self.options.marker_topic, timeout=timeout)
 
     def recover(self, job_id: str, committables: Sequence[KafkaCommittable]) -> None:
         """exactly_once, before the job starts: check the topics, then abort the open transactions earlier

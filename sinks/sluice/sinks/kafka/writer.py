@@ -27,8 +27,16 @@ __all__ = ["ProducingWriter", "StagingWriter", "TransactionalCommitter", "partit
 log = logging.getLogger("sluice.sinks.kafka")
 
 
-def partition_count(options: KafkaSinkOptions, topic: str | None = None) -> int:
-    """The number of partitions of ``topic`` (default: the sink's); ConfigError if it does not exist."""
+#: librdkafka error names a restart cannot cure: wrong credentials, no permission
+_DENIED = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "TOPIC_AUTHORIZATION_FAILED",
+           "CLUSTER_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+           "_SSL")  # fmt: skip
+
+
+def partition_count(options: KafkaSinkOptions, topic: str | None = None, timeout: float | None = None) -> int:
+    """The number of partitions of ``topic`` (default: the sink's); ConfigError if it does not exist, a
+    SluiceError if the brokers cannot be reached within ``timeout`` seconds (default the transaction
+    timeout), not recoverable if they refused the credentials."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -36,10 +44,14 @@ def partition_count(options: KafkaSinkOptions, topic: str | None = None) -> int:
     admin = AdminClient(options.client_settings())
     try:
         # all topics, not the one by name: a metadata request naming a topic may create it (tansu does)
-        md = admin.list_topics(timeout=options.transaction_timeout_s)
+        md = admin.list_topics(timeout=options.transaction_timeout_s if timeout is None else timeout)
     except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        code = str(error.name()) if error is not None and hasattr(error, "name") else ""
         raise SluiceError(
-            f"KafkaSink: cannot reach {options.bootstrap_servers}: {redact_text(str(exc), options.producer_config)}"
+            f"KafkaSink: cannot reach {options.bootstrap_servers} (bootstrap_servers, producer_config): "
+            f"{redact_text(str(exc), options.producer_config)}",
+            recoverable=False if code in _DENIED else None,
         ) from None
     t = md.topics.get(name)
     if t is None or t.error is not None or not t.partitions:
@@ -164,7 +176,7 @@ class ProducingWriter(SinkWriter[KafkaCommittable]):
             if left:
                 raise CommitError(
                     f"KafkaSink {self.options.topic}: {left} record(s) not acknowledged within "
-                    f"{self.options.transaction_timeout_s} s"
+                    f"{self.options.transaction_timeout_s:g} s"
                 )
         else:
             self.producer.poll(0)

@@ -9,6 +9,7 @@ from typing import Any
 from sluice.errors import CommitError, SluiceError
 from sluice.sink import CommitOutcome, Committer, SinkContext
 from sluice.sinks.postgres.options import PostgresSinkOptions, connect, redact
+from sluice.sinks.postgres.outage import is_transient, ride_out
 from sluice.sinks.postgres.schema import table_columns
 from sluice.sinks.postgres.transactions import PostgresCommittable, commit_one
 
@@ -48,10 +49,19 @@ class PostgresCommitter(Committer[PostgresCommittable]):
 
         if not committables:
             return CommitOutcome.COMMITTED
+
+        def commit() -> int:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = connect(self.options)
+                return commit_all(self._conn, self.options, committables, self.ctx)
+            except Exception as exc:
+                if is_transient(exc):
+                    self._drop()  # a new connection on the next try (commit_one is idempotent)
+                raise
+
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = connect(self.options)
-            published = commit_all(self._conn, self.options, committables, self.ctx)
+            published = ride_out(self.options, "commit", commit)
         except (SluiceError, psycopg.Error) as exc:
             self._drop()
             if isinstance(exc, SluiceError):

@@ -1,6 +1,7 @@
 """Errors of the PostgreSQL sink, under :class:`~sluice.errors.SluiceError`::
 
 SluiceError
+├── PostgresConnectionError   the server cannot be reached, or refused the login (names the target)
 ├── ConfigError
 │   ├── PostgresSchemaError   the stream's schema does not fit the table (names both schemas)
 │   └── PostgresServerError   the server cannot do two-phase commit (max_prepared_transactions = 0)
@@ -10,9 +11,23 @@ SluiceError
 
 from __future__ import annotations
 
-from sluice.errors import CommitError, ConfigError
+from sluice.errors import CommitError, ConfigError, SluiceError
 
-__all__ = ["PostgresDataLossError", "PostgresSchemaError", "PostgresServerError"]
+__all__ = ["PostgresConnectionError", "PostgresDataLossError", "PostgresSchemaError", "PostgresServerError"]
+
+
+class PostgresConnectionError(SluiceError):
+    """A connection could not be opened (the message names ``user@host:port/db``, never the password).
+
+    Attributes:
+        transient: the server was unreachable, shutting down or starting up: waiting may cure it (within
+            ``outage_timeout_s``, then a restart). Otherwise (a refused login, a missing database) it is not
+            ``recoverable``: the job fails at once.
+    """
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message, recoverable=None if transient else False)
+        self.transient = transient
 
 
 class PostgresSchemaError(ConfigError):

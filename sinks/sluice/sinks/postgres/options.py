@@ -11,8 +11,9 @@ import re
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from sluice.config import _Frozen
+from sluice.durations import to_seconds
 from sluice.errors import ConfigError
 
 __all__ = ["MODES", "PostgresSinkOptions", "connect", "redact", "safe_target", "split_name"]
@@ -46,6 +47,9 @@ class PostgresSinkOptions(_Frozen):
         connect_timeout_s: bound on opening a connection.
         lock_timeout_s: bound on waiting for a lock while writing (a lock held by a prepared transaction
             of an attempt that never ends: fails instead of hanging).
+        outage_timeout_s: how long the sink rides out a server it cannot reach (restarted, failing over, a
+            network cut): each step is tried again on a new connection until then, and only a longer outage
+            costs a job restart (:mod:`sluice.sinks.postgres.outage`); 0 = no waiting.
     """
 
     conninfo: SecretStr = Field(repr=False)
@@ -59,6 +63,7 @@ class PostgresSinkOptions(_Frozen):
     password: SecretStr | None = Field(default=None, repr=False)
     connect_timeout_s: float = 10.0
     lock_timeout_s: float = 30.0
+    outage_timeout_s: float = 30.0
 
     @field_validator("table", "marker_table")
     @classmethod
@@ -69,6 +74,11 @@ class PostgresSinkOptions(_Frozen):
                 f"63 characters each; got {v!r})"
             )
         return v
+
+    @field_validator("connect_timeout_s", "lock_timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, v: Any, info: ValidationInfo) -> float:
+        return to_seconds(v, f"PostgresSink: {info.field_name}", sign="any")
 
     @field_validator("key_columns", mode="before")
     @classmethod
@@ -108,8 +118,12 @@ class PostgresSinkOptions(_Frozen):
         for opt in ("connect_timeout_s", "lock_timeout_s"):
             if not 0 < getattr(self, opt) < float("inf"):
                 raise ConfigError(
-                    f"PostgresSink: {opt} must be a number of seconds > 0 (got {getattr(self, opt)!r})"
+                    f"PostgresSink: {opt} must be a finite duration > 0 (got {getattr(self, opt)!r})"
                 )
+        if not 0 <= self.outage_timeout_s < float("inf"):
+            raise ConfigError(
+                f"PostgresSink: outage_timeout_s must be a number of seconds >= 0 (got {self.outage_timeout_s!r})"
+            )
         if self.sink_id is not None and not (0 < len(self.sink_id) <= 100 and ":" not in self.sink_id):
             raise ConfigError(
                 f"PostgresSink: sink_id must be 1 to 100 characters without ':' (got {self.sink_id!r})"
@@ -148,11 +162,20 @@ def redact(text: str, options: PostgresSinkOptions) -> str:
     return text
 
 
+#: what the server says when it refuses a login for good (libpq gives no SQLSTATE for a failed connection)
+_REFUSED = re.compile(
+    r"authentication failed|no pg_hba\.conf entry|role \".*\" does not exist|database \".*\" does not exist"
+    r"|certificate verify failed"
+)
+
+
 def connect(options: PostgresSinkOptions, autocommit: bool = False) -> Any:
     """A new psycopg connection (``lock_timeout`` set); connection errors come back with the password
-    redacted, as a recoverable :class:`~sluice.errors.SluiceError`."""
+    redacted, as a :class:`~sluice.sinks.postgres.errors.PostgresConnectionError`: transient (recoverable)
+    when the server could not be reached, not recoverable when it refused the login or has no such
+    database."""
     import psycopg
-    from sluice.errors import SluiceError
+    from sluice.sinks.postgres.errors import PostgresConnectionError
 
     params: dict[str, Any] = _params(options)
     params.setdefault("application_name", "sluice")
@@ -160,8 +183,11 @@ def connect(options: PostgresSinkOptions, autocommit: bool = False) -> Any:
     try:
         conn = psycopg.connect(autocommit=autocommit, **params)
     except psycopg.Error as exc:
-        raise SluiceError(
-            f"PostgresSink: cannot connect to {safe_target(options)}: {redact(str(exc), options).strip()}"
+        refused = bool(_REFUSED.search(str(exc)))
+        hint = " (conninfo, password: check the user, password and database)" if refused else ""
+        raise PostgresConnectionError(
+            f"PostgresSink: cannot connect to {safe_target(options)}: {redact(str(exc), options).strip()}{hint}",
+            transient=not refused,
         ) from None
     conn.execute(f"SET lock_timeout = {int(options.lock_timeout_s * 1000)}")
     if not autocommit:

@@ -12,7 +12,8 @@ from sluice.errors import ConfigError, SluiceError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.sink import Committer, Sink, SinkContext, SinkWriter
 from sluice.sinks.postgres.errors import PostgresServerError
-from sluice.sinks.postgres.options import PostgresSinkOptions, connect, redact, safe_target
+from sluice.sinks.postgres.options import PostgresSinkOptions, connect, redact, safe_target, split_name
+from sluice.sinks.postgres.outage import ride_out
 from sluice.sinks.postgres.schema import (
     ensure_marker_table,
     ensure_stage_table,
@@ -20,6 +21,7 @@ from sluice.sinks.postgres.schema import (
     exists,
     ident,
     pg_type,
+    regclass,
 )
 from sluice.sinks.postgres.transactions import (
     PostgresCommittable,
@@ -50,7 +52,8 @@ class PostgresSink(Sink[PostgresCommittable]):
         schema: the table's Arrow schema: creates or checks the table at start.
         name: the sink operator's name.
         **options: the rest of :class:`PostgresSinkOptions` (``create_table``, ``marker_table``,
-            ``sink_id``, ``password``, ``connect_timeout_s``, ``lock_timeout_s``).
+            ``sink_id``, ``password``, ``connect_timeout_s``, ``lock_timeout_s``, ``outage_timeout_s``: a
+            server out of reach for less than this, 30 s by default, costs no restart).
     """
 
     def __init__(
@@ -114,6 +117,9 @@ class PostgresSink(Sink[PostgresCommittable]):
 
     def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
         """The newest checkpoint of ``job_id`` whose rows this sink committed (its marker rows; 0 if none)."""
+        return ride_out(self.options, "reading the markers", lambda: self._committed(job_id))
+
+    def _committed(self, job_id: str) -> int:
         from psycopg import sql
 
         conn = connect(self.options, autocommit=True)
@@ -130,10 +136,59 @@ class PostgresSink(Sink[PostgresCommittable]):
         finally:
             conn.close()
 
+    def probe(self) -> None:
+        """At job start: the server takes the login and can prepare transactions, and the table (and the
+        marker table) can be written, or created where missing."""
+        import psycopg
+
+        o = self.options
+        conn = connect(o, autocommit=True)
+        try:
+            _check_server(conn, o)
+            for table, option in ((o.table, "table"), (o.marker_table, "marker_table")):
+                if exists(conn, table):
+                    allowed = conn.execute(
+                        "SELECT has_table_privilege(%s, 'INSERT')", (regclass(table),)
+                    ).fetchone()[0]
+                    if not allowed:
+                        raise ConfigError(
+                            f"PostgresSink {option} {table!r}: the user of {safe_target(o)} may not INSERT into "
+                            "it: GRANT INSERT (and SELECT) to that user, or give another user in conninfo"
+                        )
+                    continue
+                if option == "table" and not o.create_table:
+                    raise ConfigError(
+                        f"PostgresSink: table {table!r} does not exist in {safe_target(o)} and create_table is "
+                        "False: create it, or let the sink create it"
+                    )
+                *schema, _ = split_name(table)
+                allowed = conn.execute(
+                    "SELECT has_schema_privilege(COALESCE(%s, current_schema()), 'CREATE')",
+                    (schema[0] if schema else None,),
+                ).fetchone()[0]
+                if not allowed:
+                    raise ConfigError(
+                        f"PostgresSink {option} {table!r} does not exist and the user of {safe_target(o)} may not "
+                        "create it: create it, or GRANT CREATE on its schema"
+                    )
+        except psycopg.Error as exc:
+            raise SluiceError(f"PostgresSink {o.table}: {redact(str(exc), o).strip()}") from None
+        finally:
+            conn.close()
+
     def recover(self, job_id: str, committables: Sequence[PostgresCommittable]) -> None:
         """Before the job starts: check the server, create or check the tables, commit the prepared
         transactions the restored checkpoint names and roll back the job's and sink's others."""
         import psycopg
+
+        try:
+            ride_out(self.options, "recovery", lambda: self._recover(job_id, committables))
+        except psycopg.Error as exc:
+            raise SluiceError(
+                f"PostgresSink {self.options.table}: recovery failed: {redact(str(exc), self.options).strip()}"
+            ) from None
+
+    def _recover(self, job_id: str, committables: Sequence[PostgresCommittable]) -> None:
         from sluice.sinks.postgres.committer import commit_all
 
         conn = connect(self.options)
@@ -158,10 +213,6 @@ class PostgresSink(Sink[PostgresCommittable]):
                 log.info("%s: rolled back %d prepared transaction(s) of checkpoints that never completed",
                          self.name, len(orphans))  # fmt: skip
             commit_all(conn, self.options, committables)
-        except psycopg.Error as exc:
-            raise SluiceError(
-                f"PostgresSink {self.options.table}: recovery failed: {redact(str(exc), self.options).strip()}"
-            ) from None
         finally:
             conn.close()
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from sluice.sink import SinkContext, SinkWriter
 from sluice.sinks.postgres.options import PostgresSinkOptions, connect
+from sluice.sinks.postgres.outage import is_transient, ride_out
 from sluice.sinks.postgres.schema import (
     STAGE_GID,
     STAGE_SEQ,
@@ -93,12 +94,20 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
         if batch.num_rows == 0:
             return
         if batch.schema not in self._checked:  # the table created or checked before the first row is kept
-            conn = self._connection()
-            ensure_table(conn, self.options, batch.schema)
-            if self.options.mode == "upsert":
-                ensure_stage_table(conn, self.options)
+            ride_out(self.options, "checking the table", lambda: self._check_table(batch.schema))
             self._checked.add(batch.schema)
         self._buffer.append(batch)
+
+    def _check_table(self, schema: pa.Schema) -> None:
+        try:
+            conn = self._connection()
+            ensure_table(conn, self.options, schema)
+            if self.options.mode == "upsert":
+                ensure_stage_table(conn, self.options)
+        except Exception as exc:
+            if is_transient(exc):
+                self.close()  # a new connection on the next try
+            raise
 
     def prepare_commit(self, checkpoint_id: int) -> list[PostgresCommittable]:
         if not self._buffer:
@@ -107,18 +116,42 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
         rows = sum(b.num_rows for b in batches)
         ctx, o = self.ctx, self.options
         gid = make_gid(ctx.job_id, o.sink_key, ctx.subtask, checkpoint_id, ctx.attempt)
-        self._roll_back_orphans(self._connection())
-        conn = connect(o)
+        tries: list[int] = []
+
+        def prepare() -> None:
+            tries.append(1)
+            self._prepare(gid, checkpoint_id, batches, again=len(tries) > 1)
+
+        ride_out(o, f"pre-commit of checkpoint {checkpoint_id}", prepare)
+        ctx.metric("postgres_prepared_rows", rows)
+        return [PostgresCommittable(gid, ctx.job_id, ctx.subtask, checkpoint_id, rows)]
+
+    def _prepare(self, gid: str, checkpoint_id: int, batches: list[pa.RecordBatch], again: bool) -> None:
+        """Write ``batches`` and the marker in transaction ``gid`` and prepare it. ``again``: an earlier try
+        lost its connection, maybe after its PREPARE went through: then there is nothing left to do."""
+        try:
+            self._roll_back_orphans(self._connection())
+            if again and self._is_prepared(self._connection(), gid):
+                return
+        except Exception as exc:
+            if is_transient(exc):
+                self.close()
+            raise
+        conn = connect(self.options)
         try:
             conn.tpc_begin(gid)
             self._write_rows(conn, gid, batches)
             self._insert_marker(conn, gid, checkpoint_id)
-            ctx.fault_hook("pre_commit")  # rows written, not prepared: lost with the session
+            self.ctx.fault_hook("pre_commit")  # rows written, not prepared: lost with the session
             conn.tpc_prepare()
         finally:
             conn.close()  # the prepared transaction stays; an unprepared one is rolled back with the session
-        ctx.metric("postgres_prepared_rows", rows)
-        return [PostgresCommittable(gid, ctx.job_id, ctx.subtask, checkpoint_id, rows)]
+
+    @staticmethod
+    def _is_prepared(conn: Any, gid: str) -> bool:
+        row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)).fetchone()
+        conn.rollback()
+        return bool(row[0])
 
     def _roll_back_orphans(self, conn: Any) -> None:
         """Roll back what writers of earlier attempts of this job prepared after the restore's recovery ran
@@ -172,6 +205,9 @@ class PostgresWriter(SinkWriter[PostgresCommittable]):
         )
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a connection the server dropped
+                pass

@@ -9,15 +9,20 @@ part of the checkpoint, so the global commit reads one file.
 
 Given no key columns, both take them from the data's schema metadata (:func:`sluice.changes.keys_of`: a
 change format names them there).
+
+Plain rows (no ``_sluice_op`` column: window results, a keyed JSON topic) are upserts of their key: the
+writer gives each an insert and its own arrival order (the sink reads such a stream through a hash exchange
+on the key columns, so every row of a key reaches one writer in order, and the last one wins).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-from sluice.changes import keys_of
+from sluice.changes import OP, ORDER, Op, keys_of
 from sluice.sink import Compactor, SinkContext, SinkWriter
 from sluice.sinks.tables.changes import ChangeError, check_changes, collapse, read_staged, stage_changes
 from sluice.sinks.tables.files import TableFile, data_file_name, run_token
@@ -33,8 +38,8 @@ def resolve_keys(keys: Sequence[str], schema: pa.Schema) -> list[str]:
     resolved = list(keys) or list(keys_of(schema))
     if not resolved:
         raise ChangeError(
-            "an upsert sink was given no keys= and the changes' schema names none: give the sink keys=[...] "
-            "or read with a change format that names them (sluice.changes.with_keys)"
+            "an upsert sink was given no key_columns= and the stream's schema names none: give the sink "
+            "key_columns=[...] or read with a change format that names them (sluice.changes.with_keys)"
         )
     return resolved
 
@@ -67,10 +72,13 @@ class ChangeWriter(SinkWriter[TableFile]):
         self._rows = 0
         self._limit = collapse_rows
         self._run = run_token()
+        self._order = 0  # the arrival order this writer gives plain rows
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
+        if OP not in batch.schema.names and ORDER not in batch.schema.names:
+            batch = self._as_upserts(batch)
         if batch.schema not in self._checked:
             self.keys = resolve_keys(self.keys, batch.schema)
             check_changes(batch.schema, self.keys)
@@ -83,6 +91,14 @@ class ChangeWriter(SinkWriter[TableFile]):
             # many live keys collapse to about as many rows: wait for as many new rows again before the next
             # collapse, or every batch would sort the whole buffer again
             self._limit = max(self.collapse_rows, 2 * collapsed.num_rows)
+
+    def _as_upserts(self, rows: pa.RecordBatch) -> pa.RecordBatch:
+        """Plain rows as changes: each an insert (an upsert of its key), ordered as they arrived."""
+        n = rows.num_rows
+        order = np.arange(self._order, self._order + n, dtype=np.int64)
+        self._order += n
+        ops = pa.array(np.full(n, int(Op.INSERT), np.int8))
+        return rows.append_column(OP, ops).append_column(ORDER, pa.array(order))
 
     def _collapsed(self) -> pa.Table:
         return collapse(pa.concat_tables(self._buffer, promote_options="permissive"), self.keys)

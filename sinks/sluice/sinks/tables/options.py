@@ -14,7 +14,7 @@ from sluice.sinks.tables.rewrite import RewritePolicy, rewrite_policy
 __all__ = ["MODES", "SCHEMA_MODES", "TableSinkOptions"]
 
 SCHEMA_MODES = ("strict", "merge")
-#: ``append``: rows are appended; ``upsert``: change batches (:mod:`sluice.changes`) are merged by key
+#: ``append``: rows are appended; ``upsert``: each row (or change, :mod:`sluice.changes`) is merged by key
 MODES = ("append", "upsert")
 
 
@@ -38,7 +38,7 @@ class TableSinkOptions(SinkOptions):
     rewrite: RewritePolicy | None = None
     compression: str = ""
     mode: str = "append"
-    keys: list[str] = Field(default_factory=list)
+    key_columns: list[str] = Field(default_factory=list)
 
     @classmethod
     def check(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -69,18 +69,18 @@ class TableSinkOptions(SinkOptions):
     def _check_mode(cls, v: dict[str, Any]) -> None:
         if v["mode"] not in MODES:
             raise ConfigError(f"{cls.KIND}: mode must be one of {', '.join(MODES)} (got {v['mode']!r})")
-        keys = v["keys"]
+        keys = v["key_columns"]
         keys = [keys] if isinstance(keys, str) else list(keys or ())
         if not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
-            raise ConfigError(f"{cls.KIND}: keys must be distinct column names (got {v['keys']!r})")
+            raise ConfigError(f"{cls.KIND}: key_columns must be distinct column names (got {v['key_columns']!r})")
         if keys and v["mode"] != "upsert":
-            raise ConfigError(f"{cls.KIND}: keys is for mode='upsert' only (got mode={v['mode']!r})")
+            raise ConfigError(f"{cls.KIND}: key_columns is for mode='upsert' only (got mode={v['mode']!r})")
         schema = v["table_schema"]
         if keys and isinstance(schema, pa.Schema):
             missing = [k for k in keys if k not in schema.names]
             if missing:
-                raise ConfigError(f"{cls.KIND}: keys names column(s) {missing} not in schema ({schema.names})")
-        v["keys"] = keys
+                raise ConfigError(f"{cls.KIND}: key_columns names column(s) {missing} not in schema ({schema.names})")
+        v["key_columns"] = keys
 
     @classmethod
     def check_format(cls, values: dict[str, Any]) -> None:

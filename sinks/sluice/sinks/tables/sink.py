@@ -44,7 +44,7 @@ class TableSink(Sink[TableFile]):
     rewrite = Option[RewritePolicy | None]()
     compression = Option[str]()
     mode = Option[str]()
-    keys = Option[list[str]]()
+    key_columns = Option[list[str]]()
     name = Option[str]()
 
     @abstractmethod
@@ -63,23 +63,40 @@ class TableSink(Sink[TableFile]):
 
     def row_schema(self, schema: pa.Schema) -> pa.Schema:
         """At build time: ``schema`` itself (append mode), or, in upsert mode, its row columns after checking
-        it is a change schema with the key columns (ConfigError naming ``keys`` otherwise)."""
+        the key columns are in it (ConfigError naming ``key_columns`` otherwise). An upsert stream is a change
+        stream (:mod:`sluice.changes`: deletes too) or plain rows (each row an upsert of its key)."""
         if not self.upserts:
             return schema
         kind = type(self).__name__
-        keys = self.options.keys or list(keys_of(schema))
+        keys = self.options.key_columns or list(keys_of(schema))
+        changes = OP in schema.names or ORDER in schema.names
         if not keys:
             raise ConfigError(
-                f"{kind}: mode='upsert' needs keys=[...] (the key columns), or a change format that names them "
-                f"in the stream's schema (columns: {schema.names})"
+                f"{kind}: mode='upsert' needs key_columns=[...] (the columns that identify a row), or a change "
+                f"format that names them in the stream's schema (columns: {schema.names})"
             )
-        missing = [c for c in (*keys, OP, ORDER) if c not in schema.names]
+        missing = [c for c in (*keys, *((OP, ORDER) if changes else ())) if c not in schema.names]
         if missing:
-            raise ConfigError(
-                f"{kind}: mode='upsert' takes change batches with the key column(s) {keys} and {OP}, {ORDER} "
-                f"(sluice.changes); the stream lacks {missing} (columns: {schema.names})"
+            what = f"change batches with the key column(s) {keys} and {OP}, {ORDER} (sluice.changes)" if changes else (
+                f"rows with the key column(s) {keys}"
             )
+            raise ConfigError(f"{kind}: mode='upsert' takes {what}; the stream lacks {missing} (columns: {schema.names})")
         return pa.schema([f for f in schema if f.name not in (OP, ORDER)])
+
+    def restore_config(self) -> dict[str, Any] | None:
+        """The mode and key columns: staged upsert changes are collapsed by them."""
+        return {"operator": type(self).__name__, "mode": self.options.mode, "key_columns": list(self.options.key_columns)}
+
+    def input_key_columns(self, schema: pa.Schema | None) -> list[str] | None:
+        """Upsert mode with ``key_columns``, unless the stream is known to be a change stream (whose order
+        column orders each key's changes): every row of a key reaches one writer, in order, so the last row
+        per key wins."""
+        if not self.upserts:
+            return None
+        if schema is not None and OP in schema.names and ORDER in schema.names:
+            return None
+        keys = self.options.key_columns or (list(keys_of(schema)) if schema is not None else [])
+        return list(keys) or None
 
     def validate(self) -> None:
         """Raise ConfigError naming the wrong option and the allowed values (the options are checked when the
@@ -92,14 +109,14 @@ class TableSink(Sink[TableFile]):
 
     def create_writer(self, ctx: SinkContext, restored: list[Any]) -> SinkWriter[TableFile]:
         if self.upserts:
-            return ChangeWriter(self.change_storage(), self.options.keys, ctx, self.options.compression)
+            return ChangeWriter(self.change_storage(), self.options.key_columns, ctx, self.options.compression)
         return TableWriter(self.table_format(), ctx)
 
     def create_compactor(self, ctx: SinkContext) -> Compactor[TableFile] | None:
         if not self.options.compaction:
             return None
         if self.upserts:
-            return ChangeCompactor(self.change_storage(), self.options.keys, ctx, self.options.compression)
+            return ChangeCompactor(self.change_storage(), self.options.key_columns, ctx, self.options.compression)
         return TableCompactor(self.table_format(), ctx)
 
     def committable_serializer(self) -> SimpleVersionedSerializer[TableFile]:

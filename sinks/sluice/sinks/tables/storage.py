@@ -9,13 +9,21 @@ properties) work as well.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 from sluice.errors import ConfigError
 
-__all__ = ["SLUICE_S3_OPTIONS", "arrow_filesystem", "delta_options", "iceberg_io_options", "split_uri"]
+__all__ = [
+    "SLUICE_S3_OPTIONS",
+    "arrow_filesystem",
+    "delta_options",
+    "iceberg_io_options",
+    "probe_location",
+    "split_uri",
+]
 
 #: sluice's spelling of S3 connection options (the keys CheckpointConfig.storage_options takes)
 SLUICE_S3_OPTIONS = (
@@ -103,3 +111,14 @@ def arrow_filesystem(uri: str, options: dict[str, Any]) -> tuple[pafs.FileSystem
         kw["endpoint_override"] = parsed.netloc or endpoint
         kw["scheme"] = parsed.scheme or "https"
     return pafs.S3FileSystem(**{k: v for k, v in kw.items() if v is not None}), path
+
+
+def probe_location(uri: str, options: dict[str, Any]) -> None:
+    """Write and delete a small file under ``uri`` (the folder created if missing): raises what the file
+    system says if it cannot (at job start: is a table's location writable?)."""
+    fs, root = arrow_filesystem(uri, options)
+    fs.create_dir(root, recursive=True)
+    path = f"{root}/_sluice_probe-{uuid.uuid4().hex}"
+    with fs.open_output_stream(path) as out:
+        out.write(b"sluice")
+    fs.delete_file(path)
