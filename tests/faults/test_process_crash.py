@@ -17,15 +17,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import listing
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.connectors.kafka.helpers import produce_json
 from tests.faults.shapes import record
 from tests.kafka_broker import TansuBroker
+from tests.kafka_test_broker import KafkaTestBroker
 from tests.sinks.conftest import FINAL, MotoS3, read_visible, s3_keys
 
 JOB = textwrap.dedent(
@@ -108,7 +111,7 @@ def run_with_kills(
 
 
 def scenario(
-    broker: TansuBroker, topic: str, tmp_path: Path, seed: int, kills: int, s3: MotoS3 | None
+    broker: KafkaTestBroker, topic: str, tmp_path: Path, seed: int, kills: int, s3: MotoS3 | None
 ) -> None:
     rng = random.Random(seed)
     parts = rng.choice([1, 2, 3])
@@ -158,6 +161,16 @@ def scenario(
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, seed: int) -> None:
     scenario(broker, topic(3), tmp_path, seed, kills=3, s3=None)
+
+
+@pytest.mark.faults
+@pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
+def test_sigkill_local_files_on_apache_kafka(
+    apache_kafka: ApacheKafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The same kills with a real Apache Kafka under the source (transactions, offsets as Kafka keeps them)."""
+    scenario(apache_kafka, kafka_topic(3), tmp_path, 4, kills=3, s3=None)
 
 
 @pytest.mark.faults

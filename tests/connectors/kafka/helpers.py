@@ -6,7 +6,7 @@ import json
 
 import pyarrow as pa
 
-from tests.kafka_broker import TansuBroker
+from tests.kafka_test_broker import KafkaTestBroker
 
 
 def json_values(n: int, start: int = 0, partition: int = 0) -> list[bytes]:
@@ -17,7 +17,7 @@ def json_values(n: int, start: int = 0, partition: int = 0) -> list[bytes]:
     ]
 
 
-def produce_json(broker: TansuBroker, topic: str, per_partition: dict[int, range]) -> list[int]:
+def produce_json(broker: KafkaTestBroker, topic: str, per_partition: dict[int, range]) -> list[int]:
     """Produce ``{"id": i}`` records to each partition; returns every id produced."""
     ids: list[int] = []
     for p, r in per_partition.items():
