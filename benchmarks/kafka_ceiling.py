@@ -25,8 +25,8 @@ Targets (issue 37), each the median over the rounds of a same-round ratio: ``nat
 (``--partitions 16 --parallelism 1 2 8``); the python reader's figures are printed beside. Each run also
 prints how many cores the whole machine kept busy over it (``benchmarks/cpu.py``). On a shared machine the
 load changes within a run, so ``--repeat N`` measures the ceiling, (c), then sluice at each reader and
-parallelism, N times in turn (the readers' order alternates between rounds); every output is counted
-against the input (Parquet row counts). The last line is ``RESULT {json}`` with, for each ratio, its
+parallelism, N times in turn (the readers' order alternates between rounds), after an untimed warm-up of
+each side over a tenth of the topic; every output is counted against the input (Parquet row counts). The last line is ``RESULT {json}`` with, for each ratio, its
 median, ``<key>_runs`` (every round) and ``<key>_spread`` (min, max), the rounds' rates and load averages.
 Beside wall time, each run's CPU time per record (this process and its children; the broker's apart) is
 printed, and ``<reader>_p<n>_cpu_vs_ceiling`` (the ceiling's CPU per record over the job's): on a loaded
@@ -353,6 +353,15 @@ def main() -> None:
             produce(broker.bootstrap, args.messages)
             ends = broker.end_offsets(TOPIC, timeout=60)
             assert sum(ends.values()) == args.messages, ends
+            # an untimed warm-up of each side over a tenth of the topic (first records of each partition)
+            warm_ends = {q: max(1, off // 10) for q, off in ends.items()}
+            warm_n = sum(warm_ends.values())
+            (work / "warm").mkdir()
+            ceiling(broker.bootstrap, warm_n, work / "warm")
+            for reader in args.readers:
+                sluice_job(broker.bootstrap, warm_n, work / f"warm-{reader}", warm_ends, 1, True, reader)
+            shutil.rmtree(work / "warm", ignore_errors=True)
+            print("warm-up done", flush=True)
             for rnd in range(args.repeat):
                 row: dict[str, Any] = {"round": rnd + 1, "loadavg": round(os.getloadavg()[0], 1)}
                 cdir = work / f"ceiling-{rnd}"
