@@ -138,6 +138,8 @@ class ApacheKafkaBroker(KafkaTestBroker):
     #: the port the broker tells clients to connect to, if not its own (a test's fault proxy in front of it);
     #: the broker's own traffic to itself (e.g. transaction markers) uses a listener of its own, never this
     advertised_port: int | None = None
+    #: the clients' port (None: a free one); ``python -m tests.apache_kafka --serve`` sets it
+    port: int | None = None
 
     def __init__(
         self,
@@ -218,7 +220,7 @@ class ApacheKafkaBroker(KafkaTestBroker):
             return self
         for attempt in range(3):
             self._dir = Path(tempfile.mkdtemp(prefix="apache-kafka-"))
-            self._ports = (_free_port(), _free_port(), _free_port())
+            self._ports = (self.port or _free_port(), _free_port(), _free_port())
             try:
                 self._format(java, classpath)
                 self._launch(java, classpath)
@@ -401,5 +403,41 @@ class ApacheKafkaBroker(KafkaTestBroker):
         self.stop()
 
 
+def serve(port: int) -> None:
+    """``python -m tests.apache_kafka --serve [--port 9092]``: an Apache Kafka on 127.0.0.1:PORT for trying
+    jobs and templates by hand, until Ctrl-C (or SIGTERM); its data is discarded then."""
+    import signal
+
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            raise SystemExit(f"port {port} is taken (another broker?): give another one with --port N")
+    broker = ApacheKafkaBroker()
+    broker.port = port
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    print(f"starting Apache Kafka {KAFKA_VERSION} (one KRaft node) on 127.0.0.1:{port} ...", flush=True)
+    with broker:
+        print(f"serving: KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{port}  (log: {broker.log_path}; Ctrl-C stops it)",
+              flush=True)
+        try:
+            while broker.running:
+                time.sleep(0.5)
+            raise SystemExit(f"the broker exited\n{broker.log_tail()}")
+        except KeyboardInterrupt:
+            print("stopping", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--serve" in sys.argv[1:]:
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="python -m tests.apache_kafka", description=serve.__doc__)
+        parser.add_argument("--serve", action="store_true", help="run a broker until Ctrl-C")
+        parser.add_argument("--port", type=int, default=9092, help="the clients' port (default 9092)")
+        serve(parser.parse_args().port)
+    else:
+        main()

@@ -1,4 +1,4 @@
-"""A zombie's commit after its transactional id was fenced (tansu).
+"""A zombie's commit after its transactional id was fenced.
 
 Apache Kafka: when a second producer calls init_transactions() with the same transactional.id, the broker
 bumps the producer epoch and aborts the first producer's open transaction; the first producer's
@@ -12,16 +12,15 @@ are delivered to read_committed consumers.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import time
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _broker import NAMES, broker, parse
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from kafka_broker import TansuBroker
 
 
-def main() -> None:
-    with TansuBroker() as b:
+def main(kind: str) -> None:
+    name = NAMES[kind]
+    with broker(kind) as b:
         b.create_topic("out", 1)
         tid = "fence-me"
         zombie = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": tid, "log_level": 0})
@@ -33,13 +32,15 @@ def main() -> None:
         zombie.flush(10)
         zombie.send_offsets_to_transaction([TopicPartition("out", 0, 7)], group.consumer_group_metadata(), 10)
         fresh = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": tid, "log_level": 0})
-        fresh.init_transactions(10)  # fences the zombie
+        fresh.init_transactions(30)  # fences the zombie
+        t0 = time.monotonic()
         try:
             zombie.commit_transaction(5)
             outcome = "committed (!)"
         except KafkaException as exc:
             e = exc.args[0]
             outcome = f"{e.name()} (fatal={e.fatal()}, abortable={e.txn_requires_abort()}, retriable={e.retriable()})"
+        took = time.monotonic() - t0
         marker = group.committed([TopicPartition("out", 0)], timeout=10)[0].offset
         reader = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "r", "isolation.level": "read_committed",
                            "auto.offset.reset": "earliest", "enable.partition.eof": True, "log_level": 0})  # fmt: skip
@@ -52,11 +53,11 @@ def main() -> None:
             seen.append(m.value())
         reader.close()
         group.close()
-    print(f"tansu: the fenced zombie's commit_transaction(): {outcome}")
+    print(f"{name}: the fenced zombie's commit_transaction(): {outcome} after {took:.1f} s")
     print(f"  the offset its transaction carried: {marker} (-1001 = none: not applied)")
     print(f"  read_committed consumer sees {len(seen)} of its 5 records")
-    print("Kafka: PRODUCER_FENCED (fatal) at once; offset not applied; read_committed sees 0 records.")
+    print("Kafka (expected): PRODUCER_FENCED (fatal) at once; offset not applied; read_committed sees 0 records.")
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(__doc__).broker)

@@ -6,12 +6,8 @@ values, and producer CreateTime come back unchanged with timestamp type CREATE_T
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _broker import NAMES, broker, parse
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, Producer, TopicPartition
-from kafka_broker import TansuBroker
 
 SENT = [
     dict(key=b"k1", value=b"v1", timestamp=1_600_000_000_123,
@@ -21,8 +17,8 @@ SENT = [
 ]
 
 
-def main() -> None:
-    with TansuBroker() as b:
+def main(kind: str) -> None:
+    with broker(kind) as b:
         b.create_topic("t", 1)
         p = Producer({"bootstrap.servers": b.bootstrap, "log_level": 0})
         for rec in SENT:
@@ -39,8 +35,8 @@ def main() -> None:
             print(f"offset {m.offset()}: key={m.key()!r} value={m.value()!r} ts={m.timestamp()} "
                   f"headers={m.headers()} -> {'same as sent' if same else 'DIFFERS'}")
         c.close()
-    print("tansu:", "round-trip identical to Kafka (no quirk)" if ok else "DEVIATES from Kafka")
+    print(f"{NAMES[kind]}:", "round-trip identical to what was sent (Kafka's behaviour)" if ok else "DEVIATES")
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(__doc__).broker)

@@ -8,17 +8,14 @@ The HighWatermark in Fetch responses is correct (cached watermarks, PARTITION_EO
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _broker import NAMES, broker, parse
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
-from kafka_broker import TansuBroker
 
 
-def main() -> None:
-    with TansuBroker() as b:
+def main(kind: str) -> None:
+    name = NAMES[kind]
+    with broker(kind) as b:
         b.create_topic("t", 1)
         tp = TopicPartition("t", 0)
         p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 50, "log_level": 0})
@@ -31,9 +28,9 @@ def main() -> None:
             p.flush(10)
             total += batch
             lo, hi = c.get_watermark_offsets(tp, timeout=5)
-            print(f"after a {batch:2d}-record batch: Kafka high={total}  tansu high={hi} (low={lo})")
+            print(f"after a {batch:2d}-record batch: Kafka high={total}  {name} high={hi} (low={lo})")
         r = b.admin.list_offsets({tp: OffsetSpec.latest()})[tp].result(10)
-        print(f"admin list_offsets(LATEST): Kafka {total}, tansu {r.offset}")
+        print(f"admin list_offsets(LATEST): Kafka {total}, {name} {r.offset}")
         c.assign([TopicPartition("t", 0, 0)])
         eof = None
         while eof is None:
@@ -41,12 +38,12 @@ def main() -> None:
             if m is not None and m.error() and m.error().code() == KafkaError._PARTITION_EOF:
                 eof = m.offset()
         print(f"Fetch-based: PARTITION_EOF at {eof}, cached watermarks "
-              f"{c.get_watermark_offsets(tp, cached=True)} (correct)")
-        print("fixture end_offsets() ->", b.end_offsets("t"))
+              f"{c.get_watermark_offsets(tp, cached=True)}")
+        print(f"{type(b).__name__}.end_offsets() ->", b.end_offsets("t"))
         c.close()
-    print("Impact: 'caught up' checks / lag based on get_watermark_offsets are wrong on tansu.")
-    print("Workaround (tests): TansuBroker.end_offsets() reads the last batch and uses PARTITION_EOF.")
+    print("Impact on tansu: 'caught up' checks / lag / \"latest\" based on ListOffsets are wrong there.")
+    print("Workaround (tests, tansu only): TansuBroker.end_offsets() reads the last batch and uses PARTITION_EOF.")
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(__doc__).broker)

@@ -9,17 +9,15 @@ producer-supplied CreateTime, and answers 0 (not -1/end) when nothing matches.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _broker import NAMES, broker, parse
 from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka_broker import TansuBroker
 
 
-def main() -> None:
-    with TansuBroker() as b:
+def main(kind: str) -> None:
+    name = NAMES[kind]
+    with broker(kind) as b:
         b.create_topic("t", 2)
         p = Producer({"bootstrap.servers": b.bootstrap, "log_level": 0})
         old = int(time.time() * 1000) - 3_600_000  # CreateTime one hour ago
@@ -36,17 +34,18 @@ def main() -> None:
             return c.offsets_for_times([TopicPartition("t", part, ts)], timeout=5)[0].offset
 
         for i in range(4):
-            print(f"CreateTime query old+{i}min: Kafka {2 * i}, tansu {q(old + i * 60_000)}")
-        print(f"CreateTime query old+1min+1ms: Kafka 3, tansu {q(old + 60_001)}")
+            print(f"CreateTime query old+{i}min: Kafka {2 * i}, {name} {q(old + i * 60_000)}")
+        print(f"CreateTime query old+1min+1ms: Kafka 3, {name} {q(old + 60_001)}")
         for i, ts in enumerate(wall):
-            print(f"ingestion wall-clock query #{i}: tansu {q(ts)} (Kafka -1: no CreateTime >= ts)")
+            print(f"ingestion wall-clock query #{i}: Kafka -1 (no CreateTime >= ts), {name} {q(ts)}")
         future = int(time.time() * 1000) + 60_000
-        print(f"timestamp after all records: Kafka -1 (end), tansu {q(future)}")
-        print(f"empty partition: Kafka -1, tansu {q(old, part=1)}")
+        print(f"timestamp after all records: Kafka -1 (end), {name} {q(future)}")
+        print(f"empty partition: Kafka -1, {name} {q(old, part=1)}")
         c.close()
-    print("Workaround (tests): only test timestamp start positions with records produced "
-          "without explicit timestamps, at distinct wall-clock times, and never the 'after end' case.")
+    print("Workaround (tests, tansu): only test timestamp start positions with records produced without")
+    print("explicit timestamps, at distinct wall-clock times, and never the 'after end' case; on Apache Kafka")
+    print("they are tested as they are (tests/connectors/kafka/test_apache_kafka_source.py).")
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(__doc__).broker)

@@ -16,9 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _broker import NAMES, broker, parse
 from confluent_kafka.admin import ConfigResource, ResourceType
-from kafka_broker import TansuBroker
 
 
 def stateful_app(bootstrap: str, state_dir: str) -> str:
@@ -33,21 +32,22 @@ def stateful_app(bootstrap: str, state_dir: str) -> str:
     return "ok"
 
 
-def main() -> None:
-    with TansuBroker() as b:
+def main(kind: str) -> None:
+    name = NAMES[kind]
+    with broker(kind) as b:
         b.create_topic("t", 1)
         res = b.admin.describe_configs([ConfigResource(ResourceType.TOPIC, "t")])
         configs: dict[str, Any] = next(iter(res.values())).result(10)
-        print(f"DescribeConfigs(topic t): Kafka returns every config (retention.ms=604800000), tansu {len(configs)} entries")
+        print(f"DescribeConfigs(topic t): Kafka returns every config (retention.ms=604800000), {name} {len(configs)} entries")
         with tempfile.TemporaryDirectory() as d:
-            print(f"Quix Streams stateful apply on tansu: {stateful_app(b.bootstrap, d)}")
+            print(f"Quix Streams stateful apply on {name}: {stateful_app(b.bootstrap, d)}")
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
         from _state_job import quix_on_tansu  # type: ignore[import-not-found]
 
         quix_on_tansu()
         with tempfile.TemporaryDirectory() as d:
-            print(f"... with quix_on_tansu() (Kafka's defaults filled in): {stateful_app(b.bootstrap, d)}")
+            print(f"... with quix_on_tansu() (Kafka's defaults filled in where none came): {stateful_app(b.bootstrap, d)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(__doc__).broker)

@@ -1,4 +1,4 @@
-"""Producer + single-consumer fetch throughput against tansu (memory storage).
+"""Producer + single-consumer fetch throughput (tansu: memory storage; --broker apache: Apache Kafka).
 
 Apache Kafka (local, 1 broker): a single librdkafka consumer reads several
 hundred thousand to ~1M small msgs/s; fetch sizes are capped by
@@ -12,13 +12,10 @@ Env: N (default 500000), PARTITIONS (default 4), REPEATS (default 3). Numbers va
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _broker import NAMES, broker, parse
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from kafka_broker import TansuBroker
 
 N = int(os.environ.get("N", "500000"))
 PARTS = int(os.environ.get("PARTITIONS", "4"))
@@ -75,22 +72,22 @@ def consume(bootstrap: str, topic: str, extra: dict[str, object]) -> tuple[float
     return got / dt, got
 
 
-def main() -> None:
-    with TansuBroker() as broker:
+def main(kind: str) -> None:
+    print(f"{NAMES[kind]}:")
+    with broker(kind) as b:
         for batch in (10000, 100):
             topic = f"tp{batch}"
-            broker.create_topic(topic, PARTS)
-            rate = produce(broker.bootstrap, topic, batch)
+            b.create_topic(topic, PARTS)
+            rate = produce(b.bootstrap, topic, batch)
             print(f"producer batch.num.messages={batch}: {N} x {len(VALUE)}B over {PARTS} "
                   f"partitions -> {rate:,.0f} msgs/s")
             for name, cfg in CONSUMER_PROFILES.items():
-                runs = [consume(broker.bootstrap, topic, cfg) for _ in range(REPEATS)]
+                runs = [consume(b.bootstrap, topic, cfg) for _ in range(REPEATS)]
                 rates = ", ".join(f"{r:,.0f}" for r, _ in runs)
                 print(f"  consumer [{name:11s}] {runs[0][1]} msgs -> best {max(runs)[0]:,.0f} msgs/s "
                       f"(runs: {rates})  {cfg}")
-    print("Apache Kafka: similar order of magnitude; tansu is no bottleneck for tests.")
     print("Recommended consumer settings: the 'tuned' profile (~2x default on this machine).")
 
 
 if __name__ == "__main__":
-    main()
+    main(parse(__doc__).broker)

@@ -86,27 +86,29 @@ def test_kafka_job_reads_its_connection_settings_from_the_environment(tmp_path, 
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize("template", ["kafka-to-delta", "kafka-to-iceberg"])
-def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("template", ["kafka-to-parquet", "kafka-to-delta", "kafka-to-iceberg"])
+def test_table_templates_run_against_kafka(template: str, apache_kafka, kafka_topic, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The templates as users run them, on Apache Kafka: ``KAFKA_STOPPING_OFFSETS=latest`` with the input
+    produced in one batch (tansu under-reported that end), a malformed record to the dead letters."""
     import json
 
     import pyarrow.dataset
-    from confluent_kafka import Producer
 
-    t = topic(1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
-    for i in range(40):  # one record per produce batch: tansu's LATEST offset is then right (broker_quirks)
-        event = {"id": i, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i}
-        producer.produce(t, json.dumps(event).encode(), partition=0)
-        producer.flush(10)
-    producer.produce(t, b"{not json", partition=0)
-    producer.flush(10)
+    t = kafka_topic(1)
+    events = [{"id": i, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i} for i in range(40)]
+    apache_kafka.produce(t, [json.dumps(e).encode() for e in events] + [b"{not json"], partition=0)
     monkeypatch.chdir(tmp_path)
-    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest"}.items():
+    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": apache_kafka.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest"}.items():
         monkeypatch.setenv(k, v)
     invoke("new", "lake-job", "--template", template)
     out = invoke("run", "lake_job.py", "--runtime", "local")
     assert "finished after 1 attempt(s)" in out
+    if template == "kafka-to-parquet":
+        rows = pyarrow.dataset.dataset(str(tmp_path / "output" / "events"), format="parquet").to_table()
+        dead = pyarrow.dataset.dataset(str(tmp_path / "output" / "dead-letters"), format="json").to_table()
+        assert sorted(rows.column("id").to_pylist()) == [i for i in range(40) if i != 7]
+        assert dead.num_rows == 1 and dead.column("offset").to_pylist() == [40]
+        return
     if template == "kafka-to-delta":
         from deltalake import DeltaTable
 
@@ -123,22 +125,17 @@ def test_table_templates_run_against_kafka(template: str, broker, topic, tmp_pat
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("template", ["kafka-to-kafka", "kafka-to-postgres"])
-def test_sink_templates_run_against_kafka_and_postgres(template: str, broker, topic, postgres, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_sink_templates_run_against_kafka_and_postgres(template: str, apache_kafka, kafka_topic, postgres, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from confluent_kafka import Producer
+    from tests.kafka_test_broker import read_committed
 
-    from tests.sinks.kafka.reader import read_topic
-
-    t, out = topic(1), topic(2)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
-    for i in range(30):  # one record per produce batch: tansu's LATEST offset is then right (broker_quirks)
-        event = {"id": i % 25, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i}
-        producer.produce(t, json.dumps(event).encode(), partition=0)
-        producer.flush(10)
+    t, out = kafka_topic(1), kafka_topic(2)
+    events = [{"id": i % 25, "kind": "ab"[i % 2], "amount": -1.0 if i == 7 else float(i), "ts": 1_700_000_000_000 + i} for i in range(30)]
+    apache_kafka.produce(t, [json.dumps(e).encode() for e in events], partition=0)  # one batch
     monkeypatch.chdir(tmp_path)
     conninfo = postgres.new_database()
-    env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest",
+    env = {"KAFKA_BOOTSTRAP_SERVERS": apache_kafka.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest",
            "OUTPUT_TOPIC": out, "POSTGRES_CONNINFO": conninfo}  # fmt: skip
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -147,7 +144,7 @@ def test_sink_templates_run_against_kafka_and_postgres(template: str, broker, to
     assert "finished after 1 attempt(s)" in out_text
     valid = [i for i in range(30) if i != 7]
     if template == "kafka-to-kafka":
-        records = read_topic(broker, out)
+        records = read_committed(apache_kafka.bootstrap, out)  # a plain read_committed consumer: once each
         assert sorted(json.loads(r.value)["amount"] for r in records) == [float(i) for i in valid]  # type: ignore[arg-type]
         assert all(r.key == json.loads(r.value)["kind"].encode() for r in records)  # type: ignore[arg-type]
     else:  # upsert by id: ids 0..4 came twice, the later event wins

@@ -21,7 +21,8 @@ from tests.cluster.conftest import JOB, KafkaInput, result_of, visible_ids
 from tests.cluster.standalone import StandaloneCluster
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.cluster, pytest.mark.soak, pytest.mark.spark, pytest.mark.kafka]
+_PLAIN = "plain records read to explicit stops from the fetched end (high_watermark.py); no transactions"
+pytestmark = [pytest.mark.cluster, pytest.mark.soak, pytest.mark.spark, pytest.mark.kafka, pytest.mark.tansu("Spark cluster failures: " + _PLAIN)]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

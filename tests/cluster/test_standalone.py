@@ -22,7 +22,8 @@ from tests.cluster.standalone import Proc, StandaloneCluster
 from tests.faults.shapes import record
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka]
+_PLAIN = "plain records read to explicit stops from the fetched end (high_watermark.py); no transactions"
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka, pytest.mark.tansu("Spark cluster failures: " + _PLAIN)]
 
 
 def _start(cluster: StandaloneCluster, broker: TansuBroker, tmp_path: Path, name: str) -> tuple[KafkaInput, Proc]:

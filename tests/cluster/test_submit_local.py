@@ -22,7 +22,8 @@ from tests.cluster.conftest import JOB, KafkaInput, visible_ids
 from tests.fresh_venv import dependencies, new_venv, run
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka]
+_PLAIN = "plain records read to explicit stops from the fetched end (high_watermark.py); no transactions"
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka, pytest.mark.tansu("Spark cluster failures: " + _PLAIN)]
 
 
 def test_spark_submit_local_without_spark_local_ip(broker: TansuBroker, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.testing.conformance import SinkCase, SinkTarget, SourceCase
 
 from tests import listing
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
 from tests.sinks.conftest import MotoS3
@@ -34,6 +35,9 @@ from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
 SOURCE_CASES = ["generator_source", "kafka_source", "kafka_source_native"]
+#: the cases on the session's Apache Kafka: their tests are marked ``apache_kafka`` (the fixture is asked for
+#: through the case, which the marking in tests/conftest.py cannot see)
+APACHE_KAFKA_CASES = {"kafka_source", "kafka_source_native"}
 #: sink cases (fixture names) every sink check runs against; add a sink here
 SINK_CASES = [
     "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
@@ -51,24 +55,26 @@ def generator_source() -> SourceCase:
 
 
 @pytest.fixture(scope="module")
-def kafka_source(broker: TansuBroker) -> SourceCase:
-    """JSON records in 3 partitions; the source stops 7 records before each partition's end, so a reader
-    that reads past its stop offset emits records no bounded run may emit. Today's reader (confluent-kafka)."""
-    return _kafka_case(broker, "python")
+def kafka_source(apache_kafka: ApacheKafkaBroker) -> SourceCase:
+    """JSON records in 3 partitions of a topic on Apache Kafka; the source stops 7 records before each
+    partition's end (the broker's high watermark), so a reader that reads past its stop offset emits
+    records no bounded run may emit. Today's reader (confluent-kafka)."""
+    return _kafka_case(apache_kafka, "python")
 
 
 @pytest.fixture(scope="module")
-def kafka_source_native(broker: TansuBroker) -> SourceCase:
+def kafka_source_native(apache_kafka: ApacheKafkaBroker) -> SourceCase:
     """:func:`kafka_source` on the native reader (fetch and JSON decoding without the GIL)."""
-    return _kafka_case(broker, "native")
+    return _kafka_case(apache_kafka, "native")
 
 
-def _kafka_case(broker: TansuBroker, reader: str) -> SourceCase:
+def _kafka_case(broker: ApacheKafkaBroker, reader: str) -> SourceCase:
     topic = f"conformance-{next(_names)}-{uuid.uuid4().hex[:6]}"
     broker.create_topic(topic, 3)
     for p in range(3):
         broker.produce(topic, [json.dumps({"id": p * 1000 + i}).encode() for i in range(90)], partition=p)
     ends = broker.end_offsets(topic)
+    assert ends == {0: 90, 1: 90, 2: 90}
     stops = {(topic, p): end - 7 for p, end in ends.items()}
     src = KafkaSource(
         broker.bootstrap,

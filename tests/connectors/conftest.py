@@ -6,6 +6,7 @@ import pytest
 from sluice.testing.conformance import SinkCase, SourceCase
 
 from tests.connectors.cases import (  # noqa: F401 - fixtures
+    APACHE_KAFKA_CASES,
     SINK_CASES,
     SOURCE_CASES,
     delta_table,
@@ -24,13 +25,17 @@ from tests.connectors.cases import (  # noqa: F401 - fixtures
 )
 
 
-@pytest.fixture(params=SOURCE_CASES, scope="module")
+def _params(cases: list[str]) -> list[object]:
+    return [pytest.param(c, marks=pytest.mark.apache_kafka) if c in APACHE_KAFKA_CASES else c for c in cases]
+
+
+@pytest.fixture(params=_params(SOURCE_CASES), scope="module")
 def source_case(request: pytest.FixtureRequest) -> SourceCase:
     case: SourceCase = request.getfixturevalue(request.param)
     return case
 
 
-@pytest.fixture(params=SINK_CASES)
+@pytest.fixture(params=_params(SINK_CASES))
 def sink_case(request: pytest.FixtureRequest) -> SinkCase:
     case: SinkCase = request.getfixturevalue(request.param)
     return case

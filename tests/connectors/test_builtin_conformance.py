@@ -1,5 +1,5 @@
-"""The conformance kit passes for every built-in connector: the generator and Kafka sources (on the tansu
-broker), the file sink on local disk (plain and compacting) and on S3 (moto), the test sink (per-subtask
+"""The conformance kit passes for every built-in connector: the generator and Kafka sources (the Kafka
+source on Apache Kafka, tests/apache_kafka.py), the file sink on local disk (plain and compacting) and on S3 (moto), the test sink (per-subtask
 and global commit), the Delta and Iceberg table sinks. Cases are in tests/connectors/cases.py."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from tests.connectors.kafka.helpers import produce_json
 from tests.control.conftest import sluice, sluice_json, wait_for
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.tansu("job control from the CLI over plain records: no tansu quirk touched")]
 
 JOB = textwrap.dedent(
     """

@@ -20,9 +20,9 @@ from sluice.control.progress import summary_line
 from sluice.sinks.testing import TwoPhaseCommitTestSink
 from sluice.testing import FaultInjector
 
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.connectors.kafka.helpers import produce_json
 from tests.control.conftest import wait_for
-from tests.kafka_broker import TansuBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2 * 3000
@@ -89,8 +89,10 @@ def test_every_metric_is_documented() -> None:
 
 
 @pytest.mark.kafka
-def test_kafka_lag_and_fetch_counters(broker: TansuBroker, topic: Callable[..., str], tmp_path: Path) -> None:
-    t = topic(2)
+def test_kafka_lag_and_fetch_counters(apache_kafka: ApacheKafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path) -> None:
+    # on Apache Kafka: the lag comes from the broker's last stable offsets (tansu under-reports its end);
+    # that it reaches 0, also on transactional input: tests/connectors/kafka/test_apache_kafka_source.py
+    broker, t = apache_kafka, kafka_topic(2)
     produce_json(broker, t, {0: range(0, 2000), 1: range(2000, 4000)})
     schema = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 

@@ -42,6 +42,9 @@ from tests.faults.contract import checkpoint_config, kafka_options, missing, sta
 from tests.faults.proxy import FaultProxy
 
 pytestmark = UNHANDLED_THREAD_ERRORS_FAIL
+#: the broker outages here are a fault proxy's cuts, the broker behind it keeps running: no tansu quirk is
+#: involved (plain records, no "latest", no transactions)
+TANSU_PROXIED = pytest.mark.tansu("outages are a fault proxy's cuts in front of a broker that keeps running; plain records")
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 
@@ -223,6 +226,7 @@ def broker_outage(
         check_exactly_once(f"{label} (read by another engine)", out.ids_independently(), ids)
 
 
+@TANSU_PROXIED
 @pytest.mark.faults
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers
@@ -230,6 +234,7 @@ def test_broker_outage_shows_the_source_stalled_then_resumes(proxied_broker: Pro
     broker_outage(proxied_broker, Output("files", str(tmp_path / "out")), tmp_path, fails_over=False)
 
 
+@TANSU_PROXIED
 @pytest.mark.soak
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers
@@ -241,6 +246,7 @@ def test_soak_unanswering_broker_shows_the_source_stalled_then_resumes(
     broker_outage(proxied_broker, out, tmp_path, fails_over=False, kind="blackhole")
 
 
+@TANSU_PROXIED
 @pytest.mark.faults
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers
@@ -251,6 +257,7 @@ def test_broker_outage_longer_than_the_timeout_fails_over(
     broker_outage(proxied_broker, Output(sink, str(tmp_path / "out")), tmp_path, fails_over=True)
 
 
+@TANSU_PROXIED
 @pytest.mark.soak
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers

@@ -156,6 +156,7 @@ def scenario(
 
 
 @pytest.mark.faults
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("seed", [1, 2])
@@ -164,6 +165,7 @@ def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, se
 
 
 @pytest.mark.faults
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers
 def test_sigkill_local_files_on_apache_kafka(
@@ -181,6 +183,7 @@ def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: 
 
 
 @pytest.mark.soak
+@pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("seed", range(100, 130))

@@ -34,19 +34,14 @@ def test_the_windowed_template_builds_and_is_listed(tmp_path: Path, monkeypatch:
 
 
 @pytest.mark.kafka
-def test_the_windowed_template_runs_against_kafka(broker: Any, topic: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from confluent_kafka import Producer
-
-    t = topic(1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
+def test_the_windowed_template_runs_against_kafka(apache_kafka: Any, kafka_topic: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = kafka_topic(1)
     events = [
         {"id": i, "kind": "abc"[i % 3], "amount": float(i % 11), "ts": 1_700_000_000_000 + i * 4_000} for i in range(50)
     ]
-    for e in events:  # one record per produce batch: tansu's LATEST offset is then right (broker_quirks)
-        producer.produce(t, json.dumps(e).encode(), partition=0)
-        producer.flush(10)
+    apache_kafka.produce(t, [json.dumps(e).encode() for e in events], partition=0)  # one batch: "latest" is its end
     monkeypatch.chdir(tmp_path)
-    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest"}.items():
+    for k, v in {"KAFKA_BOOTSTRAP_SERVERS": apache_kafka.bootstrap, "KAFKA_TOPIC": t, "KAFKA_STOPPING_OFFSETS": "latest"}.items():
         monkeypatch.setenv(k, v)
     invoke("new", "minute-totals", "--template", "kafka-windowed-aggregation")
     out = invoke("run", "minute_totals.py", "--runtime", "local")

@@ -1,11 +1,7 @@
 """A task: one subtask of a job vertex, running its operator chain in one thread with a mailbox.
 
-Everything that touches operators happens on the task thread: input batches, barriers, timers, and the
-control messages the coordinator posts to the mailbox (trigger, complete, abort, split assignment). The
-only other thread is the asynchronous part of checkpoints, which serializes frozen snapshots and uploads
-them, then acknowledges. Between batches the task starts keyed backends' periodic work (changelog
-materializations). The upload thread ends before the operators (and their state backends) close, as Flink
-closes its ``AsyncCheckpointRunnable``s first: see :meth:`SubtaskCheckpointing.stop`.
+Operators are touched only on the task thread; the one other thread uploads checkpoints' frozen snapshots,
+acknowledges, and ends before the operators close (Flink's ``AsyncCheckpointRunnable``s: ``checkpointing.stop``).
 
 The task (Flink ``StreamTask`` with its ``MailboxProcessor``) keeps the mailbox loop and the task's
 lifecycle, and wires the roles of the protocol:
@@ -34,7 +30,7 @@ import pyarrow as pa
 from sluice.checkpoint.barriers import barrier_handler
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.subtask import CheckpointResponder, SubtaskCheckpointing
-from sluice.events import AlignmentMode, CheckpointBarrier, EndOfChannelState
+from sluice.events import AlignmentMode, CheckpointBarrier
 from sluice.graph import SubtaskId
 from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
@@ -248,18 +244,7 @@ class Task:
         if self.reader is not None:
             self.reader.start()
         if r is not None:
-            # output channel state first, then input channel state, before any new input
-            for idx, batch in r.resend_output:
-                self.all_writers[idx].emit(batch)
-            if r.recovers_channel_state:
-                # what follows (from its input channel state, then new input) is newer than every sender's
-                # output channel state: receivers hold it until all senders got here (runtime.input_gate)
-                for w in self.all_writers:
-                    w.broadcast(EndOfChannelState())
-            for pos, input_index, batch in r.inject:
-                self.operators[pos].process_batch(batch, input_index)
-            for input_index, batch in r.replay_input:
-                self._head.process_batch(batch, input_index)
+            r.recover_channel_state(self.all_writers, self.operators)
 
     def _loop(self) -> None:
         while True:

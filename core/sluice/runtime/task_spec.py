@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.checkpoint.codec import envelope
-from sluice.events import AlignmentMode
+from sluice.events import AlignmentMode, EndOfChannelState
 from sluice.graph import SubtaskId
 from sluice.operators.base import Operator, OperatorContext
 from sluice.runtime.channels import InputChannel, Signal
@@ -44,6 +44,22 @@ class TaskRestore:
     #: (chain position, input index, batch): in-flight data of a node a rescale chained behind another one,
     #: processed by that operator before the input channel state (sluice.runtime.rechain)
     inject: list[tuple[int, int, pa.RecordBatch]] = field(default_factory=list)
+
+    def recover_channel_state(self, writers: list[RecordWriter], operators: list[Operator]) -> None:
+        """Deliver the in-flight data before any new input: output channel state first, then (where the
+        checkpoint holds in-flight data) ``EndOfChannelState`` on every output, then the data of rechained
+        nodes and the input channel state, processed by the chain (``operators[0]`` is its head)."""
+        for idx, batch in self.resend_output:
+            writers[idx].emit(batch)
+        if self.recovers_channel_state:
+            # what follows (from its input channel state, then new input) is newer than every sender's
+            # output channel state: receivers hold it until all senders got here (runtime.input_gate)
+            for w in writers:
+                w.broadcast(EndOfChannelState())
+        for pos, input_index, batch in self.inject:
+            operators[pos].process_batch(batch, input_index)
+        for input_index, batch in self.replay_input:
+            operators[0].process_batch(batch, input_index)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def json_values(n: int, start: int = 0, partition: int = 0) -> list[bytes]:
 
 
 def produce_json(broker: KafkaTestBroker, topic: str, per_partition: dict[int, range]) -> list[int]:
-    """Produce ``{"id": i}`` records to each partition; returns every id produced."""
+    """Produce ``{"id": i}`` records to each partition (tansu or Apache Kafka); returns every id produced."""
     ids: list[int] = []
     for p, r in per_partition.items():
         broker.produce(topic, json_values(len(r), r.start, p), partition=p)

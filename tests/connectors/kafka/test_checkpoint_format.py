@@ -19,7 +19,9 @@ from tests.checkpoint_scan import assert_no_pickle
 from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), pytest.mark.tansu(
+    "what a checkpoint holds: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions"
+)]
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 KEY = "kafka-format-test-key-0123456789"

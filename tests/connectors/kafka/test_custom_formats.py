@@ -20,7 +20,9 @@ from tests.connectors.kafka.fakes import CollectingOutput, FakeConsumer, FakeMes
 from tests.connectors.kafka.test_formats_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+    "decoders: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions"
+)]
 
 KV = pa.schema([("key", pa.string()), ("n", pa.int64()), ("deleted", pa.bool_())])
 

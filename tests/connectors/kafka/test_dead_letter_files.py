@@ -16,7 +16,13 @@ from tests import listing
 from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.usefixtures("kafka_reader"),  # on both readers
+    pytest.mark.tansu("how dead letters read in files; plain records to an explicit stop from the fetched end "
+                      "(high_watermark.py): no tansu quirk touches it (the dead-letter topic on Apache Kafka: "
+                      "test_kafka_e2e.py)"),
+]
 
 
 def test_dead_letter_json_files_show_the_record_as_text(

@@ -294,6 +294,20 @@ def test_position_is_last_offset_plus_one_across_gaps(monkeypatch: pytest.Monkey
     assert reader.poll_next(out) is InputStatus.NOTHING_AVAILABLE
 
 
+def test_unbounded_position_moves_past_a_trailing_marker_at_partition_eof(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transactional input ends with a commit marker, never delivered: the end of the partition moves the
+    position past it (else the lag and the committed group offsets stay one behind per partition)."""
+    reader, consumer, _ = make_reader(monkeypatch)
+    assert consumer.conf["enable.partition.eof"] is True
+    reader.add_splits([SourceSplit("t:0", 0)])
+    consumer.batches = [[rec(0), rec(1), rec(2), eof("t", 0, 4)], [eof("t", 0, 2)]]  # 3: a commit marker
+    out = CollectingOutput()
+    reader.poll_next(out)
+    assert reader.snapshot_state(1) == [KafkaSplit("t:0", 4, None)]
+    reader.poll_next(out)  # an earlier end never moves a position back
+    assert reader.snapshot_state(2) == [KafkaSplit("t:0", 4, None)]
+
+
 def test_bounded_split_ends_at_stop_offset(monkeypatch: pytest.MonkeyPatch) -> None:
     reader, consumer, _ = make_reader(monkeypatch, stopping_offsets="latest")
     reader.add_splits([SourceSplit("t:0", 0, 3), SourceSplit("t:1", 5, 5)])  # t:1 is empty: done at once

@@ -1,5 +1,5 @@
 """``sluice new --template debezium-to-delta`` / ``debezium-to-iceberg``: the scaffolded jobs build without a
-broker and, run against tansu with Debezium change events (a snapshot, then inserts, updates, deletes and
+broker and, run against Apache Kafka with Debezium change events (a snapshot, then inserts, updates, deletes and
 tombstones of the same keys, in JsonConverter's envelope and without it), leave the table equal to the
 source table: the events applied in order to a dict."""
 
@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.cli.test_cli import invoke
 from tests.connectors.kafka.change_events import connect_json, event, json_key
-from tests.kafka_broker import TansuBroker
 
 TEMPLATES = ["debezium-to-delta", "debezium-to-iceberg"]
 
@@ -66,21 +65,19 @@ def change_events(rng: random.Random, partition: int, n: int) -> tuple[list[tupl
 @pytest.mark.kafka
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_a_debezium_template_keeps_the_table_equal_to_the_source_table(
-    template: str, broker: TansuBroker, topic: Callable[..., str], tmp_path: Path, monkeypatch: Any
+    template: str, apache_kafka: ApacheKafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path, monkeypatch: Any
 ) -> None:
-    t = topic(2)
+    t = kafka_topic(2)
     rng = random.Random(26)
-    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
     expected: dict[int, Any] = {}
     for p in (0, 1):
         events, table = change_events(rng, p, 60)
         expected.update(table)
-        for key, value in events:  # one record per produce batch: tansu's LATEST offset is then right
-            producer.produce(t, value, key=key, partition=p)
-            producer.flush(10)
+        keys, values = zip(*events, strict=True)
+        apache_kafka.produce(t, list(values), partition=p, keys=list(keys))  # batched: "latest" is the end
     monkeypatch.chdir(tmp_path)
     env = {
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "KAFKA_BOOTSTRAP_SERVERS": apache_kafka.bootstrap,
         "KAFKA_TOPIC": t,
         "KAFKA_STOPPING_OFFSETS": "latest",
         "CHECKPOINT_INTERVAL": "0.2",

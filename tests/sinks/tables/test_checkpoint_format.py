@@ -29,6 +29,7 @@ def with_time(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("t", pc.cast(pc.multiply(batch.column("ts"), 1000), pa.timestamp("us")))
 
 
+@pytest.mark.tansu("what a table sink's checkpoint holds: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.parametrize("kind", KINDS)
 def test_kafka_to_table_checkpoints_hold_no_pickle(

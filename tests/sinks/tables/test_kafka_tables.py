@@ -35,6 +35,7 @@ def with_time(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("t", pc.cast(pc.multiply(batch.column("ts"), 1000), pa.timestamp("us")))
 
 
+@pytest.mark.tansu("table sinks under a crash: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
 @pytest.mark.faults
 @pytest.mark.parametrize(("kind", "runtime", "store"), CASES, ids=["-".join(c) for c in CASES])

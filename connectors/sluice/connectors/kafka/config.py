@@ -72,7 +72,7 @@ RESERVED: dict[str, str] = {
     "enable.auto.commit": "commit_offsets_on_checkpoint (offsets live in checkpoints)",
     "enable.auto.offset.store": "commit_offsets_on_checkpoint (offsets live in checkpoints)",
     "auto.offset.reset": "fail_on_data_loss / starting_offsets",
-    "enable.partition.eof": "stopping_offsets (set for bounded reads)",
+    "enable.partition.eof": "stopping_offsets (the source's readers always set it)",
 }
 
 _SECRET_MARKERS = (
@@ -182,20 +182,21 @@ def consumer_conf(
     group: str,
     settings: Mapping[str, Any],
     *,
-    bounded: bool,
+    partition_eof: bool,
     max_record_bytes: int,
     prefetch_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The full librdkafka configuration of a consumer of the source: ``settings`` (the source's
     ``consumer_config``) over :data:`TUNING` over what the source owns; ``prefetch_bytes`` (a reader's
-    ``max_prefetch_bytes``) sizes librdkafka's queue to half of it."""
+    ``max_prefetch_bytes``) sizes librdkafka's queue to half of it; ``partition_eof``: the consumer reports
+    the end of each partition (readers and bounded reads need it)."""
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap_servers,
         "group.id": group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "error",
-        "enable.partition.eof": bounded,
+        "enable.partition.eof": partition_eof,
         **TUNING,
         **settings,
     }

@@ -119,7 +119,6 @@ class KafkaSplitEnumerator(SplitEnumerator):
         self._admin: AdminClient | None = None
         self._lookup: BrokerOffsetLookup | None = None
         self._discovery: Future[list[KafkaSplit]] | None = None
-        self._cluster_id = ""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -191,7 +190,6 @@ class KafkaSplitEnumerator(SplitEnumerator):
                 recoverable=reached,
             ) from None
         self.run.brokers_reached = True
-        self._cluster_id = md.cluster_id or ""
         pattern = src.pattern
         listed = set(src.topics or ())
         out: dict[str, list[int]] = {}
@@ -271,14 +269,6 @@ class KafkaSplitEnumerator(SplitEnumerator):
         missing = [tp for tp in tps if tp not in known]
         if missing:
             assert self._lookup is not None
-            if stop.kind == "latest" and "tansu" in self._cluster_id and not known:
-                log.warning(
-                    "%s: stopping_offsets='latest' on a tansu broker (cluster %r): tansu under-reports the end "
-                    "of a partition whose last produce batch held several records, so this run may finish "
-                    "before the last records; give explicit stop offsets there (docs/kafka.md, broker quirks)",
-                    self.options.name,
-                    self._cluster_id,
-                )
             known.update(resolve_offsets(stop, missing, self._lookup))
         return {tp: known[tp] for tp in tps}
 

@@ -297,13 +297,14 @@ class KafkaSourceOptions(_Frozen):
 
     # -- librdkafka ------------------------------------------------------------------------------------
     def consumer_conf(self, default_group: str, *, bounded: bool, reader: bool = False) -> dict[str, Any]:
-        """The full librdkafka configuration of a reader (``reader=True``: within the prefetch budget) or the
-        enumerator."""
+        """The full librdkafka configuration of a reader (``reader=True``: within the prefetch budget; it is
+        told where each partition ends, bounded or not, to move its positions past trailing transaction
+        markers) or the enumerator."""
         return consumer_conf(
             self.bootstrap_servers,
             self.group_id or default_group,
             self.consumer_config,
-            bounded=bounded,
+            partition_eof=bounded or reader,
             max_record_bytes=self.max_record_bytes,
             prefetch_bytes=self.max_prefetch_bytes if reader else None,
         )

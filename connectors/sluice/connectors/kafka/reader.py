@@ -1,7 +1,8 @@
 """The Kafka source reader: one consumer per subtask, manually assigned, batches decoded to Arrow.
 
 Positions: a split's position is the offset of the last message *emitted* + 1 (offsets may skip:
-transaction markers, compaction); the fetch thread (:mod:`.fetcher`) may have read further, which a
+transaction markers, compaction), or the end of the partition once the consumer reports it (past a last
+transaction marker); the fetch thread (:mod:`.fetcher`) may have read further, which a
 checkpoint never records. A bounded split ends once its position reaches the stop offset, or the
 consumer reports the end of the partition at or after it (the stop offset itself may be a marker that is
 never delivered). Positions are snapshotted per checkpoint and committed to the consumer group when that
@@ -283,15 +284,13 @@ class KafkaSourceReader(SourceReader):
         topic, partition, offset = m.topic(), m.partition(), m.offset()
         sp = self._splits.get((topic, partition)) if topic is not None and partition is not None else None
         if code == KafkaError._PARTITION_EOF:
-            if (
-                sp is not None
-                and not sp.done
-                and sp.end is not None
-                and offset is not None
-                and offset >= sp.end
-            ):
+            if sp is not None and not sp.done and offset is not None:
+                # every message before the end was emitted (events follow the messages before them), so the
+                # offsets between hold no record to read: a transaction's commit marker, aborted or compacted
+                # records. Past them, lag and the committed group offsets reach 0 on transactional input.
                 sp.position = max(sp.position, offset)
-                self._finish(sp)
+                if sp.end is not None and sp.position >= sp.end:
+                    self._finish(sp)
             return
         if code in _OUT_OF_RANGE and sp is not None and not sp.done:
             self._on_out_of_range(sp)
