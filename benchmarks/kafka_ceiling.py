@@ -255,7 +255,7 @@ def sluice_job(
     dt = time.perf_counter() - t0
     rows = _rows(out / "parquet")
     print(
-        f"  sluice: {result.status}, {len([c for c in result.checkpoints if c.status == 'completed'])} "
+        f"  sluice: {result.status}, {result.checkpoint_counts.completed} "
         f"checkpoints, {rows:,} rows committed",
         flush=True,
     )

@@ -139,7 +139,7 @@ def commit_stats(result: Any) -> dict[str, Any]:
     m = result.metrics
     commits = int(m.get("commits", 0))
     return {
-        "checkpoints": sum(1 for s in result.checkpoints if s.status == "completed"),
+        "checkpoints": result.checkpoint_counts.completed,
         "commits": commits,
         "commit_ms_mean": round(m.get("commit_time_us", 0) / commits / 1000, 1) if commits else None,
     }

@@ -149,7 +149,7 @@ def files_run(kind: str, seconds: float, root: Path) -> dict[str, Any]:
     job = p.start(runtime="local", restore="none")
     time.sleep(seconds)
     result = job.cancel()
-    checkpoints = sum(1 for s in result.checkpoints if s.status == "completed")
+    checkpoints = result.checkpoint_counts.completed
     before = target.files_per_partition()
     rows = target.read().num_rows
     policy = RewritePolicy(every=1, min_files=2, target_size=128 * 1024 * 1024)

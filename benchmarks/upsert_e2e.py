@@ -99,7 +99,7 @@ def run_job(
     got = target.read()
     differs = same_table(got.select(ROW_COLUMNS), expected, keys=("id", "ts"))
     assert differs is None, f"{kind} {mode}: the table differs from the events' {mode} ({differs})"
-    checkpoints = sum(1 for s in result.checkpoints if s.status == "completed")
+    checkpoints = result.checkpoint_counts.completed
     return sw.timing, {"events_per_s": round(events / sw.timing.wall), "checkpoints": checkpoints, "rows": got.num_rows}
 
 

@@ -140,5 +140,6 @@ class JobClient:
 
     @property
     def checkpoint_history(self) -> list[Any]:
+        """The current attempt's newest checkpoints (``CheckpointConfig.history_size``), in trigger order."""
         a = self._attempt
         return list(a.coordinator.history) if a is not None and a.coordinator is not None else []

@@ -114,6 +114,7 @@ KEYS: dict[str, _Key] = {
     ),
     "execution.checkpointing.num-retained": _Key("checkpoint", "num_retained", _int),
     "state.checkpoints.num-retained": _Key("checkpoint", "num_retained", _int),
+    "web.checkpoints.history": _Key("checkpoint", "history_size", _int),
     "execution.checkpointing.externalized-checkpoint-retention": _Key(
         "checkpoint",
         "retain_on_cancel",

@@ -38,9 +38,15 @@ class Handle:
         self.aborted.append(checkpoint_id)
 
 
-def coordinator(tmp_path, tolerable: int = 0, concurrent: int = 1) -> tuple[CheckpointCoordinator, list[BaseException]]:
+def coordinator(
+    tmp_path, tolerable: int = 0, concurrent: int = 1, history_size: int = 100
+) -> tuple[CheckpointCoordinator, list[BaseException]]:
     cfg = CheckpointConfig(
-        interval=None, storage=str(tmp_path), tolerable_failed_checkpoints=tolerable, max_concurrent=concurrent
+        interval=None,
+        storage=str(tmp_path),
+        tolerable_failed_checkpoints=tolerable,
+        max_concurrent=concurrent,
+        history_size=history_size,
     )
     fatal: list[BaseException] = []
     c = CheckpointCoordinator(
@@ -75,7 +81,7 @@ def test_statuses_are_written_as_their_json_values(tmp_path) -> None:
     c.acknowledge(B, done, {})
     failed = trigger(c)
     c.decline(A, failed, "disk full")
-    rows = [json.loads(line) for line in (tmp_path / "job" / "_stats.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "job" / "_stats" / "0000000000.jsonl").read_text().splitlines()]
     assert [(r["checkpoint_id"], r["status"], r["failure_reason"]) for r in rows] == [
         (done, "completed", None),
         (failed, "failed", "DECLINED"),
@@ -111,6 +117,24 @@ def test_subsumed_and_stopped_checkpoints_do_not_fail_the_job(tmp_path) -> None:
     assert by_id[first].failure_reason == "SUBSUMED" and by_id[third].failure_reason == "JOB_FAILOVER"
     assert by_id[second].status is CheckpointStatus.COMPLETED
     assert not fatal and c.failures.consecutive == 0
+
+
+def test_the_history_keeps_the_newest_checkpoints_and_the_totals_count_all(tmp_path) -> None:
+    c, _ = coordinator(tmp_path, tolerable=5, history_size=3)
+    failed = trigger(c)
+    c.decline(A, failed, "disk full")
+    for _ in range(9):
+        done = trigger(c)
+        c.acknowledge(A, done, {})
+        c.acknowledge(B, done, {})
+    assert [s.checkpoint_id for s in c.history] == [done - 2, done - 1, done]
+    counts = c.stats.counts
+    assert (counts.completed, counts.failed, c.stats.in_progress) == (9, 1, 0)
+    assert counts.duration_buckets[-1] == 9 and counts.duration_s_sum >= 0
+    latest = c.stats.latest_failed
+    assert latest is not None and latest.checkpoint_id == failed and latest.failure_detail == "disk full"
+    trigger(c)
+    assert c.stats.in_progress == 1
 
 
 def test_a_checkpoint_completes_or_fails_once() -> None:

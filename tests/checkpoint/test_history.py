@@ -1,10 +1,12 @@
 """Checkpoint history that cannot be silently skipped (issue 21, point 2).
 
 The job keeps an index of its completed checkpoints (``<job-dir>/_checkpoints``, as Flink's
-completed-checkpoint store); with the stats history it says which checkpoint completed last. Restoring
+completed-checkpoint store); with the newest records of the stats history (``_stats/``) it says which
+checkpoint completed last. Restoring
 "latest" when that one is missing or unreadable is refused with one line that names it and says how to
 restore an older one on purpose; never an older checkpoint or an empty start in its place. A corrupt file
-is named. A checkpoint folder restores from wherever it is copied.
+is named. A checkpoint folder restores from wherever it is copied. A folder of the format before issue 39
+(every stats record in one ``_stats.jsonl``) still guards and restores.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 from sluice import CheckpointConfig, NoRestart, Pipeline
 from sluice.checkpoint.history import INDEX, read_index
+from sluice.checkpoint.stats_log import LEGACY_STATS, STATS_DIR, CheckpointStatsLog
 from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import RestoreError
@@ -104,9 +107,19 @@ def test_latest_refuses_when_every_metadata_is_gone_instead_of_starting_empty(tm
 def test_latest_refuses_when_the_index_alone_remembers_the_newest(tmp_path: Path) -> None:
     """The stats history lost as well: the index still says which checkpoint completed last."""
     chks = finished_job(tmp_path)
-    (tmp_path / "chk" / "hist" / "_stats.jsonl").unlink()
+    shutil.rmtree(tmp_path / "chk" / "hist" / STATS_DIR)
     shutil.rmtree(chks[-1])
     with pytest.raises(RestoreError, match="its folder is gone"):
+        bounded(tmp_path).run(runtime="local", restore="latest", control_endpoint=None)
+
+
+def test_latest_refuses_when_the_stats_history_alone_remembers_the_newest(tmp_path: Path) -> None:
+    """The index lost (or not rewritten yet when the process died): the newest stats segment still says
+    which checkpoint completed last."""
+    chks = finished_job(tmp_path)
+    (tmp_path / "chk" / "hist" / INDEX).unlink()
+    (chks[-1] / "_metadata").unlink()
+    with pytest.raises(RestoreError, match=f"checkpoint {chks[-1].name.split('-')[1]} .*it has no _metadata"):
         bounded(tmp_path).run(runtime="local", restore="latest", control_endpoint=None)
 
 
@@ -233,10 +246,64 @@ def test_a_cancel_that_does_not_retain_checkpoints_clears_the_history(tmp_path: 
     assert resolve_restore(latest, st, 0) is None
 
 
-def test_a_stats_line_cut_short_is_skipped(tmp_path: Path) -> None:
+def test_a_stats_line_cut_short_in_the_old_single_file_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "job").mkdir()
+    with open(tmp_path / "job" / LEGACY_STATS, "w") as f:
+        f.write('{"checkpoint_id": 1, "status": "completed"}\n{"checkpoint_id": 2, "sta')  # an append cut short
     st = checkpoint_storage(str(tmp_path), "job")
-    st.record_stats({"checkpoint_id": 1, "status": "completed"})
-    with open(tmp_path / "job" / "_stats.jsonl", "a") as f:
-        f.write('{"checkpoint_id": 2, "sta')  # a crash in the middle of an append
     assert [r["checkpoint_id"] for r in st.read_stats()] == [1]
 
+
+def old_format(job_dir: Path) -> list[dict[str, Any]]:
+    """Turn a job's folder into what sluice wrote before issue 39: every stats record appended to one
+    ``_stats.jsonl`` (the index and the checkpoint folders are unchanged)."""
+    records = CheckpointStatsLog(checkpoint_storage(str(job_dir.parent), job_dir.name)).read()
+    shutil.rmtree(job_dir / STATS_DIR)
+    (job_dir / LEGACY_STATS).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    return records
+
+
+def test_a_folder_of_the_old_format_guards_and_restores_and_its_stats_move_into_segments(tmp_path: Path) -> None:
+    chks = finished_job(tmp_path)
+    job_dir = tmp_path / "chk" / "hist"
+    records = old_format(job_dir)
+    newest = int(chks[-1].name.split("-")[1])
+    assert records[-1]["checkpoint_id"] == newest and records[-1]["status"] == "completed"
+    # its single stats file is read: with the index gone, it alone names the lost newest checkpoint
+    index = (job_dir / INDEX).read_bytes()
+    (job_dir / INDEX).unlink()
+    meta = (chks[-1] / "_metadata").read_bytes()
+    (chks[-1] / "_metadata").unlink()
+    with pytest.raises(RestoreError, match=f"checkpoint {newest} .*it has no _metadata"):
+        bounded(tmp_path).run(runtime="local", restore="latest", control_endpoint=None)
+    (job_dir / INDEX).write_bytes(index)
+    (chks[-1] / "_metadata").write_bytes(meta)
+    # undamaged, it restores; the first checkpoint of the new run moves the old records into a segment
+    again = bounded(tmp_path).run(runtime="local", restore="latest", control_endpoint=None)
+    assert again.status == "finished" and min(c.checkpoint_id for c in again.checkpoints) > newest
+    assert not (job_dir / LEGACY_STATS).exists()
+    kept = checkpoint_storage(str(tmp_path / "chk"), "hist").read_stats()
+    assert kept[: len(records)] == records and kept[-1]["checkpoint_id"] == again.last_checkpoint
+
+
+def test_the_stats_history_keeps_its_size_in_rolled_segments(tmp_path: Path) -> None:
+    st = checkpoint_storage(str(tmp_path), "job")
+    log = CheckpointStatsLog(st, history_size=30)
+    for cid in range(1, 511):
+        log.record({"checkpoint_id": cid, "status": "completed" if cid % 7 else "failed"})
+    segments = sorted(p.name for p in (tmp_path / "job" / STATS_DIR).iterdir())
+    assert len(segments) <= 3, segments  # 30 records: segments of 20, the newest one being written
+    kept = [r["checkpoint_id"] for r in st.read_stats()]
+    assert 30 <= len(kept) <= 49 and kept == list(range(511 - len(kept), 511)), kept
+    # a new writer (the next attempt, a restarted process) goes on in the newest segment
+    CheckpointStatsLog(st, history_size=30).record({"checkpoint_id": 511, "status": "completed"})
+    assert [r["checkpoint_id"] for r in st.read_stats()][-2:] == [510, 511]
+    assert sorted(p.name for p in (tmp_path / "job" / STATS_DIR).iterdir()) == segments
+    # the newest records alone tell the newest completed checkpoint, also when failed ones follow it
+    # into a new segment (then it is one segment back)
+    again = CheckpointStatsLog(st, history_size=30)
+    for cid in range(512, 532):
+        again.record({"checkpoint_id": cid, "status": "failed"})
+    newest = CheckpointStatsLog(st).newest()
+    assert newest[-1]["checkpoint_id"] == 531 and len(newest) <= 40
+    assert max(r["checkpoint_id"] for r in newest if r["status"] == "completed") == 511

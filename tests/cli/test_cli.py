@@ -36,7 +36,7 @@ def test_templates_scaffold_jobs_that_build_and_run(tmp_path, monkeypatch) -> No
     assert "completed" in listing and "gen-job" in listing
     shown = invoke("checkpoints", "show", "./checkpoints", "1", "--job", "gen-job")
     assert " aligned " in shown and "unaligned*" not in shown and "(*" not in shown, shown  # no footnote for no mark
-    stats = tmp_path / "checkpoints" / "gen-job" / "_stats.jsonl"
+    stats = tmp_path / "checkpoints" / "gen-job" / "_stats" / "0000000000.jsonl"  # the first stats segment
     rows = [json.loads(line) for line in stats.read_text().splitlines()]
     for t in rows[0]["tasks"].values():  # as an adaptive checkpoint that switched records it
         t.update(unaligned=True, switched=True)

@@ -60,7 +60,15 @@ def running(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
 
 def test_status_dashboard_errors_and_cancel(running: tuple[subprocess.Popen[str], str], tmp_path: Path) -> None:
     proc, chk = running
-    status = sluice_json("status", "verbs", "--storage", chk)
+    # rates need two samples of the job's metrics: wait for them rather than for luck
+    status = wait_for(
+        "the sink's rate",
+        lambda: (s := sluice_json("status", "verbs", "--storage", chk))["metrics"]["vertices"][1]["rates"].get(
+            "sink_records_per_s"
+        )
+        and s,
+        alive=lambda: proc.poll() is None,
+    )
     assert status["job"]["status"] == "running" and status["job"]["runtime"] == "local"
     assert [v["name"] for v in status["metrics"]["vertices"]] == ["generator", "rebalance -> enrich -> test-sink"]
     table = sluice("status", "verbs", "--storage", chk).stdout

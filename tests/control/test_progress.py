@@ -73,15 +73,17 @@ def test_the_last_line_is_printed_when_the_job_ends(tmp_path: Path) -> None:
 def test_an_expired_checkpoint_names_the_source_stalled_while_it_waited(tmp_path: Path) -> None:
     import time
 
-    from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
+    from sluice.checkpoint.stats import CheckpointStatsTracker
 
     monitor, handles = _monitor(tmp_path)
     since = time.time() - 30
     for sid, h in handles.items():
         stalled = {"since": since, "reason": "no Kafka broker reachable at b:9092: refused", "subtasks": 1}
         h.snapshot = {**empty_snapshot(), "stalled": stalled if sid.index == 0 else None}
-    expired = CheckpointStats(7, CheckpointStatus.FAILED, trigger_time=since + 5, failure_reason="EXPIRED")
-    monitor.attempt.coordinator = SimpleNamespace(history=[expired])  # type: ignore[union-attr]
+    stats = CheckpointStatsTracker(lambda record: None, lambda what, exc: None)
+    stats.triggered(7, since + 5, "checkpoint", "aligned")
+    stats.failed(7, "EXPIRED", "no acknowledgement", 600.0)
+    monitor.attempt.coordinator = SimpleNamespace(history=stats.history, stats=stats)  # type: ignore[union-attr]
     o = monitor.overview()
     (s,) = o["stalled_sources"]
     assert s["source"] == "generator" and s["subtasks"] == 1 and s["seconds"] >= 30 and "b:9092" in s["reason"]

@@ -1,23 +1,23 @@
 """The Kafka and PostgreSQL sinks as outputs of the fault shapes (tests/faults/shapes.py ``EXTERNAL_SINKS``).
 
-A shape's output folder names its output: a topic (3 partitions) on the session's tansu broker, a table in a
-database of the session's PostgreSQL server. The Kafka sink tags records with its lineage header so the rows
-it committed are read per tests/sinks/kafka/reader.py (tansu delivers aborted transactions' records to
-read_committed readers).
+A shape's output folder names its output: a topic (3 partitions) on the session's Apache Kafka broker, a
+table in a database of the session's PostgreSQL server. What the Kafka sink committed is what a plain
+``read_committed`` consumer reads (tests/kafka_test_broker.py): nothing deduplicated, a record committed twice
+counts twice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pyarrow as pa
 from sluice.sink import Sink
 
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.faults.shapes import EXTERNAL_SINKS, rows_of
-from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
-from tests.sinks.kafka.reader import HEADER, read_committed
 
 __all__ = ["use_kafka", "use_postgres"]
 
@@ -26,21 +26,23 @@ def _name(out: str) -> str:
     return hashlib.sha256(out.encode()).hexdigest()[:16]
 
 
-def use_kafka(broker: TansuBroker) -> None:
-    """Register ``sink="kafka"``: exactly-once into topic ``faults-<hash of the output folder>``."""
+def use_kafka(broker: ApacheKafkaBroker) -> None:
+    """Register ``sink="kafka"``: exactly-once into topic ``faults-<hash of the output folder>``, read back by
+    the broker's plain ``read_committed`` reader."""
     from sluice.sinks.kafka import KafkaSink
 
     def make(out: str) -> Sink[Any]:
         topic = f"faults-{_name(out)}"
         if topic not in broker.admin.list_topics(timeout=30).topics:
             broker.create_topic(topic, 3)
-        return KafkaSink(broker.bootstrap, topic, lineage_header=HEADER)
+        return KafkaSink(broker.bootstrap, topic)
 
     def rows(out: str) -> list[tuple[Any, ...]]:
         topic = f"faults-{_name(out)}"
         if topic not in broker.admin.list_topics(timeout=30).topics:
             return []
-        return rows_of(read_committed(broker, topic, finished=True).table())
+        values = [json.loads(r.value) for r in broker.read_committed(topic) if r.value is not None]
+        return rows_of(pa.Table.from_pylist(values) if values else None)
 
     EXTERNAL_SINKS["kafka"] = (make, rows)
 

@@ -380,7 +380,7 @@ def table_scenario(sink: str, i: int, tmp: Path) -> None:
     check_exactly_once(label, run.rows, expected)
     table = table_target(sink, f"{tmp}/out")
     check_exactly_once(f"{label} (read by another engine)", rows_of(table.read_independently()), expected)
-    completed = sum(1 for s in run.result.checkpoints if s.status == "completed")
+    completed = run.result.checkpoint_counts.completed
     assert table.versions() <= completed, f"{label}: {table.versions()} table versions, {completed} checkpoints"
 
 

@@ -1,12 +1,18 @@
 """Exactly-once into Kafka and PostgreSQL under crashes at every lifecycle point, a restore at another
-parallelism, and on the Spark runtime (slots killed with SIGKILL): the committed output (the topic read per
-tests/sinks/kafka/reader.py, the table's rows) equals the output expected from the shape's input, computed in
-plain Python (tests/faults/expected.py); each failure-free run into a sink is checked against it too.
+parallelism, and on the Spark runtime (slots killed with SIGKILL): the committed output (what a plain
+``read_committed`` consumer of the topic on Apache Kafka reads, the table's rows) equals the output expected
+from the shape's input, computed in plain Python (tests/faults/expected.py), as multisets; each failure-free
+run into a sink is checked against it too.
 
 Crash points: while processing, between a pre-commit and its acknowledgement, between a checkpoint's
 completion and its commit, in the middle of a commit (Kafka: records sent, transaction open; PostgreSQL:
 right after a ``COMMIT PREPARED``, before an upsert's merge), at the final checkpoint; PostgreSQL also in the
-middle of a pre-commit (rows written, transaction not prepared). A scenario is logged in the fault summary only when its fault fired.
+middle of a pre-commit (rows written, transaction not prepared); Kafka also while restoring after a crash in
+a commit. A scenario is logged in the fault summary only when its fault fired. The Kafka scenarios run on
+Apache Kafka (a JVM broker started once per session by the ``apache_kafka`` fixture): the default run has one
+crash per lifecycle point, one rescale and one Spark slot killed; ``-m soak`` the rest. The Kafka sink's
+kills inside a large publish and its fencing are in tests/faults/test_kafka_sink_kills.py and
+tests/sinks/kafka/test_transactions.py.
 """
 
 from __future__ import annotations
@@ -21,9 +27,8 @@ from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 from sluice.testing.spark_faults import SlotCrash, SparkFaultInjector
 
 from tests.faults.external import use_kafka, use_postgres
-from tests.faults.shapes import SHAPE, record, run_shape
+from tests.faults.shapes import LINGER_CHECKPOINTS, SHAPE, record, run_shape
 from tests.faults.test_exactly_once import alignment, check_exactly_once, reference, scenario
-from tests.kafka_broker import TansuBroker
 from tests.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.faults
@@ -40,18 +45,32 @@ POINTS = {
     ),
 }
 POINTS["postgres_upsert"] = POINTS["postgres"]
-#: (sink, scenario) of the default run: every point of each sink at least once
-FAST_CASES = [(s, i) for s in ("kafka", "postgres") for i in range(10)] + [
+#: (sink, scenario) of the default run: every point of each sink at least once (Kafka: once, on Apache Kafka)
+FAST_CASES = [("kafka", i) for i in range(len(POINTS["kafka"]))] + [("postgres", i) for i in range(10)] + [
     ("postgres_upsert", i) for i in range(6)
 ]
 SOAK = 150
+#: Kafka scenarios of the soak run besides ``SOAK``'s: the default run's points a second time
+KAFKA_SOAK = range(len(POINTS["kafka"]), 10)
+
+
+def _case(sink: str, *rest: Any, soak: bool = False) -> Any:
+    """A parameter set; the Kafka ones carry the ``apache_kafka`` marker (their broker is fetched lazily)."""
+    marks = [pytest.mark.apache_kafka] if sink == "kafka" else []
+    return pytest.param(sink, *rest, marks=marks + ([pytest.mark.soak] if soak else []))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _external(broker: TansuBroker, postgres: PostgresServer) -> Iterator[None]:
-    use_kafka(broker)
+def _external(postgres: PostgresServer) -> Iterator[None]:
     use_postgres(postgres, postgres.new_database())
     yield
+
+
+@pytest.fixture(autouse=True)
+def _kafka(request: pytest.FixtureRequest) -> None:
+    """The Kafka cases' sink writes to the session's Apache Kafka (started by the first test that needs it)."""
+    if getattr(request.node, "callspec", None) is not None and request.node.callspec.params.get("sink") == "kafka":
+        use_kafka(request.getfixturevalue("apache_kafka"))
 
 
 @functools.cache
@@ -76,7 +95,12 @@ def crash_scenario(sink: str, i: int, tmp: Path) -> None:
     point = points[i % len(points)]
     count = hits.get(point, 0)
     assert count > 0, f"{shape} into {sink}: {point} was never reached ({hits})"
-    after = 0 if point == "final_checkpoint" else rng.randint(0, max(0, count // 2 - 1))
+    if point in ("process", "source"):  # hit once per batch: the count barely depends on timing
+        after = rng.randint(0, max(0, count // 2 - 1))
+    elif point in ("commit", "final_checkpoint"):  # a commit with data, the final checkpoint: certain once
+        after = 0
+    else:  # hit per checkpoint: certain LINGER_CHECKPOINTS times in every run, however fast or slow
+        after = rng.randint(0, max(0, min(count // 4, LINGER_CHECKPOINTS) - 1))
     faults = FaultInjector(plan=[PlannedFault(point, after)])
     run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), sink=sink, directory=str(tmp))
     label = f"{shape} {mode} into {sink} seed={seed} fired={faults.fired}"
@@ -87,20 +111,48 @@ def crash_scenario(sink: str, i: int, tmp: Path) -> None:
     check_exactly_once(label, run.rows, expected)
 
 
-@pytest.mark.parametrize(("sink", "i"), FAST_CASES, ids=[f"{s}-{i}" for s, i in FAST_CASES])
+_CRASH_CASES = [_case(s, i) for s, i in FAST_CASES] + [_case("kafka", i, soak=True) for i in KAFKA_SOAK]
+
+
+@pytest.mark.parametrize(("sink", "i"), _CRASH_CASES, ids=[f"{c.values[0]}-{c.values[1]}" for c in _CRASH_CASES])
 def test_crash(sink: str, i: int, tmp_path: Path) -> None:
     crash_scenario(sink, i, tmp_path)
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("sink", ["kafka", "postgres", "postgres_upsert"])
+@pytest.mark.parametrize("sink", [_case("kafka"), "postgres", "postgres_upsert"])
 @pytest.mark.parametrize("i", range(10, 10 + SOAK))
 def test_soak_crash(sink: str, i: int, tmp_path: Path) -> None:
     crash_scenario(sink, i, tmp_path)
 
 
-@pytest.mark.parametrize("sink", ["kafka", "postgres", "postgres_upsert"])
-@pytest.mark.parametrize("i", range(2))
+def kafka_restore_scenario(i: int, tmp: Path) -> None:
+    """A crash in the middle of a commit (records sent, transaction open), then another while the restarted
+    attempt restores: the second restore aborts both attempts' leftovers and publishes each checkpoint once."""
+    shape, seed, mode, rng = scenario(i)
+    expected = reference(shape, seed)
+    hits = sink_hits(shape, seed, "kafka")
+    assert hits.get("commit", 0) > 0, f"{shape} into kafka: no commit reached ({hits})"
+    faults = FaultInjector(plan=[PlannedFault("commit", 0), PlannedFault("restore", 0)])
+    run = run_shape(SHAPE[shape], seed, faults, alignment=alignment(mode, rng), sink="kafka", directory=str(tmp))
+    label = f"{shape} {mode} into kafka seed={seed} fired={faults.fired}"
+    if faults.all_fired:
+        record("sink-kafka-restore", i, shape, mode, True, faults.crashes, run.rows, expected)
+    assert run.error is None and run.result is not None, f"{label}: {run.error}"
+    assert faults.all_fired, f"{label}: armed faults did not fire"
+    check_exactly_once(label, run.rows, expected)
+
+
+@pytest.mark.parametrize("i", [pytest.param(i, marks=[pytest.mark.soak] if i else []) for i in range(6)])
+def test_kafka_crash_in_commit_then_in_restore(i: int, apache_kafka: Any, tmp_path: Path) -> None:
+    use_kafka(apache_kafka)
+    kafka_restore_scenario(i, tmp_path)
+
+
+_RESCALE_CASES = [_case(s, i, soak=(s, i) == ("kafka", 1)) for s in ("kafka", "postgres", "postgres_upsert") for i in range(2)]
+
+
+@pytest.mark.parametrize(("sink", "i"), _RESCALE_CASES, ids=[f"{c.values[0]}-{c.values[1]}" for c in _RESCALE_CASES])
 def test_crash_then_restore_at_another_parallelism(sink: str, i: int, tmp_path: Path) -> None:
     """A crash ends the first run (no restart) after a checkpoint completed and before its commit; a second
     run restores it at another parallelism: committables of writer subtasks that no longer exist are
@@ -127,8 +179,8 @@ SPARK = [("kafka", "complete_to_commit", 0), ("postgres_upsert", "commit", 1)]
 SPARK_SOAK = [("kafka", "commit", 0), ("postgres", "snapshot_to_ack", 1), ("kafka", "process", 3),
               ("postgres", "complete_to_commit", 0), ("postgres", "commit", 0),
               ("postgres_upsert", "pre_commit", 0)]  # fmt: skip
-_SPARK_CASES = [pytest.param(*c, id=f"{c[0]}-{c[1]}") for c in SPARK] + [
-    pytest.param(*c, id=f"{c[0]}-{c[1]}", marks=pytest.mark.soak) for c in SPARK_SOAK
+_SPARK_CASES = [pytest.param(*_case(*c).values, id=f"{c[0]}-{c[1]}", marks=_case(*c).marks) for c in SPARK] + [
+    pytest.param(*_case(*c).values, id=f"{c[0]}-{c[1]}", marks=_case(*c, soak=True).marks) for c in SPARK_SOAK
 ]
 
 
@@ -156,7 +208,7 @@ def test_spark_slot_killed(sink: str, point: str, after: int, spark: Any, tmp_pa
     "sink",
     [
         "postgres",
-        pytest.param("kafka", marks=pytest.mark.soak),
+        _case("kafka", soak=True),
         pytest.param("postgres_upsert", marks=pytest.mark.soak),
     ],
 )

@@ -273,7 +273,7 @@ def test_checkpoint_config_errors_name_the_option(kwargs: dict, option: str) -> 
 
 
 def test_mode_error_lists_allowed_values() -> None:
-    with pytest.raises(ConfigError, match="'exactly_once' or 'at_least_once'"):
+    with pytest.raises(ConfigError, match=r"mode: 'exact' is not allowed \(allowed: 'exactly_once', 'at_least_once'\)"):
         CheckpointConfig(mode="exact")
 
 

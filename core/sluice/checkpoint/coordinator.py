@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from sluice.checkpoint.codec import MetadataCodec
@@ -27,6 +28,7 @@ from sluice.checkpoint.handles import AckResult, TaskHandle
 from sluice.checkpoint.pending import CompletedCheckpoint, FinalizeError, PendingCheckpoint
 from sluice.checkpoint.state_files import FinishedKeyedState, refs_of
 from sluice.checkpoint.stats import CheckpointStats, CheckpointStatsTracker
+from sluice.checkpoint.stats_log import CheckpointStatsLog
 from sluice.config import CheckpointConfig
 from sluice.errors import CheckpointError, CheckpointFailureReason
 from sluice.events import AlignmentMode, CheckpointBarrier, CheckpointKind, CheckpointOptions
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("sluice.checkpoint")
+
+#: aborted checkpoints remembered for late writers (their files are deleted when they arrive)
+_ABORTED_KEPT = 1000
 
 
 class CheckpointCoordinator:
@@ -84,7 +89,10 @@ class CheckpointCoordinator:
             self.storage, config.num_retained, resume.restored, self.on_cleanup_failure, services.shared_state
         )
         self._aborted: dict[int, bool] = {}  # aborted checkpoint -> savepoint: late writers are cleaned up
-        self.stats = CheckpointStatsTracker(self.storage.record_stats, self.on_cleanup_failure)
+        #: the newest ``history_size`` checkpoints' statistics, in memory and on storage, and totals
+        self.stats = CheckpointStatsTracker(
+            CheckpointStatsLog(self.storage, config.history_size).record, self.on_cleanup_failure, config.history_size
+        )
         #: the last checkpoint whose committables went to the global committers (restored one after a restore)
         self.committed_upto = resume.committed_upto
         self.failures = CheckpointFailureManager(config.tolerable_failed_checkpoints, self.on_fatal)
@@ -108,7 +116,7 @@ class CheckpointCoordinator:
         return self.store.completed
 
     @property
-    def history(self) -> list[CheckpointStats]:  # every checkpoint of the attempt, in trigger order
+    def history(self) -> deque[CheckpointStats]:  # the attempt's newest checkpoints, in trigger order
         return self.stats.history
 
     def stop(self, reason: CheckpointFailureReason = CheckpointFailureReason.JOB_FAILOVER) -> None:
@@ -367,6 +375,8 @@ class CheckpointCoordinator:
             return
         savepoint = p.savepoint
         self._aborted[cid] = savepoint
+        if len(self._aborted) > _ABORTED_KEPT:  # late writers come within the timeout, not a thousand later
+            del self._aborted[next(iter(self._aborted))]
         p.abort(CheckpointError(reason, detail, cid))
         self._wake.set()
         self.stats.failed(cid, reason.name, detail or reason.message, time.monotonic() - p.started)

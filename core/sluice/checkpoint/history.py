@@ -1,10 +1,13 @@
 """The job's record of its completed checkpoints, as Flink's completed-checkpoint store keeps it.
 
 ``<job-dir>/_checkpoints`` (JSON, rewritten atomically after each checkpoint's ``_metadata``) lists the
-completed checkpoints and savepoints the job retains, oldest first: id, folder and kind. With the stats
-history (``_stats.jsonl``) it says which checkpoint (or savepoint) completed last, so restoring "latest" when that one is
-missing or unreadable is refused by name (:func:`latest_checkpoint`), never replaced by an older
-checkpoint or an empty start. While a coordinator runs,
+completed checkpoints and savepoints the job retains, oldest first: id, folder and kind. It is small (the
+retained checkpoints and the savepoints) whatever the job's age. With the newest records of the stats
+history (:meth:`~sluice.checkpoint.stats_log.CheckpointStatsLog.newest`, written right after each
+checkpoint completes, while the index is rewritten in the background) it says which checkpoint (or
+savepoint) completed last, so restoring "latest" when that one is missing or unreadable is refused by name
+(:func:`latest_checkpoint`), never replaced by an older checkpoint or an empty start. Neither reads the
+job's whole history. While a coordinator runs,
 :class:`~sluice.checkpoint.completed_store.CompletedCheckpointStore` keeps the record (retention and
 discards).
 """
@@ -16,6 +19,7 @@ import logging
 import re
 from typing import Any
 
+from sluice.checkpoint.stats_log import CheckpointStatsLog
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.errors import RestoreError
 
@@ -75,12 +79,12 @@ def write_index(storage: CheckpointStorage, entries: dict[int, dict[str, Any]], 
 
 
 def expected_latest(storage: CheckpointStorage) -> int | None:
-    """The id of the job's newest completed checkpoint or savepoint as its index and its stats history
-    record it, or None if they record none."""
+    """The id of the job's newest completed checkpoint or savepoint as its index and the newest records of
+    its stats history record it, or None if they record none."""
     index = read_index(storage) or {}
     cleared = int(index.get("cleared_through", 0))
     ids = [int(e["id"]) for e in index.get("checkpoints", [])]
-    ids += [int(r["checkpoint_id"]) for r in storage.read_stats() if r.get("status") == "completed"]
+    ids += [int(r["checkpoint_id"]) for r in _newest(storage) if r.get("status") == "completed"]
     ids = [i for i in ids if i > cleared]
     return max(ids, default=None)
 
@@ -90,7 +94,7 @@ def highest_id(storage: CheckpointStorage) -> int:
     ids go on above it, so no checkpoint is ever written into an older one's folder."""
     names = storage.retrying("list checkpoints", storage.list_dirs, storage.job_dir())
     ids = [int(m.group(1)) for n in names if (m := re.match(r"^(?:chk|savepoint)-(\d+)$", n))]
-    ids += [int(s["checkpoint_id"]) for s in storage.read_stats()]
+    ids += [int(s["checkpoint_id"]) for s in _newest(storage)]
     try:
         ids += [int(e["id"]) for e in (read_index(storage) or {}).get("checkpoints", [])]
     except RestoreError:
@@ -159,7 +163,7 @@ def _forget(storage: CheckpointStorage) -> None:
         if not sp:
             storage.discard(cid)
     index = read_index(storage) or {}
-    newest = max([cid for cid, _, _ in done] + [int(r["checkpoint_id"]) for r in storage.read_stats()], default=0)
+    newest = max([cid for cid, _, _ in done] + [int(r["checkpoint_id"]) for r in _newest(storage)], default=0)
     entries = {int(e["id"]): e for e in index.get("checkpoints", []) if e["kind"] != "checkpoint"}
     write_index(storage, entries, max(newest, int(index.get("cleared_through", 0))))
 
@@ -169,11 +173,15 @@ def sweep_incomplete(storage: CheckpointStorage) -> None:
     they completed (those were damaged later: left for the operator to look at)."""
     index = read_index(storage) or {}
     done = {int(e["id"]) for e in index.get("checkpoints", [])}
-    done |= {int(r["checkpoint_id"]) for r in storage.read_stats() if r.get("status") == "completed"}
+    done |= {int(r["checkpoint_id"]) for r in _newest(storage) if r.get("status") == "completed"}
     for cid, path, _ in storage.incomplete():
         if cid not in done:
             storage.retrying("discard", storage.delete_dir, path)
             log.info("deleted %s, left by a checkpoint that did not complete", path)
+
+
+def _newest(storage: CheckpointStorage) -> list[dict[str, Any]]:
+    return CheckpointStatsLog(storage).newest()
 
 
 def relative_handle(handle: dict[str, Any], folder: str) -> dict[str, Any]:

@@ -164,15 +164,3 @@ class S3CheckpointStorage(CheckpointStorage):
                 )
                 self._conditional = False
         self._call("PutObject", self._client.put_object, Key=key, Body=data)
-
-    def append_line(self, path: str, line: str) -> None:
-        """Read-modify-write (S3 has no append): fine for the small, single-writer stats file. A retry
-        after a put whose answer was lost does not add the line twice."""
-        try:
-            old = self.read_file(path)
-        except FileNotFoundError:
-            old = b""
-        new = line.encode() + b"\n"
-        if old.endswith(new) and (len(old) == len(new) or old[-len(new) - 1 : -len(new)] == b"\n"):
-            return
-        self.write_file(path, old + new)

@@ -118,9 +118,6 @@ class CheckpointStorage(ABC):
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that readers see all of it or nothing (rename, conditional put)."""
 
-    @abstractmethod
-    def append_line(self, path: str, line: str) -> None: ...
-
     def replace(self, path: str, data: bytes) -> None:
         """Write ``data`` over whatever ``path`` holds, so that readers see the old or the new bytes, never a
         mix (an object store's put does that; a file system writes a temporary file and renames it)."""
@@ -210,28 +207,12 @@ class CheckpointStorage(ABC):
     def discard(self, checkpoint_id: int, savepoint: bool = False) -> None:
         self.retrying("discard", self.delete_dir, self.checkpoint_dir(checkpoint_id, savepoint))
 
-    def record_stats(self, stats: dict[str, Any]) -> None:
-        self.retrying(
-            "record stats", self.append_line, f"{self.job_dir()}/_stats.jsonl", json.dumps(stats, sort_keys=True)
-        )
-
     def read_stats(self) -> list[dict[str, Any]]:
-        """The stats history, oldest first. A line that is not JSON (a write cut short) is skipped."""
-        path = f"{self.job_dir()}/_stats.jsonl"
-        try:
-            raw = self.retrying("read stats", self.read_file, path)
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in raw.decode(errors="replace").splitlines():
-            try:
-                row = json.loads(line) if line.strip() else None
-            except ValueError:
-                row = None
-                log.warning("%s: skipping a line that is not JSON: %.80r", path, line)
-            if isinstance(row, dict) and "checkpoint_id" in row:
-                out.append(row)
-        return out
+        """The job's checkpoint statistics kept on storage, oldest first
+        (:class:`~sluice.checkpoint.stats_log.CheckpointStatsLog`)."""
+        from sluice.checkpoint.stats_log import CheckpointStatsLog  # it builds on this module
+
+        return CheckpointStatsLog(self).read()
 
     def check_writable(self) -> None:
         """Write and delete a small file in the job's folder (a probe at job start).
@@ -259,9 +240,9 @@ class CheckpointStorage(ABC):
             raise error from exc
 
     def holds_job(self) -> bool:
-        """Whether the job's folder holds checkpoint data: a stats history or a checkpoint folder."""
+        """Whether the job's folder holds checkpoint data: a stats history, an index or a checkpoint folder."""
         names = self.retrying("list", self.list_dirs, self.job_dir())
-        return any(_DIR.match(name) or name in ("_stats.jsonl", "_checkpoints") for name in names)
+        return any(_DIR.match(name) or name in ("_stats", "_stats.jsonl", "_checkpoints") for name in names)
 
     def jobs(self) -> list[str]:
         """Job ids with checkpoint data under ``base`` (other folders there are not counted)."""
@@ -353,11 +334,6 @@ class LocalCheckpointStorage(CheckpointStorage):
         except BaseException:
             _remove(tmp)  # a failed write (a full disk) leaves no temporary file
             raise
-
-    def append_line(self, path: str, line: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
 
 
 def _rmtree(path: str) -> None:

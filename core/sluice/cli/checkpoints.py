@@ -1,4 +1,5 @@
-"""``sluice checkpoints list|show``: what checkpoint storage holds, read from its stats history."""
+"""``sluice checkpoints list|show``: what checkpoint storage holds, read from its stats history (the newest
+``CheckpointConfig.history_size`` checkpoints, :mod:`sluice.checkpoint.stats_log`)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _storage_for(uri: str, job: str | None) -> CheckpointStorage:
         raise ConfigError(f"{uri} holds several jobs: pass --job (one of {', '.join(jobs)})")
     raise ConfigError(
         f"{uri} is not checkpoint storage: it holds no job with checkpoints (<job>/chk-<n>/_metadata or "
-        "<job>/_stats.jsonl). Pass the folder the job was given as CheckpointConfig.storage."
+        "<job>/_stats/). Pass the folder the job was given as CheckpointConfig.storage."
     )
 
 
@@ -66,7 +67,7 @@ def _size(n: float) -> str:
 @click.option("--job", default=None, help="Job id (when URI holds several jobs).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_checkpoints(uri: str, job: str | None, as_json: bool) -> None:
-    """List the checkpoints of a job: id, status, duration, size, failure reason."""
+    """List the newest checkpoints of a job: id, status, duration, size, failure reason."""
     st = _storage_for(uri, job)
     retained = {cid for cid, _, _ in st.completed()}
     rows = st.read_stats()
@@ -111,7 +112,10 @@ def show_checkpoint(uri: str, checkpoint_id: int | None, job: str | None) -> Non
         st = _storage_for(uri, job)
     stats = [r for r in st.read_stats() if r["checkpoint_id"] == checkpoint_id]
     if not stats:
-        raise click.ClickException(f"job {st.job_id} has no checkpoint {checkpoint_id}")
+        raise click.ClickException(
+            f"job {st.job_id} has no checkpoint {checkpoint_id} in its history (the newest checkpoints are kept: "
+            "CheckpointConfig.history_size)"
+        )
     r: dict[str, Any] = stats[-1]
     click.echo(f"checkpoint {checkpoint_id} of job {st.job_id}: {r['status']}")
     click.echo(

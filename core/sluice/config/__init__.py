@@ -113,6 +113,10 @@ class CheckpointConfig(_Frozen):
         max_concurrent: checkpoints in flight at once.
         tolerable_failed_checkpoints: consecutive failed checkpoints tolerated before the job fails.
         num_retained: completed checkpoints kept; older ones are deleted once subsumed.
+        history_size: checkpoints whose statistics are kept (Flink's ``web.checkpoints.history``): in
+            memory for the control endpoint, the dashboard and ``JobResult.checkpoints``, and in the
+            checkpoint folder (``_stats/``) for ``sluice checkpoints list|show``; older ones are trimmed,
+            so a job that runs for weeks keeps a bounded history (totals count every checkpoint).
         retain_on_cancel: keep the retained checkpoints when the job is cancelled.
         storage: where checkpoints are written: a local path, ``file://`` or ``s3://`` URI.
         storage_options: options for the storage (for ``s3://``: endpoint_url, region_name, credentials).
@@ -134,6 +138,7 @@ class CheckpointConfig(_Frozen):
     max_concurrent: int = 1
     tolerable_failed_checkpoints: int = 0
     num_retained: int = 1
+    history_size: int = 100
     retain_on_cancel: bool = True
     storage: str = "./checkpoints"
     unaligned: bool = False
@@ -166,6 +171,8 @@ class CheckpointConfig(_Frozen):
             raise bad("tolerable_failed_checkpoints", "an integer >= 0", self.tolerable_failed_checkpoints)
         if self.num_retained < 1:
             raise bad("num_retained", "an integer >= 1", self.num_retained)
+        if self.history_size < 1:
+            raise bad("history_size", "an integer >= 1", self.history_size)
         if not 0 <= self.storage_retry_timeout < float("inf"):
             raise bad("storage_retry_timeout", "a finite duration >= 0", self.storage_retry_timeout)
         if not self.storage:

@@ -26,7 +26,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from sluice.checkpoint.stats import CheckpointStatus
+from sluice.checkpoint.stats import DURATION_BUCKETS, CheckpointStatus
 from sluice.control.monitor import JobMonitor, checkpoint_phases
 from sluice.runtime.status import JobStatus
 
@@ -109,7 +109,6 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         "1 if it was unaligned (or switched to unaligned)",
     ),
 )
-_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _BUILT_IN = {name for name, *_ in METRICS}
 _BAD = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -215,31 +214,32 @@ class JobCollector(Collector):
 
     def _checkpoints(self, job: str) -> Iterator[Metric]:
         history = self.monitor.checkpoints()
+        counts, in_progress = self.monitor.checkpoint_counts()  # totals: the history keeps only the newest
         totals = CounterMetricFamily(
             "sluice_checkpoints", "checkpoints completed and failed", labels=["job", "status"]
         )
-        for s in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED):
-            totals.add_metric([job, s.value], sum(1 for c in history if c.status is s))
+        totals.add_metric([job, CheckpointStatus.COMPLETED.value], counts.completed)
+        totals.add_metric([job, CheckpointStatus.FAILED.value], counts.failed)
         yield totals
         pending = GaugeMetricFamily(
             "sluice_checkpoints_in_progress", "checkpoints in progress", labels=["job"]
         )
-        pending.add_metric([job], sum(1 for c in history if c.status is CheckpointStatus.IN_PROGRESS))
+        pending.add_metric([job], in_progress)
         yield pending
         completed = [c for c in history if c.status is CheckpointStatus.COMPLETED]
         switched = CounterMetricFamily(
             "sluice_checkpoints_switched_to_unaligned", "adaptive checkpoints that switched", labels=["job"]
         )
-        switched.add_metric([job], sum(1 for c in completed if c.switched_to_unaligned))
+        switched.add_metric([job], counts.switched_to_unaligned)
         yield switched
-        buckets = [(str(b), float(sum(1 for c in completed if c.duration_s <= b))) for b in _DURATION_BUCKETS]
-        buckets.append(("+Inf", float(len(completed))))
+        buckets = [(str(b), float(n)) for b, n in zip(DURATION_BUCKETS, counts.duration_buckets, strict=True)]
+        buckets.append(("+Inf", float(counts.completed)))
         hist = HistogramMetricFamily(
             "sluice_checkpoint_duration_seconds",
             "end-to-end duration of completed checkpoints",
             labels=["job"],
         )
-        hist.add_metric([job], buckets, sum_value=sum(c.duration_s for c in completed))
+        hist.add_metric([job], buckets, sum_value=counts.duration_s_sum)
         yield hist
         if not completed:
             return

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-from sluice.checkpoint.stats import CheckpointStats, CheckpointStatus
+from sluice.checkpoint.stats import CheckpointCounts, CheckpointStats, CheckpointStatus
 from sluice.config.job import JobConfig
 from sluice.graph import JobGraph, NodeKind, SubtaskId
 from sluice.runtime.attempt import JobAttempt
@@ -65,7 +65,10 @@ class JobMonitor:
         self._folded: dict[SubtaskId, dict[str, Any]] = {}
         #: the driver's own counters (global commits) of ended attempts
         self._folded_driver: dict[str, int] = {}
-        self._checkpoints: list[CheckpointStats] = []
+        #: the newest checkpoints of ended attempts, their totals, and the newest failed one
+        self._checkpoints: deque[CheckpointStats] = deque(maxlen=cfg.checkpoint.history_size)
+        self._counts = CheckpointCounts()
+        self._latest_failed: CheckpointStats | None = None
         self._failures: list[dict[str, Any]] = []
         self._samples: deque[tuple[float, dict[str, dict[str, float]]]] = deque(maxlen=_KEEP_SAMPLES)
         self._ended = threading.Event()
@@ -93,6 +96,8 @@ class JobMonitor:
             self._folded_driver[k] = self._folded_driver.get(k, 0) + v
         if a.coordinator is not None:
             self._checkpoints.extend(a.coordinator.history)
+            self._counts = CheckpointCounts.total([self._counts, a.coordinator.stats.counts])
+            self._latest_failed = a.coordinator.stats.latest_failed or self._latest_failed
         if a.failure is not None and not a.cancelled:
             self._failures.append({"attempt": a.attempt, "time": time.time(), "error": a.failure_text()})
 
@@ -136,13 +141,31 @@ class JobMonitor:
         return out
 
     def checkpoints(self) -> list[CheckpointStats]:
-        """Every checkpoint of every attempt so far, oldest first."""
+        """The newest checkpoints (``CheckpointConfig.history_size``) over the attempts so far, oldest first."""
         with self._lock:
             out = list(self._checkpoints)
             a = self._attempt
         if a is not None and a.coordinator is not None:
             out.extend(list(a.coordinator.history))
-        return out
+        return out[-self.config.checkpoint.history_size :]
+
+    def checkpoint_counts(self) -> tuple[CheckpointCounts, int]:
+        """Totals over every checkpoint of every attempt so far, and how many are in progress now."""
+        with self._lock:
+            counts = self._counts
+            a = self._attempt
+        if a is None or a.coordinator is None:
+            return counts, 0
+        return CheckpointCounts.total([counts, a.coordinator.stats.counts]), a.coordinator.stats.in_progress
+
+    def latest_failed_checkpoint(self) -> CheckpointStats | None:
+        """The newest checkpoint that failed, however long ago."""
+        with self._lock:
+            latest = self._latest_failed
+            a = self._attempt
+        if a is not None and a.coordinator is not None and a.coordinator.stats.latest_failed is not None:
+            return a.coordinator.stats.latest_failed
+        return latest
 
     def failures(self) -> list[dict[str, Any]]:
         """Failed attempts: ``{"attempt", "time", "error"}`` (the root cause first, then what followed)."""
@@ -263,14 +286,17 @@ class JobMonitor:
     def overview(self) -> dict[str, Any]:
         """Status, attempts, failures and the last checkpoint: what ``sluice status`` and ``jobs`` show."""
         checkpoints = self.checkpoints()
-        counts = {s.value: 0 for s in CheckpointStatus}
-        for c in checkpoints:
-            counts[c.status.value] += 1
+        totals, in_progress = self.checkpoint_counts()
+        counts = {
+            CheckpointStatus.IN_PROGRESS.value: in_progress,
+            CheckpointStatus.COMPLETED.value: totals.completed,
+            CheckpointStatus.FAILED.value: totals.failed,
+        }
         completed = [c for c in checkpoints if c.status is CheckpointStatus.COMPLETED]
-        failed = [c for c in checkpoints if c.status is CheckpointStatus.FAILED]
+        failed = self.latest_failed_checkpoint()
         a = self._attempt
         stalled = [] if self.lifecycle.status.is_terminal else self.stalled_sources()
-        last_failed = checkpoint_dict(failed[-1]) if failed else None
+        last_failed = checkpoint_dict(failed) if failed is not None else None
         if last_failed is not None and last_failed.get("failure_reason") == "EXPIRED":
             ended = float(last_failed.get("trigger_time") or 0) + float(self.config.checkpoint.timeout)
             # what kept it from completing, if a source stalled before it expired and still is

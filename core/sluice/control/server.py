@@ -260,14 +260,15 @@ class ControlEndpoint:
             limit = int(request.query.get("limit", "100"))
         except ValueError:
             return _error(400, "limit must be an integer")
-        history = self.client.monitor.checkpoints()
+        history = self.client.monitor.checkpoints()  # the newest (CheckpointConfig.history_size)
         shown = history[-limit:] if limit > 0 else []
-        counts: dict[str, int] = {}
-        for c in history:
-            counts[c.status.value] = counts.get(c.status.value, 0) + 1
-        return _json(
-            {"counts": counts, "total": len(history), "history": [checkpoint_dict(c) for c in shown]}
-        )
+        totals, in_progress = self.client.monitor.checkpoint_counts()
+        counts = {"completed": totals.completed, "failed": totals.failed}
+        if in_progress:
+            counts["in_progress"] = in_progress
+        counts = {k: v for k, v in counts.items() if v}
+        total = totals.completed + totals.failed + in_progress
+        return _json({"counts": counts, "total": total, "history": [checkpoint_dict(c) for c in shown]})
 
     async def _checkpoint(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -276,7 +277,11 @@ class ControlEndpoint:
             return _error(400, "a checkpoint id is an integer")
         found = [c for c in self.client.monitor.checkpoints() if c.checkpoint_id == cid]
         if not found:
-            return _error(404, f"job {self.client.config.job_id} has no checkpoint {cid}")
+            return _error(
+                404,
+                f"job {self.client.config.job_id} has no checkpoint {cid} in its history (the newest "
+                f"{self.client.config.checkpoint.history_size}: CheckpointConfig.history_size)",
+            )
         return _json(checkpoint_dict(found[-1], with_tasks=True))
 
     # -- actions ---------------------------------------------------------------------------------------

@@ -15,12 +15,13 @@ restores the newest checkpoint this run completed (never an older one), else wha
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.checkpoint.history import expected_latest, highest_id, latest_checkpoint, refused
-from sluice.checkpoint.stats import CheckpointStats
+from sluice.checkpoint.stats import CheckpointCounts, CheckpointStats
 from sluice.checkpoint.storage import CheckpointStorage
 from sluice.checkpoint.storage_loader import storage_for
 from sluice.config.job import JobConfig
@@ -45,7 +46,8 @@ class JobResult:
         status: ``JobStatus.FINISHED`` or ``JobStatus.CANCELLED`` (a string enum: ``== "finished"`` holds).
         attempts: attempts run (restarts + 1).
         last_checkpoint: id of the last completed checkpoint, if any.
-        checkpoints: statistics of every checkpoint of every attempt.
+        checkpoints: statistics of the job's newest checkpoints (``CheckpointConfig.history_size``) over
+            its attempts, oldest first.
         metrics: task and global-committer metrics summed over subtasks and attempts.
         failures: one line per failed attempt.
         stopped_at: the path of the job's last checkpoint or savepoint if it was stopped (``stopped``).
@@ -53,6 +55,7 @@ class JobResult:
             bytes and batches in and out, busy / idle / backpressured seconds, side-output rows (dead
             letters), counters and gauges (see :mod:`sluice.runtime.task_metrics`); empty if the job ran
             without metrics.
+        checkpoint_counts: totals over every checkpoint of every attempt (completed, failed, ...).
     """
 
     job_id: str
@@ -64,6 +67,7 @@ class JobResult:
     failures: list[str]
     stopped_at: str | None = None
     vertex_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checkpoint_counts: CheckpointCounts = field(default_factory=CheckpointCounts)
 
 
 @dataclass
@@ -157,7 +161,7 @@ def run_job(
     record, a checkpoint that cannot be restored) is raised as it is, at once, without spending restarts.
     """
     status = lifecycle or JobLifecycle(cfg.job_id)
-    attempts = _AttemptLog()
+    attempts = _AttemptLog(cfg.checkpoint.history_size)
 
     def one_attempt(storage: CheckpointStorage) -> None:
         if not status.advance(JobStatus.RUNNING):
@@ -241,10 +245,11 @@ class _Unrecoverable(SluiceError):
 class _AttemptLog:
     """What a job keeps across its attempts: how many ran, their failures, checkpoints and metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, history_size: int) -> None:
         self.count = 0
         self.failures: list[str] = []
-        self.checkpoints: list[CheckpointStats] = []
+        self.checkpoints: deque[CheckpointStats] = deque(maxlen=history_size)
+        self.counts: list[CheckpointCounts] = []
         self.last_checkpoint: int | None = None
         self.stopped_at: str | None = None
         self.metrics: dict[str, int] = {}
@@ -260,6 +265,7 @@ class _AttemptLog:
         """Keep what an ended attempt's coordinator and tasks report."""
         if a.coordinator is not None:
             self.checkpoints.extend(a.coordinator.history)
+            self.counts.append(a.coordinator.stats.counts)
             if a.coordinator.completed:
                 self.last_checkpoint = a.coordinator.completed[-1][0]
                 self.run.latest = max(self.run.latest or 0, self.last_checkpoint)
@@ -277,9 +283,10 @@ class _AttemptLog:
             status,
             self.count,
             self.last_checkpoint,
-            self.checkpoints,
+            list(self.checkpoints),
             self.metrics,
             self.failures,
             self.stopped_at,
             self.vertex_metrics,
+            CheckpointCounts.total(self.counts),
         )

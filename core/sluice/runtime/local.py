@@ -61,27 +61,32 @@ class LocalRuntime:
                 for s, by_receiver in per_sender.items():
                     outputs[SubtaskId(up.id, s)][out_idx] = [by_receiver[r] for r in sorted(by_receiver)]
         tasks: list[Task] = []
-        for v in job.vertices.values():
-            for i in range(v.parallelism):
-                sid = SubtaskId(v.id, i)
-                t = build_task(
-                    job,
-                    v,
-                    i,
-                    inputs[sid],
-                    input_edges[sid],
-                    outputs[sid],
-                    signals[sid],
-                    a,
-                    a.storage,
-                    a.cfg,
-                    a.attempt,
-                    a.restored,
-                    faults,
-                )
-                a.register(sid, t)
-                tasks.append(t)
-        a.start_control()
+        try:
+            for v in job.vertices.values():
+                for i in range(v.parallelism):
+                    sid = SubtaskId(v.id, i)
+                    t = build_task(
+                        job,
+                        v,
+                        i,
+                        inputs[sid],
+                        input_edges[sid],
+                        outputs[sid],
+                        signals[sid],
+                        a,
+                        a.storage,
+                        a.cfg,
+                        a.attempt,
+                        a.restored,
+                        faults,
+                    )
+                    a.register(sid, t)
+                    tasks.append(t)
+            a.start_control()
+        except BaseException:
+            for t in tasks:
+                t.cancel()  # never started: what their operators hold (keyed state backends) is released now
+            raise
         for t in tasks:
             t.start()
         a.done.wait()

@@ -36,6 +36,7 @@ from sluice.operators.base import MAX_WATERMARK
 from sluice.runtime.fault_hook import NO_FAULTS, FaultHook
 from sluice.runtime.finishing import TaskFinishing, TaskStatus
 from sluice.runtime.input_gate import InputGate
+from sluice.runtime.memory import start_trimmer
 from sluice.runtime.output import ChainOutput, SourceOutput, split_rows
 from sluice.runtime.task_metrics import TaskMetrics
 from sluice.runtime.task_spec import TaskSpec
@@ -89,6 +90,7 @@ class Task:
             self.all_writers, any(op.emits_at_checkpoint for op in spec.operators), self._fault
         )
         self._thread: threading.Thread | None = None
+        self._discarded = False  #: closed without having started
         self._timer_check = 0.0
         #: built-in metrics (None if the job runs without: ``JobConfig.metrics``)
         self.io = TaskMetrics() if spec.metrics else None
@@ -157,12 +159,18 @@ class Task:
         self.post(self.reader.notify_no_more_splits)
 
     def cancel(self) -> None:
-        """Stop the task thread at the next turn of its loop, without reporting a failure."""
+        """Stop the task thread at the next turn of its loop, without reporting a failure. A task that never
+        started (its attempt failed first) closes its operators at once: their keyed state backends (an open
+        RocksDB and its folder) are released in this process, not when it ends."""
         self._cancelled = True
         self.signal.notify()
+        if self._thread is None and not self._discarded:
+            self._discarded = True
+            self.spec.close(quiet=True)
 
     def start(self) -> None:
-        """Start the task thread."""
+        """Start the task thread (and, once per process, the thread that trims malloc's free memory)."""
+        start_trimmer()
         self._thread = threading.Thread(target=self._run, name=f"task-{self.id}", daemon=True)
         self._thread.start()
 
@@ -211,7 +219,7 @@ class Task:
             # the running upload reads state the operators dispose of when they close: it ends first (it is
             # cancelled at its next step: the coordinator uses the finished task's final state from now on)
             self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
-            self._close()
+            self.spec.close()
         except _Cancelled:
             self._stop_quietly()
         except BaseException as exc:
@@ -226,7 +234,7 @@ class Task:
         try:
             self.checkpointing.stop(cancel=True, timeout=self.spec.stop_timeout)
         finally:
-            self._close(quiet=True)
+            self.spec.close(quiet=True)
 
     def _initialize(self) -> None:
         r = self.spec.restore
@@ -380,20 +388,6 @@ class Task:
         self.handler.on_aborted(checkpoint_id)
         self.finishing.checkpoint_aborted(checkpoint_id)
         self.checkpointing.notify_aborted(checkpoint_id)
-
-    def _close(self, quiet: bool = False) -> None:
-        for op in self.operators:
-            try:
-                op.close()
-            except Exception:
-                if not quiet:
-                    raise
-        if self.reader is not None:
-            try:
-                self.reader.close()
-            except Exception:
-                if not quiet:
-                    raise
 
 
 class _Cancelled(Exception):

@@ -7,6 +7,7 @@ with the services of its runtime (coordinator gateway, checkpoint storage, fault
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -121,3 +122,14 @@ class TaskSpec:
     def all_writers(self) -> list[RecordWriter]:
         """Every writer, in the order output channel state numbers them."""
         return [w for ws in self.writers.values() for w in ws]
+
+    def close(self, quiet: bool = False) -> None:
+        """Close the operators (in chain order), then the reader; ``quiet``: a failure to close one is not
+        raised and the others are closed still (a failed, cancelled or never started task)."""
+        closers: list[Callable[[], None]] = [op.close for op in self.operators]
+        for close in closers + ([self.reader.close] if self.reader is not None else []):
+            try:
+                close()
+            except Exception:
+                if not quiet:
+                    raise

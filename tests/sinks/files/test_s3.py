@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from sluice import CheckpointConfig, FixedDelayRestart, Pipeline
 from sluice.checkpoint.s3 import S3CheckpointStorage
+from sluice.checkpoint.stats_log import CheckpointStatsLog
 from sluice.checkpoint.storage_loader import checkpoint_storage
 from sluice.connectors.generator import GeneratorSource
 from sluice.errors import CommitError
@@ -115,15 +116,17 @@ def test_checkpoint_storage_primitives_and_conditional_metadata(moto_s3) -> None
     assert st.read_metadata_at(st.latest())["checkpoint_id"] == 1
     with pytest.raises(StorageError, match="PreconditionFailed"):
         st.write_metadata(1, {"checkpoint_id": 1, "tasks": {}})  # a checkpoint completes once
-    st.record_stats({"checkpoint_id": 1})
-    st.record_stats({"checkpoint_id": 2})
+    stats = CheckpointStatsLog(st)
+    stats.record({"checkpoint_id": 1})
+    stats.record({"checkpoint_id": 2})
     assert [s["checkpoint_id"] for s in st.read_stats()] == [1, 2]
     assert st.jobs() == ["job"]
     with pytest.raises(FileNotFoundError):
         st.read_file(f"s3://{bucket}/chk/job/chk-9/x")
     st.discard(1)
-    assert st.completed() == [] and st.list_dirs(st.job_dir()) == ["_stats.jsonl"]
-    assert json.loads(st.read_file(f"{st.job_dir()}/_stats.jsonl").splitlines()[0])["checkpoint_id"] == 1
+    assert st.completed() == [] and st.list_dirs(st.job_dir()) == ["_stats"]
+    lines = st.read_file(f"{st.job_dir()}/_stats/0000000000.jsonl").splitlines()
+    assert [json.loads(line)["checkpoint_id"] for line in lines] == [1, 2]
 
 
 def test_job_with_checkpoints_and_files_on_s3(moto_s3, monkeypatch) -> None:

@@ -147,4 +147,4 @@ def ids(table: pa.Table, column: str = "id") -> list[int]:
 
 
 def completed(result: Any) -> int:
-    return sum(1 for s in result.checkpoints if s.status == "completed")
+    return result.checkpoint_counts.completed

@@ -33,6 +33,7 @@ from sluice.state.keycodec import (
 from sluice.state.keygroups import KeyGroupRange
 from sluice.state.meta import RegisteredState, unpack_expiry
 from sluice.state.registration import RegisteringKeyedStateBackend
+from sluice.state.rocksdb import workdir
 from sluice.state.rocksdb.cache import EntryCache
 from sluice.state.rocksdb.resources import RocksResources, rocksdict_module
 from sluice.state.rocksdb.snapshot import CanonicalExport, IncrementalSnapshot
@@ -315,6 +316,7 @@ class RocksDBKeyedStateBackend(RegisteringKeyedStateBackend):
                 self.db = None
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+            workdir.release(self.root)
 
 
 def _default_namespace_keys(entries: pa.Array, strip: int) -> pa.Array:
@@ -367,9 +369,8 @@ class RocksDBStateBackend(StateBackend):
         clock: Callable[[], int] | None = None,
     ) -> RocksDBKeyedStateBackend:
         base = self.config.local_dir or os.path.join(tempfile.gettempdir(), "sluice-rocksdb")
-        os.makedirs(base, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in owner)
-        root = tempfile.mkdtemp(prefix=f"{safe}-", dir=base)
+        root = workdir.claim(base, f"{safe}-")  # folders killed processes left there are deleted
         return RocksDBKeyedStateBackend(
             key_groups, max_parallelism, transfer, StatePaths(owner), clock, self.resources, root, self.config.incremental
         )

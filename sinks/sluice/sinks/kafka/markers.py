@@ -1,8 +1,10 @@
 """The exactly-once Kafka sink's markers, read from the broker: which writer subtasks of a job have
-published, up to which checkpoint (the sink's lineage record), and the fencing of their transactional ids."""
+published, up to which checkpoint (the sink's lineage record), and the fencing of their transactional ids
+(done before the markers are read, so a transaction of an earlier attempt cannot settle after the read)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,21 +39,37 @@ def marker_groups(options: KafkaSinkOptions, job_id: str) -> list[str]:
 
 
 def read_markers(options: KafkaSinkOptions, groups: Sequence[str]) -> dict[str, int]:
-    """The checkpoint each marker group last published (groups without a marker are left out). Read before
-    any writer of the job runs; a transaction a crashed attempt left open is not waited for (its marker is
-    not committed, and the restore aborts it)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    """The checkpoint each marker group last published (groups without a marker are left out).
+
+    Stable offsets only (``require_stable``): an offset a transaction carries counts once that transaction
+    is settled, never before. Call it after :func:`fence` of the groups: then no transaction of theirs is
+    open, and a commit still in flight is waited for (``UNSTABLE_OFFSET_COMMIT`` is retried until
+    ``transaction_timeout_s``).
+
+    Raises:
+        SluiceError: a marker cannot be read (the broker's error, or still unstable at the deadline).
+    """
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, TopicPartition
+    from sluice.errors import SluiceError
 
     admin = _admin(options)
     out: dict[str, int] = {}
+    deadline = time.monotonic() + options.transaction_timeout_s
     for g in groups:  # the admin API takes one group per request
-        futures = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(g, [TopicPartition(options.marker, 0)])], require_stable=False
-        )
-        for f in futures.values():
-            for tp in f.result(timeout=options.transaction_timeout_s).topic_partitions:
-                if tp.error is None and tp.offset >= 0:
-                    out[g] = int(tp.offset)
+        while True:
+            futures = admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(g, [TopicPartition(options.marker, 0)])], require_stable=True
+            )
+            (tp,) = [
+                tp for f in futures.values() for tp in f.result(timeout=options.transaction_timeout_s).topic_partitions
+            ]
+            if tp.error is None:
+                break
+            if tp.error.code() != KafkaError.UNSTABLE_OFFSET_COMMIT or time.monotonic() > deadline:
+                raise SluiceError(f"KafkaSink {options.topic}: cannot read the marker of group {g!r}: {tp.error}")
+            time.sleep(0.05)
+        if tp.offset >= 0:
+            out[g] = int(tp.offset)
     return out
 
 

@@ -4,7 +4,7 @@ best effort."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -125,12 +125,19 @@ class KafkaSink(Sink[KafkaCommittable]):
         return KafkaCommittableSerializer()
 
     def committed_checkpoint(self, job_id: str, sink_uid: str) -> int | None:
-        """exactly_once: the highest checkpoint of ``job_id`` any writer subtask's marker records (0 if none)."""
+        """exactly_once: the highest checkpoint of ``job_id`` any writer subtask's marker records (0 if none).
+
+        Each marker group's transactional id is fenced first (earlier attempts' open transactions aborted,
+        a commit in flight completed), so the marker read is final: no transaction of an earlier attempt can
+        move it afterwards.
+        """
         if self.options.delivery != "exactly_once":
             return None
         from sluice.sinks.kafka.markers import marker_groups, read_markers
 
-        return max(read_markers(self.options, marker_groups(self.options, job_id)).values(), default=0)
+        groups = marker_groups(self.options, job_id)
+        self._fence(groups)
+        return max(read_markers(self.options, groups).values(), default=0)
 
     def probe(self) -> None:
         """At job start: a broker of ``bootstrap_servers`` answers (within 30 s, or the transaction timeout if
@@ -148,16 +155,20 @@ class KafkaSink(Sink[KafkaCommittable]):
         every one with a marker), so read_committed consumers are not held back until they time out."""
         if self.options.delivery != "exactly_once":
             return
-        from confluent_kafka import KafkaException
-        from sluice.sinks.kafka.markers import fence, marker_groups
+        from sluice.sinks.kafka.markers import marker_groups
         from sluice.sinks.kafka.writer import partition_count
 
         partition_count(self.options)
         if self.options.marker_topic is not None:
             partition_count(self.options, self.options.marker_topic)
-        ids = {c.transactional_id for c in committables} | set(marker_groups(self.options, job_id))
+        self._fence({c.transactional_id for c in committables} | set(marker_groups(self.options, job_id)))
+
+    def _fence(self, transactional_ids: Iterable[str]) -> None:
+        from confluent_kafka import KafkaException
+        from sluice.sinks.kafka.markers import fence
+
         try:
-            fence(self.options, sorted(ids))
+            fence(self.options, sorted(transactional_ids))
         except KafkaException as exc:
             raise SluiceError(
                 f"KafkaSink {self.options.topic}: aborting earlier transactions failed: "

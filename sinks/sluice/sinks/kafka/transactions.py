@@ -110,15 +110,18 @@ class KafkaCommittableSerializer(SimpleVersionedSerializer[KafkaCommittable]):
 def marker_consumer(options: KafkaSinkOptions, group: str) -> Any:
     """A consumer of the marker group (never subscribes: it reads the marker and gives the group's metadata).
 
-    It reads committed offsets without asking for stable ones (``read_uncommitted``): the marker group is
-    written only by transactions of its own transactional id, and a reader of it has called
-    ``init_transactions`` with that id first, which returns once any earlier transaction of the id is
-    complete, its offsets included.
+    It asks for stable offsets (``isolation.level=read_committed`` makes librdkafka's OffsetFetch set
+    ``require_stable``): the broker answers ``UNSTABLE_OFFSET_COMMIT``, which librdkafka retries, while a
+    transaction carrying an offset of the group is not settled. The marker is read after
+    ``init_transactions``, which returns once every earlier transaction of the id is complete; a broker
+    whose group coordinator applies the committed offsets of a finished transaction only after that (the
+    classic coordinator of Kafka 3.x schedules it after the marker is written) would otherwise answer with
+    the marker of the checkpoint before, and a published checkpoint would be published again.
     """
     from confluent_kafka import Consumer
 
     settings = options.client_settings(**{"group.id": group, "enable.auto.commit": False})
-    return Consumer({**settings, "isolation.level": "read_uncommitted"})
+    return Consumer({**settings, "isolation.level": "read_committed"})
 
 
 def read_marker(consumer: Any, options: KafkaSinkOptions, timeout: float) -> int:
