@@ -236,7 +236,7 @@ def test_docs_job_example_runs_as_written(
     assert rc == 0, f"{where}: exit status {rc}\n{stdout}\n{log[-3000:]}"
     assert "control endpoint and dashboard at http://127.0.0.1:" in log, f"{where}: not run by sluice run\n{log}"
     assert re.search(r"read \d+", log), f"{where}: no progress lines\n{log}"
-    assert "stopped at " in stdout and "resume with: sluice run job.py --restore " in stdout, stdout
+    assert "stopped at " in stdout and "resume with: sluice run job.py --runtime local --restore " in stdout, stdout
     after = {p: outputs.read(p, list(expected[p][0])) for p in expected}
     assert after == wanted, f"{where}: output changed after the stop: {after}"
 

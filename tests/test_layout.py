@@ -36,3 +36,11 @@ def test_task_takes_at_most_six_parameters() -> None:
 
     params = [p for p in inspect.signature(Task.__init__).parameters if p != "self"]
     assert len(params) <= 6, params
+
+
+def test_ci_runs_the_readmes_two_commands_test_command_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:]]
+    test_command = next(b for b in blocks if "pytest" in b and "\n" not in b)
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci_lines[-1] == test_command, (ci_lines[-1], test_command)

@@ -24,7 +24,8 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.errors import RestoreError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
-from tests.faults.shapes import RunningCount, rows_of, with_key
+from tests.faults.expected import expected_rows
+from tests.faults.shapes import Input, RunningCount, rows_of, with_key
 from tests.sinks.tables.paced import Paced
 
 ROWS = 3000
@@ -62,10 +63,15 @@ def wait_for_checkpoints(client: Any, n: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Any, ...]]:
-    tmp = tmp_path_factory.mktemp("reference")
-    build(tmp, rate=None).run(runtime="local", restore="none")
-    return committed(tmp)
+def reference() -> list[tuple[Any, ...]]:
+    """What the job must commit, computed from its input in plain Python (tests/faults/expected.py: the
+    ``keyed`` shape is this job's with_key -> key_by -> RunningCount), not from another sluice run."""
+    return list(expected_rows("keyed", [Input("generator", splits=2, per_split=ROWS // 2, offset=0)]))
+
+
+def test_an_uninterrupted_run_commits_the_reference(tmp_path: Path, reference: list) -> None:  # type: ignore[type-arg]
+    build(tmp_path, rate=None).run(runtime="local", restore="none")
+    assert committed(tmp_path) == reference
 
 
 def test_a_savepoint_without_stop_is_refused_on_restore(tmp_path: Path, reference: list) -> None:  # type: ignore[type-arg]

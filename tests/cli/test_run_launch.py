@@ -91,3 +91,29 @@ def test_unnamed_sources_and_sinks_of_one_kind_get_distinct_names() -> None:
     names = sorted(n.name for n in p.graph.nodes.values())
     assert names == ["file-sink", "file-sink-2", "generator", "generator-2", "generator-3", "generator-4"], names
     assert named is not c
+
+
+def test_a_template_prints_its_result_line_once_under_sluice_run(tmp_path: Path) -> None:
+    """The template's own ``if __name__ == "__main__":`` block runs under ``sluice run`` too (the file is
+    ``__main__``): it prints its line only where sluice run did not (``python job.py``, spark-submit:
+    tests/runtime/spark/test_user_facing_output.py)."""
+    r = sluice(tmp_path, "new", "gen_once", "--template", "generator-to-parquet")
+    assert r.returncode == 0, r.stderr
+    r = sluice(tmp_path, "run", "gen_once.py", "--runtime", "local", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("finished after 1 attempt(s)") == 1, r.stdout
+    assert r.stdout.startswith("job gen_once: finished after 1 attempt(s); last checkpoint "), r.stdout
+
+
+def test_the_resume_line_repeats_the_options_a_resumed_run_needs() -> None:
+    from sluice.cli.run import _again, _Launch
+
+    explicit = {"runtime", "restore", "conf", "overrides", "allow_reprocessing"}
+    again = _again(explicit, "local", None, "job yaml.yaml", ("execution.checkpointing.interval=30 s",), "127.0.0.1:0")
+    line = _Launch("job.py", {}, {}, set(), None, again).resume_line("/data/chk/savepoint-4")
+    assert line == (
+        "sluice run job.py --runtime local --conf 'job yaml.yaml' -D 'execution.checkpointing.interval=30 s' "
+        "--restore /data/chk/savepoint-4"
+    )
+    # nothing given: nothing repeated (the file's own run() call, or the defaults, decide again)
+    assert _Launch("job.py", {}, {}, set(), None, []).resume_line("p") == "sluice run job.py --restore p"

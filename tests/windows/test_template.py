@@ -46,7 +46,7 @@ def test_the_windowed_template_runs_against_kafka(apache_kafka: Any, kafka_topic
     invoke("new", "minute-totals", "--template", "kafka-windowed-aggregation")
     out = invoke("run", "minute_totals.py", "--runtime", "local")
     assert "finished after 1 attempt(s)" in out
-    got = pyarrow.dataset.dataset(str(tmp_path / "output" / "totals"), format="parquet").to_table()
+    got = pyarrow.dataset.dataset(str(tmp_path / "output" / "minute-totals" / "totals"), format="parquet").to_table()
     expected = sql(
         """select kind, ts - ts % 60000 as window_start, count(*) as count, sum(amount) as sum_amount,
         max(amount) as max_amount, avg(amount) as mean_amount from x group by all""",

@@ -36,8 +36,10 @@ def new(name: str | None, template: str, directory: str, list_templates: bool) -
     from sluice.cli.scaffold import PLUGIN_TEMPLATES, describe_templates, render_template
 
     if list_templates:
-        for t in describe_templates():
-            click.echo(f"{t.name:<22} {t.kind:<7} {t.description}")
+        found = describe_templates()
+        width = max(len(t.name) for t in found)  # the longest name still leaves a column between
+        for t in found:
+            click.echo(f"{t.name:<{width}}  {t.kind:<7} {t.description}")
         return
     if name is None:
         raise click.UsageError("give a NAME (or --list to see the templates)")

@@ -23,12 +23,16 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
+        typed, number = value, None
         try:  # a flag's bare number is seconds, as a bare number of the API
-            value = float(value)
+            number = float(value)
         except (TypeError, ValueError):
             pass
         option = f"--{param.name.replace('_', '-')}" if param is not None and param.name else "duration"
         try:
-            return to_seconds(value, option, sign=self.sign)
+            return to_seconds(value if number is None else number, option, sign=self.sign)
         except ConfigError as exc:
-            self.fail(str(exc).split(": ", 1)[1], param, ctx)
+            message = str(exc).split(": ", 1)[1]
+            if number is not None:  # say what was typed (`--timeout 0`), not the float it became
+                message = message.replace(f"(got {number!r})", f"(got {typed!r})")
+            self.fail(message, param, ctx)

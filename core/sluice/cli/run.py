@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import posixpath
+import dataclasses
+import shlex
 import signal
 import sys
 import threading
@@ -150,6 +151,7 @@ def run(
         },
         {_CALL_NAME.get(name, name) for name in explicit},
         progress_interval if progress else None,
+        _again(explicit, runtime, master, conf, overrides, control_endpoint),
     )
     with launched_by(launch):  # the file's own `p.run()` (any name, module level or __main__) runs here
         pipeline = load_pipeline(job, launched=lambda: launch.runs > 0)
@@ -159,6 +161,29 @@ def run(
 
 #: ``sluice run`` option -> the ``Pipeline.start`` argument it sets
 _CALL_NAME = {"master": "spark_master"}
+
+
+def _again(
+    explicit: set[str],
+    runtime: str,
+    master: str | None,
+    conf: str | None,
+    overrides: tuple[str, ...],
+    control_endpoint: str,
+) -> list[str]:
+    """The options given on this command line that a resumed run needs too (the runtime, the cluster, the
+    settings, the endpoint), for the resume line a stopped job prints; the one-time ``--allow-*`` flags and
+    ``--restore`` are left out."""
+    args = ["--runtime", runtime] if "runtime" in explicit else []
+    if master is not None and "master" in explicit:
+        args += ["--master", master]
+    if conf is not None:
+        args += ["--conf", conf]
+    for o in overrides:
+        args += ["-D", o]
+    if "control_endpoint" in explicit:
+        args += ["--control-endpoint", control_endpoint]
+    return args
 
 
 class _Launch:
@@ -173,8 +198,10 @@ class _Launch:
         options: dict[str, Any],
         explicit: set[str],
         progress_interval: float | None,
+        again: list[str] | None = None,
     ) -> None:
         self.job = job
+        self.again = again or []
         self.settings = settings
         self.options = options
         self.explicit = explicit
@@ -209,18 +236,16 @@ class _Launch:
         finally:
             if client.control is not None:
                 client.control.close()  # answers in flight (a stop) go out before the process ends
-        # a stopped job ended at its stop's savepoint or checkpoint, which is not the last periodic checkpoint
-        ended = (
-            f" at {posixpath.basename(result.stopped_at.rstrip('/'))}"
-            if result.stopped_at
-            else f"; last checkpoint {result.last_checkpoint}"
-        )
-        click.echo(f"job {result.job_id}: {result.status} after {result.attempts} attempt(s){ended}")
+        click.echo(result.summary())
         if result.stopped_at:
-            click.echo(
-                f"stopped at {result.stopped_at}; resume with: sluice run {self.job} --restore {result.stopped_at}"
-            )
-        return result
+            click.echo(f"stopped at {result.stopped_at}; resume with: {self.resume_line(result.stopped_at)}")
+        # the file's own code gets the result: a template prints its line only when sluice run did not
+        return dataclasses.replace(result, reported=True)
+
+
+    def resume_line(self, restore: str) -> str:
+        """The command that resumes this job from ``restore``: this one's options, ``--restore`` set."""
+        return shlex.join(["sluice", "run", self.job, *self.again, "--restore", restore])
 
 
 def _wait_or_stop(client: JobClient, view: Progress | None = None) -> JobResult:

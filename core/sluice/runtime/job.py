@@ -15,6 +15,7 @@ restores the newest checkpoint this run completed (never an older one), else wha
 from __future__ import annotations
 
 import logging
+import posixpath
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class JobResult:
             letters), counters and gauges (see :mod:`sluice.runtime.task_metrics`); empty if the job ran
             without metrics.
         checkpoint_counts: totals over every checkpoint of every attempt (completed, failed, ...).
+        reported: True when ``sluice run`` ran the job (the job file's ``pipeline.run()`` under it) and has
+            printed :meth:`summary` and, for a stopped job, how to resume: a job file that prints its own
+            result line skips it then, so the line shows once under ``python job.py`` and ``sluice run``.
     """
 
     job_id: str
@@ -68,6 +72,16 @@ class JobResult:
     stopped_at: str | None = None
     vertex_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoint_counts: CheckpointCounts = field(default_factory=CheckpointCounts)
+    reported: bool = False
+
+    def summary(self) -> str:
+        """One line: ``job <id>: <status> after <n> attempt(s)`` and where it ended (the savepoint or
+        checkpoint of a stopped job, else its last checkpoint)."""
+        if self.stopped_at:
+            ended = f" at {posixpath.basename(self.stopped_at.rstrip('/'))}"
+        else:
+            ended = f"; last checkpoint {self.last_checkpoint}"
+        return f"job {self.job_id}: {self.status} after {self.attempts} attempt(s){ended}"
 
 
 @dataclass

@@ -3,7 +3,8 @@ docs' examples on (``pip install 'sluice-etl[demo]'``, which brings tansu).
 
 It listens on ``127.0.0.1:9092`` (``--port``), keeps everything in memory (lost when it stops), creates the
 topics it is given and, with ``--sample-events N``, produces N JSON events of the shape the Kafka job
-templates read (``id``, ``kind``, ``amount``, ``ts``; a few with a negative amount). It runs until Ctrl-C
+templates read (``id``, ``kind``, ``amount``, ``ts``; a few with a negative amount) into the first of them
+(the others start empty: a Kafka sink's output topic). It runs until Ctrl-C
 or SIGTERM. It is not a Kafka for production: its deviations from Apache Kafka are in docs/kafka.md.
 """
 
@@ -46,7 +47,8 @@ def _topic(spec: str) -> tuple[str, int]:
     help="Create this topic (repeatable), e.g. --topic events:4.",
 )
 @click.option("--sample-events", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Produce this many sample JSON events into each topic (the Kafka templates' shape).")  # fmt: skip
+              help="Produce this many sample JSON events (the Kafka templates' shape) into the first --topic; "
+                   "the others start empty (e.g. a Kafka sink's output topic).")  # fmt: skip
 def command(port: int, topics: tuple[str, ...], sample_events: int) -> None:
     """Run a throw-away Kafka-protocol broker (tansu, in memory) on 127.0.0.1:PORT until Ctrl-C, to try the
     job templates on: KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT sluice run my_job.py. Needs sluice-etl[demo]."""
@@ -86,7 +88,7 @@ def _prepare(broker: LocalBroker, topics: list[tuple[str, int]], events: int) ->
     if not events or not topics:
         return
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log_level": 0})
-    for name, partitions in topics:
+    for name, partitions in topics[:1]:  # the input; the others are outputs (a Kafka sink's topic)
         for i in range(events):
             producer.produce(name, json.dumps(sample_event(i)).encode(), partition=i % partitions)
             producer.poll(0)

@@ -276,8 +276,8 @@ def _summary(r: DemoReport, echo: Echo) -> None:
     echo(f"checkpoints:    sluice checkpoints list {r.out}/checkpoints")
     if r.dashboard:
         echo(
-            f"dashboard:      served at {r.dashboard} while the job ran (sluice run prints its login address; "
-            "sluice dashboard JOB_ID gives a running job's)"
+            f"dashboard:      served at {r.dashboard} while the job ran (for a running job, sluice dashboard "
+            "JOB_ID --storage STORAGE prints a one-time login address; docs/operations.md)"
         )
     echo(f"took {r.seconds:.0f} s")
 

@@ -59,7 +59,8 @@ def test_a_template_job_prints_a_short_result(tmp_path: Path) -> None:
     r = _submit(tmp_path, sys.executable)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[-1].startswith("totals: finished after 1 attempt(s), last checkpoint "), r.stdout[-3000:]
+    assert lines[-1].startswith("job totals: finished after 1 attempt(s); last checkpoint "), r.stdout[-3000:]
+    assert r.stdout.count("finished after") == 1, r.stdout[-3000:]  # the template's own line, once
     assert "JobResult(" not in r.stdout and len(lines[-1]) < 100, r.stdout[-3000:]
 
 

@@ -157,3 +157,91 @@ def test_a_commit_that_keeps_failing_fails_the_job_naming_table_checkpoint_and_c
     where = "table" if local_target.kind == "delta" else "db.events"
     assert where in text and "checkpoint" in text and "object store is unreachable" in text, text
     assert local_target.read().num_rows == 0  # the table stays valid: nothing half-committed
+
+
+def _with(b: pa.RecordBatch, name: str, values: list[Any]) -> pa.RecordBatch:
+    return b.append_column(name, pa.array(values))
+
+
+def test_an_iceberg_append_adds_a_new_column_in_the_snapshot_that_brings_it_never_before(tmp_path: Path) -> None:
+    """``schema_mode="merge"``: a column the writers see first joins the table's current schema in the commit
+    of the checkpoint whose rows carry it. Before, the writer evolved the table when it first saw the column
+    (its files need the column's field id): a crash before that checkpoint completed left the table with a
+    column no committed row carries, and a reader saw it. Now the writer adds the column to a schema that is
+    not current (ids assigned, invisible to readers) and the commit makes it current with the snapshot."""
+    target = Target("iceberg", str(tmp_path / "lake"), {}, str(tmp_path))
+    sink = target.sink(schema_mode="merge", partition_by=["b"])
+    sink.create_global_committer(GCtx()).commit(1, precommit(sink, 1, 0))
+
+    def current() -> list[str]:
+        return [f.name for f in target.iceberg_table().schema().fields]
+
+    files = []
+    for subtask, (column, values) in enumerate((("note", [f"n{i}" for i in range(10)]), ("score", [float(i) for i in range(10)]))):
+        w = sink.create_writer(Ctx(subtask=subtask), [])
+        w.write(_with(batch(10 + 10 * subtask), column, values))
+        files += w.prepare_commit(2)
+    assert current() == ["id", "b"], "a column joined the table before a checkpoint carrying it completed"
+    assert target.read().column_names == ["id", "b"] and ids(target.read()) == list(range(10))
+
+    def crash() -> None:
+        raise RuntimeError("crash before the commit")
+
+    with pytest.raises(CommitError, match="crash before"):
+        sink.create_global_committer(GCtx(at_table_commit=crash)).commit(2, files)
+    assert current() == ["id", "b"] and ids(target.read()) == list(range(10))
+    # the restored attempt commits checkpoint 2 again; a new writer that sees "note" again reuses its field id
+    assert sink.create_global_committer(GCtx(restored=2)).commit(2, files) is CommitOutcome.COMMITTED
+    assert current() == ["id", "b", "note", "score"]
+    w = sink.create_writer(Ctx(subtask=0), [])
+    w.write(_with(batch(30), "note", ["again"] * 10))
+    assert sink.create_global_committer(GCtx(restored=2)).commit(3, w.prepare_commit(3)) is CommitOutcome.COMMITTED
+    assert current() == ["id", "b", "note", "score"]
+    rows = {r["id"]: r for r in target.read().to_pylist()}
+    assert sorted(rows) == list(range(40))
+    assert (rows[0]["note"], rows[0]["score"]) == (None, None)
+    assert (rows[12]["note"], rows[12]["score"]) == ("n2", None)
+    assert (rows[23]["note"], rows[23]["score"]) == (None, 3.0)
+    assert (rows[35]["note"], rows[35]["score"]) == ("again", None)
+    table = target.iceberg_table()
+    by_snapshot = [[f.name for f in table.schemas()[s.schema_id].fields] for s in table.snapshots()]
+    assert by_snapshot == [["id", "b"], ["id", "b", "note", "score"], ["id", "b", "note", "score"]], by_snapshot
+
+
+def test_a_delta_append_adds_a_new_column_in_the_version_that_brings_its_rows_never_before(tmp_path: Path) -> None:
+    """``schema_mode="merge"``: a column the stream brings joins the Delta table in the version that commits
+    the checkpoint's rows and its app transaction. Before, the committer added it in a version of its own
+    (``alter.add_columns``) ahead of the rows: a crash between the two left the table with a column no
+    committed row carries, and a reader saw it."""
+    from deltalake import DeltaTable
+
+    target = Target("delta", str(tmp_path / "lake"), {}, str(tmp_path))
+    sink = target.sink(schema_mode="merge", partition_by=["b"])
+    sink.create_global_committer(GCtx()).commit(1, precommit(sink, 1, 0))
+
+    def crash() -> None:
+        raise RuntimeError("crash before the commit")
+
+    crashing = sink.create_global_committer(GCtx(at_table_commit=crash))  # made before the tasks start
+    w = sink.create_writer(Ctx(subtask=0), [])
+    w.write(_with(batch(10), "note", [f"n{i}" for i in range(10)]))
+    files = w.prepare_commit(2)
+    with pytest.raises(CommitError, match="crash before"):
+        crashing.commit(2, files)
+    assert target.read().column_names == ["id", "b"], "a column joined the table before its rows"
+    assert ids(target.read()) == list(range(10))
+    assert sink.create_global_committer(GCtx(restored=2)).commit(2, files) is CommitOutcome.COMMITTED
+    assert sink.create_global_committer(GCtx(restored=2)).commit(2, files) is CommitOutcome.ALREADY_COMMITTED
+    rows = {r["id"]: r for r in target.read().to_pylist()}
+    assert sorted(rows) == list(range(20))
+    assert (rows[3]["note"], rows[13]["note"], rows[13]["b"]) == (None, "n3", "1")
+    path = str(tmp_path / "lake" / "table")
+    for version in range(DeltaTable(path).version() + 1):  # every version: a column only with rows carrying it
+        table = DeltaTable(path, version=version).to_pyarrow_table()
+        if "note" in table.column_names:
+            assert table.column("note").null_count < table.num_rows, f"version {version}: 'note' without rows"
+    assert DeltaTable(path).transaction_version("sluice-job-sink") == 2
+    w = sink.create_writer(Ctx(subtask=0), [])  # the column is the table's now: a plain append
+    w.write(_with(batch(20), "note", ["again"] * 10))
+    assert sink.create_global_committer(GCtx(restored=2)).commit(3, w.prepare_commit(3)) is CommitOutcome.COMMITTED
+    assert sorted(r["id"] for r in target.read().to_pylist() if r["note"] == "again") == list(range(20, 30))

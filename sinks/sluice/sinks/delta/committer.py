@@ -118,12 +118,14 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
                 "sink a new uid"
             )
         self._tried.add(checkpoint_id)
+        new: dict[str, pa.Field] = {}
         for schema in {c.schema_fp: c.schema for c in committables}.values():
-            new = check_schema(self.options, table, _with_partitions(schema, table))
-            if new:
-                table.alter.add_columns([_delta_field(f) for f in new])
-                table.update_incremental()
+            for f in check_schema(self.options, table, _with_partitions(schema, table)):
+                new.setdefault(f.name, f)
         self.ctx.fault_hook("table_commit")  # a seam for tests: another writer may commit here
+        if new:  # schema_mode="merge": the new columns join the table in the commit of the rows that bring them
+            self._commit_with_new_columns(table, checkpoint_id, committables, props, sorted(new))
+            return self._committed()
         table.create_write_transaction(
             adds,
             "append",
@@ -132,6 +134,40 @@ class DeltaCommitter(GlobalCommitter[TableFile]):
             commit_properties=props,
         )
         return self._committed()
+
+    def _commit_with_new_columns(
+        self, table: Any, checkpoint_id: int, committables: Sequence[TableFile], props: Any, columns: list[str]
+    ) -> None:
+        """Commit the checkpoint's rows and its new ``columns`` in one Delta version.
+
+        delta-rs commits a schema change only through its own writer (``create_write_transaction`` leaves
+        the schema of an append as it was; ``alter.add_columns`` is a version of its own, which a reader
+        sees before the rows, and for good if the job never commits them). So this checkpoint's files are
+        read back and written again by ``write_deltalake(schema_mode="merge")`` with the checkpoint's app
+        transaction: one version with the new schema, the rows and the txn. Only the checkpoint that brings
+        a column pays this once; the written files are deleted after the commit (a crash before that
+        leaves them unreferenced: readers never see them).
+        """
+        from deltalake import write_deltalake
+
+        fs, root = self.options.filesystem()
+        parts = [_rows_of(fs, root, c) for c in committables]
+        data = pa.concat_tables(parts, promote_options="default")
+        log.info("DeltaSink %s: columns %s join the table with checkpoint %s's %d rows (written again in one "
+                 "commit)", self.options.path, columns, checkpoint_id, data.num_rows)  # fmt: skip
+        write_deltalake(
+            table,
+            data,
+            mode="append",
+            schema_mode="merge",
+            partition_by=table.metadata().partition_columns or None,
+            commit_properties=props,
+        )
+        for c in committables:
+            try:
+                fs.delete_file(f"{root}/{c.path}")
+            except OSError as exc:  # harmless: the table does not reference it
+                log.info("DeltaSink %s: could not delete %s after writing it again: %s", self.options.path, c.path, exc)
 
     def _committed(self) -> CommitOutcome:
         self.ctx.fault_hook("commit")  # the commit landed; the engine does not know yet
@@ -153,8 +189,12 @@ def _with_partitions(file_schema: Any, table: Any) -> Any:
     return pa.schema([*file_schema, *extra])
 
 
-def _delta_field(field: Any) -> Any:
-    import pyarrow as pa
-    from deltalake.schema import Schema
+def _rows_of(fs: Any, root: str, c: TableFile) -> pa.Table:
+    """A written data file's rows with its partition columns (Delta files leave them out) put back."""
+    import pyarrow.parquet as pq
 
-    return Schema.from_arrow(pa.schema([field])).fields[0]
+    rows = pq.read_table(f"{root}/{c.path}", filesystem=fs)
+    for name, value in c.partition:
+        field = c.partition_schema.field(name)
+        rows = rows.append_column(field, pa.array([value] * rows.num_rows).cast(field.type))
+    return rows

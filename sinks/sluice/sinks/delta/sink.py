@@ -39,7 +39,8 @@ class DeltaSink(TableSink):
         schema: the table's Arrow schema: creates (or checks) the table before the job starts. Without it the
             first checkpoint's commit creates the table, with the stream's schema.
         schema_mode: ``"strict"`` (the stream's columns must be the table's) or ``"merge"`` (new columns are
-            added to the table; columns the stream lacks are written as nulls).
+            added to the table in the version that commits the first rows carrying them; columns the stream
+            lacks are written as nulls).
         storage_options: connection options: sluice's spelling (``endpoint_url``, ``region_name``,
             ``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``) or delta-rs keys. On S3
             commits use conditional puts (``If-None-Match``), which the store must support.

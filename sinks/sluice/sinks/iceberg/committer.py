@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from sluice.errors import CommitError, ConfigError
 from sluice.sink import CommitOutcome, GlobalCommitter, GlobalCommitterContext
 from sluice.sinks.iceberg.catalog import load_catalog
+from sluice.sinks.iceberg.evolve import stage_new_columns
 from sluice.sinks.iceberg.layout import JOB_ID, MAX_COMMITTED, SINK_UID, data_file, max_committed_checkpoint
 from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.iceberg.rewrite import rewrite_small_files
@@ -71,12 +72,12 @@ class IcebergCommitter(GlobalCommitter[TableFile]):
                 )
             self._tried.add(checkpoint_id)
             props = {JOB_ID: self.ctx.job_id, SINK_UID: self.ctx.sink_uid, MAX_COMMITTED: str(checkpoint_id)}
-            with (
-                table.transaction() as tx,
-                tx.update_snapshot(snapshot_properties=props).fast_append() as append,
-            ):
-                for c in committables:
-                    append.append_data_file(data_file(table, c))
+            with table.transaction() as tx:
+                # new columns (schema_mode="merge") become current with the snapshot whose files carry them
+                stage_new_columns(tx, table, [c.schema for c in committables], f"IcebergSink {self.options.table}")
+                with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                    for c in committables:
+                        append.append_data_file(data_file(table, c))
         self.ctx.fault_hook("commit")  # the commit landed; the engine does not know yet
         if self.rewriter is not None:
             self.rewriter.committed()

@@ -9,7 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from sluice.errors import CommitError
 from sluice.sinks.iceberg.catalog import check_schema, check_spec, open_or_create
+from sluice.sinks.iceberg.evolve import add_pending_columns, file_field_ids, schema_of_ids, writer_schema
 from sluice.sinks.iceberg.layout import IcebergLayout, file_stats
 from sluice.sinks.iceberg.options import IcebergSinkOptions
 from sluice.sinks.tables.storage import arrow_filesystem
@@ -45,18 +47,23 @@ class IcebergFormat:
         table = self.loaded(schema, refresh=True)
         check_spec(self.options, table)
         for _ in range(10):
-            if not check_schema(self.options, table, schema):
-                break
-            try:  # merge: new columns join the table's schema (with field ids) before any file has them
-                with table.update_schema() as update:
-                    update.union_by_name(schema)
-            except Exception as exc:  # another writer evolved it at the same moment: look again
-                log.info("%s: schema update lost a race, retrying: %s", self.options.name, exc)
+            new = check_schema(self.options, table, schema)  # new columns: schema_mode="merge" only
+            file_schema, missing = writer_schema(table, new)
+            if file_schema is not None:
+                return IcebergLayout(table, file_schema)
+            try:  # ids for the new columns, in a schema that is not current yet (sluice.sinks.iceberg.evolve)
+                add_pending_columns(table, missing)
+            except Exception as exc:  # another writer added a schema at the same moment: look again
+                log.info("%s: adding columns lost a race, retrying: %s", self.options.name, exc)
             table = self.loaded(refresh=True)
-        return IcebergLayout(table)
+        raise CommitError(
+            f"IcebergSink {self.options.table}: could not add columns {[f.name for f in missing]} to the table's "
+            "schemas in 10 tries (other writers kept changing the table)"
+        )
 
     def file_stats(self, meta: pq.FileMetaData, table: pa.Table) -> Any:
-        loaded = self.loaded()
-        if set(table.column_names) - {f.name for f in loaded.schema().fields}:
-            loaded = self.loaded(refresh=True)  # another subtask added columns since this one loaded it
-        return file_stats(loaded, meta)
+        ids = file_field_ids(table.schema)
+        schema = schema_of_ids(self.loaded(), ids)
+        if schema is None:  # another subtask added the columns since this one loaded the table
+            schema = schema_of_ids(self.loaded(refresh=True), ids)
+        return file_stats(self.loaded(), meta, schema)

@@ -11,6 +11,7 @@ from sluice.sinks.tables.files import TableFile, split_by
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
 __all__ = ["IcebergLayout", "data_file", "file_stats", "max_committed_checkpoint"]
@@ -23,14 +24,15 @@ MAX_COMMITTED = "sluice.max-committed-checkpoint-id"
 
 
 class IcebergLayout:
-    """Rows of one stream schema as data files of ``table`` (files keep every column, with field ids)."""
+    """Rows of one stream schema as data files of ``table`` (files keep every column of ``schema``, default
+    the table's, with field ids)."""
 
     partition_schema = pa.schema([])
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, schema: Schema | None = None) -> None:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        self.schema = table.schema()
+        self.schema = schema if schema is not None else table.schema()
         self.spec = table.spec()
         self.file_schema = schema_to_pyarrow(self.schema)
         self._sources = [
@@ -57,15 +59,16 @@ class IcebergLayout:
         return pa.Table.from_arrays(cols, schema=self.file_schema)
 
 
-def file_stats(table: Table, meta: pq.FileMetaData) -> dict[str, Any]:
-    """A data file's metrics (column sizes, value / null counts, bounds) from its Parquet footer."""
+def file_stats(table: Table, meta: pq.FileMetaData, schema: Schema | None = None) -> dict[str, Any]:
+    """A data file's metrics (column sizes, value / null counts, bounds) from its Parquet footer; ``schema``:
+    the file's columns (default: the table's current schema)."""
     from pyiceberg.io.pyarrow import (
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
         parquet_path_to_id_mapping,
     )
 
-    schema = table.schema()
+    schema = schema if schema is not None else table.schema()
     stats = data_file_statistics_from_parquet_metadata(
         parquet_metadata=meta,
         stats_columns=compute_statistics_plan(schema, table.metadata.properties),

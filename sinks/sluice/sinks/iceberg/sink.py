@@ -54,8 +54,8 @@ class IcebergSink(TableSink):
             ``hour(col)``, ``bucket(n, col)`` (a hash of the column into ``n`` buckets).
         schema: the table's Arrow schema: creates (or checks) the table before the job starts. Without it the
             first batch's schema creates it.
-        schema_mode: ``"strict"`` or ``"merge"`` (new columns are added to the table's schema by the first
-            writer that sees them, before it writes a file with them).
+        schema_mode: ``"strict"`` or ``"merge"`` (new columns join the table's schema in the commit of the
+            first checkpoint whose rows carry them: :mod:`sluice.sinks.iceberg.evolve`).
         storage_options: FileIO options: sluice's spelling (``endpoint_url``, ``region_name``,
             ``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``) or pyiceberg ``s3.*`` keys.
         compaction: merge the files all subtasks write for one partition at one checkpoint into one file before
