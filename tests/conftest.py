@@ -36,6 +36,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 SPARK_SLOTS = 4
 
 
+#: the Kafka source's two readers (sluice.connectors.kafka.native_reader): tests that hold on both take the
+#: ``kafka_reader`` fixture (module-wide: ``pytestmark = pytest.mark.usefixtures("kafka_reader")``)
+KAFKA_READERS = ("python", "native")
+
+
+@pytest.fixture(params=KAFKA_READERS)
+def kafka_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each Kafka reader in turn: ``reader="auto"`` sources (the default) run on it, in this process and in
+    the processes it starts (``SLUICE_KAFKA_READER``). The native one must be built: a test on it fails,
+    never skips, where it is not (``pip install -e .`` with cargo on the PATH builds it)."""
+    monkeypatch.setenv("SLUICE_KAFKA_READER", str(request.param))
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One SparkContext for the whole session (startup takes 5-20 s), reused by every Spark test."""
@@ -153,16 +167,14 @@ def moto_s3() -> Iterator[MotoS3]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sluice wheel, built once per session from a clean copy of the checkout's tracked files (building
-    in the checkout would reuse its ``build/`` folder, where files deleted from the source linger)."""
+def clean_source_copy(dest: Path) -> Path:
+    """``dest`` filled with the checkout's tracked (and new, not ignored) files: a source tree to build a wheel
+    from (building in the checkout would reuse its ``build/`` folder, where files deleted from the source
+    linger)."""
     import shutil
     import subprocess
-    import sys
 
     root = Path(__file__).resolve().parent.parent
-    src = tmp_path_factory.mktemp("sluice-src")
     tracked = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=root, capture_output=True, timeout=120,
@@ -170,15 +182,28 @@ def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if tracked.returncode == 0:
         for name in filter(None, tracked.stdout.decode().split("\0")):
             if (root / name).is_file():
-                (src / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(root / name, src / name)
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / name, dest / name)
     else:  # not a git checkout (an unpacked source archive): everything but build products
-        shutil.copytree(root, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            ".venv", "build", "dist", "*.egg-info", "__pycache__", ".git"))  # fmt: skip
+        shutil.copytree(root, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".venv", "build", "dist", "*.egg-info", "__pycache__", ".git", "target", "*.so"))  # fmt: skip
+    return dest
+
+
+@pytest.fixture(scope="session")
+def sluice_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sluice wheel, built once per session from a clean copy of the checkout (:func:`clean_source_copy`)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    src = clean_source_copy(tmp_path_factory.mktemp("sluice-src"))
     dist = tmp_path_factory.mktemp("sluice-dist")
+    # the native reader's Rust build reuses the checkout's (native/target): warm, it takes seconds
+    env = {**os.environ, "CARGO_TARGET_DIR": str(root / "native" / "target")}
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = dist.glob("sluice_etl-*.whl")  # the distribution sluice-etl (the import name is sluice)

@@ -31,10 +31,10 @@ from tests.sinks.conftest import MotoS3
 from tests.sinks.tables.helpers import Target
 
 #: source cases (fixture names) every source check runs against
-SOURCE_CASES = ["generator_source", "kafka_source"]
+SOURCE_CASES = ["generator_source", "kafka_source", "kafka_source_native"]
 #: the cases on the session's Apache Kafka: their tests are marked ``apache_kafka`` (the fixture is asked for
 #: through the case, which the marking in tests/conftest.py cannot see)
-APACHE_KAFKA_CASES = {"kafka_source", "kafka_sink"}
+APACHE_KAFKA_CASES = {"kafka_source", "kafka_source_native", "kafka_sink"}
 #: sink cases (fixture names) every sink check runs against; add a sink here
 SINK_CASES = [
     "file_sink_local", "file_sink_compacting", "file_sink_s3", "test_sink", "test_sink_global", "delta_table",
@@ -55,8 +55,17 @@ def generator_source() -> SourceCase:
 def kafka_source(apache_kafka: ApacheKafkaBroker) -> SourceCase:
     """JSON records in 3 partitions of a topic on Apache Kafka; the source stops 7 records before each
     partition's end (the broker's high watermark), so a reader that reads past its stop offset emits
-    records no bounded run may emit."""
-    broker = apache_kafka
+    records no bounded run may emit. Today's reader (confluent-kafka)."""
+    return _kafka_case(apache_kafka, "python")
+
+
+@pytest.fixture(scope="module")
+def kafka_source_native(apache_kafka: ApacheKafkaBroker) -> SourceCase:
+    """:func:`kafka_source` on the native reader (fetch and JSON decoding without the GIL)."""
+    return _kafka_case(apache_kafka, "native")
+
+
+def _kafka_case(broker: ApacheKafkaBroker, reader: str) -> SourceCase:
     topic = f"conformance-{next(_names)}-{uuid.uuid4().hex[:6]}"
     broker.create_topic(topic, 3)
     for p in range(3):
@@ -71,6 +80,7 @@ def kafka_source(apache_kafka: ApacheKafkaBroker) -> SourceCase:
         schema=pa.schema([("id", pa.int64())]),
         batch_size=20,
         stopping_offsets=stops,
+        reader=reader,
     )
     src.validate()
     expected = pa.table({"id": [p * 1000 + i for p in range(3) for i in range(stops[(topic, p)])]})

@@ -17,6 +17,7 @@ from tests.connectors.cases import (  # noqa: F401 - fixtures
     iceberg_table,
     kafka_sink,
     kafka_source,
+    kafka_source_native,
     postgres_append,
     postgres_upsert,
     test_sink,

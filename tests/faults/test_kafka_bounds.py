@@ -38,7 +38,7 @@ from tests.faults.contract import OVER_LIMIT, checkpoint_config, kafka_options, 
 from tests.kafka_broker import TansuBroker
 from tests.sinks.conftest import read_visible
 
-pytestmark = [pytest.mark.kafka, UNHANDLED_THREAD_ERRORS_FAIL, pytest.mark.tansu(
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), UNHANDLED_THREAD_ERRORS_FAIL, pytest.mark.tansu(
     "stop maps from the fetched end (high_watermark.py); over-limit records stored because tansu has no size "
     "limit (message_size.py), as a Kafka with max.message.bytes raised would; no transactions or timestamps"
 )]

@@ -229,6 +229,7 @@ def broker_outage(
 @TANSU_PROXIED
 @pytest.mark.faults
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 def test_broker_outage_shows_the_source_stalled_then_resumes(proxied_broker: ProxiedBroker, tmp_path: Path) -> None:
     broker_outage(proxied_broker, Output("files", str(tmp_path / "out")), tmp_path, fails_over=False)
 
@@ -236,6 +237,7 @@ def test_broker_outage_shows_the_source_stalled_then_resumes(proxied_broker: Pro
 @TANSU_PROXIED
 @pytest.mark.soak
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 def test_soak_unanswering_broker_shows_the_source_stalled_then_resumes(
     proxied_broker: ProxiedBroker, tmp_path: Path
 ) -> None:
@@ -247,6 +249,7 @@ def test_soak_unanswering_broker_shows_the_source_stalled_then_resumes(
 @TANSU_PROXIED
 @pytest.mark.faults
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("sink", SINKS)
 def test_broker_outage_longer_than_the_timeout_fails_over(
     proxied_broker: ProxiedBroker, tmp_path: Path, sink: str
@@ -257,6 +260,7 @@ def test_broker_outage_longer_than_the_timeout_fails_over(
 @TANSU_PROXIED
 @pytest.mark.soak
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("sink", SINKS)
 def test_soak_eighteen_second_broker_outage(proxied_broker: ProxiedBroker, tmp_path: Path, sink: str) -> None:
     """The issue's case: the broker away for 18 s; stalled shown, failed over, output exactly once."""

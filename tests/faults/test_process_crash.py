@@ -17,15 +17,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import listing
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.connectors.kafka.helpers import produce_json
 from tests.faults.shapes import record
 from tests.kafka_broker import TansuBroker
+from tests.kafka_test_broker import KafkaTestBroker
 from tests.sinks.conftest import FINAL, MotoS3, read_visible, s3_keys
 
 JOB = textwrap.dedent(
@@ -108,7 +111,7 @@ def run_with_kills(
 
 
 def scenario(
-    broker: TansuBroker, topic: str, tmp_path: Path, seed: int, kills: int, s3: MotoS3 | None
+    broker: KafkaTestBroker, topic: str, tmp_path: Path, seed: int, kills: int, s3: MotoS3 | None
 ) -> None:
     rng = random.Random(seed)
     parts = rng.choice([1, 2, 3])
@@ -155,6 +158,7 @@ def scenario(
 @pytest.mark.faults
 @pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, seed: int) -> None:
     scenario(broker, topic(3), tmp_path, seed, kills=3, s3=None)
@@ -162,6 +166,16 @@ def test_sigkill_local_files(broker: TansuBroker, topic: Any, tmp_path: Path, se
 
 @pytest.mark.faults
 @pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
+@pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
+def test_sigkill_local_files_on_apache_kafka(
+    apache_kafka: ApacheKafkaBroker, kafka_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The same kills with a real Apache Kafka under the source (transactions, offsets as Kafka keeps them)."""
+    scenario(apache_kafka, kafka_topic(3), tmp_path, 4, kills=3, s3=None)
+
+
+@pytest.mark.faults
 @pytest.mark.kafka
 @pytest.mark.s3
 def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path) -> None:
@@ -171,6 +185,7 @@ def test_sigkill_s3(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: 
 @pytest.mark.soak
 @pytest.mark.tansu("whole-process SIGKILLs of sluice run: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions")
 @pytest.mark.kafka
+@pytest.mark.usefixtures("kafka_reader")  # on both readers
 @pytest.mark.parametrize("seed", range(100, 130))
 def test_soak_sigkill(broker: TansuBroker, topic: Any, moto_s3: MotoS3, tmp_path: Path, seed: int) -> None:
     scenario(broker, topic(3), tmp_path, seed, kills=6, s3=moto_s3 if seed % 2 else None)

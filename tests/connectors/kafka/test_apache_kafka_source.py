@@ -29,7 +29,8 @@ from tests.connectors.kafka.helpers import committed_ids, json_values, produce_j
 from tests.connectors.kafka.test_kafka_e2e import SCHEMA, pipeline, slow, wait_for
 from tests.faults.shapes import record
 
-pytestmark = [pytest.mark.kafka, pytest.mark.apache_kafka]  # the crash test has a broker of its own
+# on both readers; the crash test has a broker of its own
+pytestmark = [pytest.mark.kafka, pytest.mark.apache_kafka, pytest.mark.usefixtures("kafka_reader")]
 
 Topic = Callable[..., str]
 
@@ -188,6 +189,37 @@ def test_offsets_committed_on_checkpoint_and_resumed_from(
     _run(apache_kafka.bootstrap, t, tmp_path / "b", tmp_path / "cb", group_id=group,
          starting_offsets=OffsetsInitializer.committed(), stopping_offsets="latest")  # fmt: skip
     assert _out(tmp_path / "b") == sorted(more)
+
+
+def test_a_starting_offset_below_the_log_start_fails_or_is_skipped_as_asked(
+    apache_kafka: ApacheKafkaBroker, kafka_topic: Topic, tmp_path: Path
+) -> None:
+    """An explicit starting offset under the partition's start (moved by ``DeleteRecords``):
+    ``fail_on_data_loss`` names topic, partition and offset; without it the reader resets to the start,
+    counts it and reads on (a restored position: the test above)."""
+    t = kafka_topic(1)
+    apache_kafka.produce(t, json_values(20), partition=0)
+    tp = TopicPartition(t, 0, 8)
+    assert apache_kafka.admin.delete_records([tp])[tp].result(30).low_watermark == 8
+    start = {(t, 0): 3}  # under the new start (8): out of range
+    stop = {(t, 0): 20}
+    p = pipeline("loss-fail", tmp_path / "fail", parallelism=1, restart=NoRestart())
+    p.source(KafkaSource(apache_kafka.bootstrap, t, format="json", schema=SCHEMA, starting_offsets=start,
+                         stopping_offsets=stop)).sink(TwoPhaseCommitTestSink(str(tmp_path / "fail-out")))  # fmt: skip
+    with pytest.raises(JobFailedError) as info:
+        p.run(runtime="local", restore="none")
+    cause = info.value.__cause__
+    assert isinstance(cause, KafkaDataLossError), cause
+    assert (cause.topic, cause.partition, cause.offset) == (t, 0, 3)
+    p = pipeline("loss-skip", tmp_path / "skip", parallelism=1, restart=NoRestart())
+    skip = KafkaSource(
+        apache_kafka.bootstrap, t, format="json", schema=SCHEMA, starting_offsets=start, stopping_offsets=stop,
+        fail_on_data_loss=False,
+    )  # fmt: skip
+    p.source(skip).sink(TwoPhaseCommitTestSink(str(tmp_path / "skip-out")))
+    result = p.run(runtime="local", restore="none")
+    assert committed_ids(read_committed(str(tmp_path / "skip-out"))) == list(range(8, 20))
+    assert result.metrics.get("data_loss_resets", 0) >= 1, result.metrics
 
 
 # -- partitions added while the job runs ---------------------------------------------------------------

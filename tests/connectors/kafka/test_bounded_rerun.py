@@ -23,7 +23,7 @@ from tests.connectors.kafka.test_kafka_e2e import SCHEMA, pipeline, wait_for
 from tests.faults.shapes import record
 from tests.kafka_test_broker import KafkaTestBroker
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 
 def _start(

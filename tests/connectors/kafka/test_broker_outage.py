@@ -29,7 +29,7 @@ from tests.connectors.kafka.test_kafka_e2e import SCHEMA, wait_for
 from tests.control.conftest import sluice
 from tests.faults.shapes import record
 
-pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), pytest.mark.tansu(
     "outages are cuts of a fault proxy in front of a broker that keeps running; plain records, no 'latest', no transactions (a crash of Apache Kafka itself: test_apache_kafka_source.py)"
 )]
 

@@ -25,7 +25,7 @@ from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_
 from tests.connectors.kafka.test_formats_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), pytest.mark.tansu(
     "change-format decoding: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions"
 )]
 

@@ -19,7 +19,7 @@ from tests.checkpoint_scan import assert_no_pickle
 from tests.connectors.kafka.helpers import produce_json
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), pytest.mark.tansu(
     "what a checkpoint holds: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions"
 )]
 

@@ -58,6 +58,12 @@ class KeyedCounts:
         return Decoded(batch, np.asarray(rows, dtype=np.int64), bad)
 
 
+@pytest.fixture(autouse=True)
+def python_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake consumer stands in for confluent-kafka's: the sources here take today's reader."""
+    monkeypatch.setenv("SLUICE_KAFKA_READER", "python")
+
+
 def reader(monkeypatch: pytest.MonkeyPatch, src: KafkaSource) -> tuple[KafkaSourceReader, FakeConsumer]:
     consumers: list[FakeConsumer] = []
 

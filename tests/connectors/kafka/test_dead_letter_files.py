@@ -18,6 +18,7 @@ from tests.kafka_broker import TansuBroker
 
 pytestmark = [
     pytest.mark.kafka,
+    pytest.mark.usefixtures("kafka_reader"),  # on both readers
     pytest.mark.tansu("how dead letters read in files; plain records to an explicit stop from the fetched end "
                       "(high_watermark.py): no tansu quirk touches it (the dead-letter topic on Apache Kafka: "
                       "test_kafka_e2e.py)"),

@@ -28,7 +28,7 @@ from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_
 from tests.connectors.kafka.test_formats_units import EVENT_V1, EVENT_V2, ORDER_V1, ORDER_V2, order
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), pytest.mark.tansu(
     "format decoding: plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions"
 )]
 

@@ -34,7 +34,7 @@ from tests.connectors.kafka.helpers import committed_ids, json_values, produce_j
 from tests.kafka_broker import TansuBroker
 from tests.kafka_test_broker import read_committed as read_topic
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader")]  # on both readers
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int64()), ("ts", pa.int64())])
 RETRY = FixedDelayRestart(attempts=5, delay=0)
@@ -388,3 +388,59 @@ def test_missing_topic_is_named(broker: TansuBroker, tmp_path: Path) -> None:
         p.run(runtime="local", restore="none")
     assert isinstance(info.value.__cause__, KafkaSourceError)
     assert "topic(s) 'no-such-topic-xyz' not found" in str(info.value.__cause__)
+
+
+# -- event time ----------------------------------------------------------------------------------------
+@pytest.mark.tansu(
+    "watermarks and idleness are the reader's: plain records, unbounded, no 'latest', "
+    "transactions, timestamp lookups, out-of-range positions or new partitions"
+)
+def test_windows_close_on_per_partition_watermarks_past_an_idle_partition(
+    broker: TansuBroker, topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """An unbounded job: partition 0 carries 35 s of event time, partition 1 nothing. Windows close only
+    as the watermark passes them, and the watermark moves only once partition 1 counts as idle: the
+    10-second windows up to the records' last timestamp close (with every record), the last one stays open.
+    Partition 0 gets a record at its last timestamp every half second while the test waits, so it is never
+    idle itself (with both idle, no watermark is emitted) however the threads are scheduled."""
+    from sluice.windows import count
+
+    t = topic(2)
+    t0 = 1_700_000_000_000
+    broker.produce(t, [json.dumps({"k": "a", "ts": t0 + i * 1000}).encode() for i in range(35)], partition=0)
+    out = str(tmp_path / "out")
+    p = pipeline("watermarks", tmp_path, parallelism=1)
+    src = KafkaSource(
+        broker.bootstrap, t, format="json", schema=pa.schema([("k", pa.string()), ("ts", pa.int64())]),
+        event_time="ts", idle_timeout_s=1.0,
+    )  # fmt: skip
+    p.source(src).key_by("k").tumbling_window("10 s", time="ts").aggregate(count()).sink(
+        TwoPhaseCommitTestSink(out)
+    )
+    keep_alive = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
+    last = json.dumps({"k": "a", "ts": t0 + 34_000}).encode()  # in the window that stays open
+    client = p.start(runtime="local", restore="none")
+    try:
+        deadline = time.monotonic() + 120
+        while (tbl := read_committed(out)) is None or tbl.num_rows < 3:
+            assert client.running and time.monotonic() < deadline, "the windows did not close"
+            keep_alive.produce(t, last, partition=0)
+            keep_alive.flush(10)
+            time.sleep(0.5)
+    finally:
+        client.cancel()
+    got = read_committed(out)
+    assert got is not None
+    rows = sorted((r["window_start"], r["count"]) for r in got.to_pylist())
+    assert rows == [(t0 - t0 % 10_000 + w * 10_000, n) for w, n in enumerate(_counts(t0))], rows
+
+
+def _counts(t0: int) -> list[int]:
+    """Records per 10 s window of ``t0 + i * 1000`` (i < 35) in the windows wholly before the last record."""
+    last = t0 + 34_000
+    first = t0 - t0 % 10_000
+    return [
+        sum(1 for i in range(35) if w <= t0 + i * 1000 < w + 10_000)
+        for w in range(first, last, 10_000)
+        if w + 10_000 <= last
+    ]

@@ -26,7 +26,7 @@ from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.tansu(
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("kafka_reader"), pytest.mark.tansu(
     "sluice's max_record_bytes, not the broker's limit: tansu's missing size limit (message_size.py) lets the over-limit records in, as a Kafka with max.message.bytes raised would; plain records produced before the job, read to explicit stops from the fetched end (high_watermark.py); no transactions, timestamp lookups, out-of-range positions or new partitions"
 )]
 

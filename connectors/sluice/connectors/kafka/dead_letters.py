@@ -62,16 +62,16 @@ def _text_or_base64(raw: list[bytes | None]) -> tuple[pa.Array, pa.Array]:
 
 def dead_letters(messages: Messages, bad: list[tuple[int, str]]) -> pa.RecordBatch:
     """The ``dead_letters`` rows of the bad records ``(index, error)`` (bad records are rare: per record)."""
-    picked = [messages.messages[i] for i, _ in bad]
-    raw_values = [messages.values[i] for i, _ in bad]
-    key_text, key_b64 = _text_or_base64([m.key() for m in picked])
+    picked = messages.take(np.array([i for i, _ in bad], dtype=np.int64))
+    raw_values = picked.values
+    key_text, key_b64 = _text_or_base64(picked.keys())
     value_text, value_b64 = _text_or_base64(raw_values)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([m.topic() for m in picked], pa.string()),
-            pa.array([m.partition() for m in picked], pa.int32()),
-            pa.array([m.offset() for m in picked], pa.int64()),
-            timestamp_column(np.array([m.timestamp()[1] for m in picked], dtype=np.int64)),
+            picked.topics(),
+            pa.array(picked.partitions, pa.int32()),
+            pa.array(picked.offsets, pa.int64()),
+            timestamp_column(picked.timestamps()),
             key_text,
             key_b64,
             value_text,
@@ -95,12 +95,11 @@ def route_bad_records(
     ctx.metric("bad_records", len(decoded.bad))
     if options.on_bad_record == "fail":
         i, err = decoded.bad[0]
-        m = messages.messages[i]
         raise BadRecordError(
             f"KafkaSource {options.name!r}: cannot decode a record as {options.format_name}: {err}",
-            topic=m.topic() or "",
-            partition=m.partition() or 0,
-            offset=m.offset() or 0,
+            topic=messages.topic_at(i),
+            partition=int(messages.partitions[i]),
+            offset=int(messages.offsets[i]),
             snippet=messages.values[i] or b"",
         )
     output.emit_side(DEAD_LETTERS, dead_letters(messages, decoded.bad))

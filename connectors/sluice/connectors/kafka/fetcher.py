@@ -53,6 +53,11 @@ class Fetched:
     nbytes: int
     events: list[Any] = field(default_factory=list)
 
+    @property
+    def count(self) -> int:
+        """The number of data messages."""
+        return len(self.msgs)
+
 
 def split_messages(msgs: list[Any]) -> Fetched:
     """Separate data from events and extract the columns the reader needs (no per-message attribute
@@ -79,7 +84,7 @@ class Fetcher:
 
     Args:
         consume: ``consumer.consume`` (``(num_messages, timeout) -> messages``).
-        prepare: turns a ``consume()`` result into the item handed over (it has ``msgs`` and ``nbytes``);
+        prepare: turns a ``consume()`` result into the item handed over (it has ``count`` and ``nbytes``);
             runs in the fetch thread.
         batch_size: messages per ``consume`` call.
         max_bytes: budget of fetched-but-not-taken values (one batch always fits).
@@ -120,7 +125,7 @@ class Fetcher:
     def queued_records(self) -> int:
         """Records fetched and not taken yet."""
         with self._cv:
-            return sum(len(f.msgs) for f in self._queue)
+            return sum(f.count for f in self._queue)
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn`` (a consumer call) in the fetch thread before its next ``consume()``."""
@@ -164,7 +169,7 @@ class Fetcher:
                         return
                     self._queue.append(item)
                     self._bytes += item.nbytes
-                    self.fetched_records += len(item.msgs)
+                    self.fetched_records += item.count
                     self._cv.notify_all()
         except BaseException as exc:  # handed to the task thread, which raises it
             with self._cv:

@@ -33,9 +33,11 @@ from sluice.connectors.kafka.offsets import OffsetsInitializer
 from sluice.connectors.options import convert, duration, is_count, must
 from sluice.errors import ConfigError
 
-__all__ = ["DEAD_LETTERS", "ON_BAD_RECORD", "KafkaSourceOptions"]
+__all__ = ["DEAD_LETTERS", "ON_BAD_RECORD", "READERS", "KafkaSourceOptions"]
 
 ON_BAD_RECORD = ("fail", "dead_letter")
+#: the ``reader`` option's values (:mod:`sluice.connectors.kafka.native_reader`)
+READERS = ("auto", "native", "python")
 #: the side output dead letters go to
 DEAD_LETTERS = "dead_letters"
 
@@ -191,6 +193,9 @@ class KafkaSourceOptions(_Frozen):
     ] = 64 * 1024 * 1024
     request_timeout_s: Annotated[float, SkipValidation, duration("KafkaSource")] = 10.0
     broker_unavailable_timeout_s: _SecondsOrNone = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S
+    reader: Annotated[
+        Literal["auto", "native", "python"], SkipValidation, _must(f"one of {READERS}", lambda v: v in READERS)
+    ] = "auto"
     name: str = "kafka"
 
     @model_validator(mode="after")
@@ -211,6 +216,10 @@ class KafkaSourceOptions(_Frozen):
         check_consumer_config(
             self.consumer_config, self.group_id, self.consumer_conf("sluice-validate", bounded=False)
         )
+        if self.reader == "native":  # refused now, in one line, where it cannot run
+            from sluice.connectors.kafka.native_choice import choose_reader
+
+            choose_reader(self)
         return self
 
     def _check_format(self) -> None:

@@ -44,9 +44,9 @@ class Prepared:
     decoded: Decoded | None = None
 
     @property
-    def msgs(self) -> list[Any]:
-        """The data messages (the fetch thread counts them)."""
-        return self.messages.messages
+    def count(self) -> int:
+        """The number of data messages (the fetch thread counts them)."""
+        return len(self.messages)
 
     def without(self, drop: np.ndarray) -> Prepared:
         """This batch without the messages in ``drop`` (a mask); rare: stale partitions."""
@@ -121,7 +121,7 @@ class Preparer:
 
     def finish(self, item: Prepared) -> Prepared:
         """``item`` with its messages decoded."""
-        if item.msgs:
+        if item.count and item.decoded is None:  # the native reader may have decoded them already
             with self._lock:  # the decoder's state (a schema): one batch at a time
                 item.decoded = self.decoder.decode_messages(item.messages)
         return item

@@ -94,16 +94,24 @@ class KafkaSourceReader(SourceReader):
             # lag, fetch rates and the brokers' connection states
             ReaderMetrics(self.ctx, self._live_positions, self._outages.health.on_stats).configure(conf)
             self._consumer_conf = conf
-            self._consumer = type(self).consumer_factory(conf)
+            self._consumer = self._new_consumer(conf)
             if self.options.fetch_thread:
                 self._fetcher = Fetcher(
                     self._consumer.consume,
-                    lambda msgs: self._prepare.finish(self._prepare(msgs)),
+                    self._prepare_batch,
                     self.options.batch_size,
                     self.options.max_prefetch_bytes // 2,
                     f"{self.options.name}-{self.ctx.subtask}",
                 )
                 self._fetcher.start()
+
+    def _new_consumer(self, conf: dict[str, Any]) -> Any:
+        """The reader's consumer (the native reader makes its own)."""
+        return type(self).consumer_factory(conf)
+
+    def _prepare_batch(self, msgs: Any) -> Prepared:
+        """A ``consume()`` result split, filtered and decoded (in the fetch thread if there is one)."""
+        return self._prepare.finish(self._prepare(msgs))
 
     def close(self) -> None:
         if self._fetcher is not None:
@@ -166,7 +174,7 @@ class KafkaSourceReader(SourceReader):
         if item is None:
             self._emit_watermark(output)
             return InputStatus.NOTHING_AVAILABLE
-        if item.msgs:  # data first: an EOF or reset event follows the messages before it
+        if item.count:  # data first: an EOF or reset event follows the messages before it
             self._outages.health.on_records()
             self._process(item, output)
         for m in item.events:
@@ -179,7 +187,7 @@ class KafkaSourceReader(SourceReader):
             item: Prepared | None = self._fetcher.take(self._timeout_s)
             return item
         msgs = self._consumer.consume(self.options.batch_size, self._timeout_s)
-        return self._prepare.finish(self._prepare(msgs)) if msgs else None
+        return self._prepare_batch(msgs) if msgs else None
 
     def _control(self, fn: Callable[[], Any], wait_s: float | None = None) -> Any:
         """Run a consumer call where the consumer is polled: in the fetch thread if there is one (waiting
@@ -201,7 +209,7 @@ class KafkaSourceReader(SourceReader):
         many = len(by_key) > 1
         for k, sp in by_key.items():
             if sp is None or sp.done:  # a stale message of a partition no longer assigned
-                stale = item.keys == k if many else np.ones(len(item.msgs), dtype=bool)
+                stale = item.keys == k if many else np.ones(item.count, dtype=bool)
                 drop = stale if drop is None else drop | stale
                 continue
             offs = item.messages.offsets[item.keys == k] if many else item.messages.offsets
@@ -213,7 +221,7 @@ class KafkaSourceReader(SourceReader):
                 finished.append(sp)
         if drop is not None and drop.any():
             item = item.without(drop)
-        if item.msgs:
+        if item.count:
             self._emit(item, by_key, output)
         for sp in finished:
             self._finish(sp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,9 +16,10 @@ from sluice.connectors.kafka.config import (
 from sluice.connectors.kafka.formats import Decoder
 from sluice.connectors.kafka.formats.schema_registry import SchemaRegistry
 from sluice.connectors.kafka.offsets import OffsetsInitializer, RunState
-from sluice.connectors.kafka.options import KafkaSourceOptions
+from sluice.connectors.kafka.options import READERS, KafkaSourceOptions
 from sluice.connectors.options import OptionAttributes
 from sluice.durations import Duration
+from sluice.errors import ConfigError
 from sluice.serializers import SimpleVersionedSerializer
 from sluice.source import (
     Boundedness,
@@ -30,6 +32,17 @@ from sluice.source import (
 )
 
 __all__ = ["KafkaSource"]
+
+#: overrides ``reader="auto"`` where a source is built (tests run both readers through it)
+READER_ENV = "SLUICE_KAFKA_READER"
+
+
+def _reader_from_env() -> str:
+    value = os.environ.get(READER_ENV) or "auto"
+    if value not in READERS:
+        raise ConfigError(f"KafkaSource: {READER_ENV} must be one of {READERS} (got {value!r})")
+    return value
+
 
 class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
     """Reads Kafka topics with exactly-once positions kept in sluice's checkpoints.
@@ -102,6 +115,12 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         broker_unavailable_timeout_s: a reader that reaches no broker shows as stalled at once, and after
             this many seconds fails over to a restart (a recoverable error naming the brokers and the
             cause), so an outage costs restarts instead of a job that hangs. None: wait for ever.
+        reader: ``"auto"`` (the native reader where it is built and can take ``consumer_config``, today's
+            otherwise; the environment variable ``SLUICE_KAFKA_READER``, where the source is built, may
+            pin it), ``"native"``
+            (fetch and decoding in native code without the GIL; refused when it cannot run) or ``"python"``
+            (confluent-kafka; :mod:`sluice.connectors.kafka.native_reader`). Either reader has the same
+            semantics; one log line per source says which one runs.
         name: the source's name in metrics, errors and the graph.
 
     The options are checked when the job is built (:meth:`validate`) into the frozen :attr:`options`
@@ -143,8 +162,11 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         max_prefetch_bytes: int = 64 * 1024 * 1024,
         request_timeout_s: Duration = 10.0,
         broker_unavailable_timeout_s: Duration | None = DEFAULT_BROKER_UNAVAILABLE_TIMEOUT_S,
+        reader: str = "auto",
         name: str = "kafka",
     ) -> None:
+        if reader == "auto":  # the environment may pin the default (it travels with the options from here)
+            reader = _reader_from_env()
         self._take(locals())
         self.name = name
         #: what the enumerators of a run share across its failover attempts
@@ -189,9 +211,9 @@ class KafkaSource(OptionAttributes[KafkaSourceOptions], Source):
         return KafkaSplitEnumerator(self.options, self._run, ctx, restored)
 
     def create_reader(self, ctx: ReaderContext) -> SourceReader:
-        from sluice.connectors.kafka.reader import KafkaSourceReader
+        from sluice.connectors.kafka.native_reader import create_reader
 
-        return KafkaSourceReader(self.options, ctx)
+        return create_reader(self.options, ctx)
 
     def split_serializer(self) -> SimpleVersionedSerializer[SourceSplit]:
         """Splits go into checkpoints as JSON (:mod:`sluice.connectors.kafka.serializers`)."""

@@ -203,7 +203,8 @@ class ChangeDecoder(ValueDecoder):
     def _message_keys(
         self, messages: Messages, msgs: np.ndarray, bad: dict[int, str]
     ) -> tuple[pa.Table, np.ndarray]:
-        kd = self.keys.decode([messages.messages[i].key() for i in msgs.tolist()])
+        all_keys = messages.keys()
+        kd = self.keys.decode([all_keys[i] for i in msgs.tolist()])
         pos = np.full(msgs.size, -1, dtype=np.int64)
         if kd.batch is not None:
             pos[np.arange(kd.batch.num_rows) if kd.rows is None else kd.rows] = np.arange(kd.batch.num_rows)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["METADATA_FIELDS", "TIMESTAMP", "Messages", "timestamp_column", "with_metadata"]
+__all__ = ["HEADERS", "METADATA_FIELDS", "TIMESTAMP", "Messages", "timestamp_column", "with_metadata"]
 
 #: the Arrow type of message timestamps
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
@@ -26,8 +26,16 @@ def timestamp_column(ts: np.ndarray) -> pa.Array:
     return pa.array(ts, pa.int64(), mask=ts < 0).cast(TIMESTAMP)
 
 
+#: the Arrow type of message headers: a list of (key, value) pairs
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
 class Messages:
     """Data messages of a reader's partitions, in fetch order (none at or past its split's stop offset).
+
+    Formats read them through the columns and accessors below, which the native reader
+    (:mod:`sluice.connectors.kafka.native_messages`) serves from Arrow columns without a Python object per
+    message; ``messages`` (the message objects) is there for decoders of your own.
 
     Attributes:
         messages: the ``confluent_kafka.Message`` objects (``key()``, ``headers()``, ``timestamp()``...).
@@ -48,8 +56,8 @@ class Messages:
         topics: list[str] | None = None,
         timestamps: np.ndarray | None = None,
     ) -> None:
-        self.messages = messages
-        self.values = values
+        self._messages = messages
+        self._values = values
         self.partitions = partitions
         self.offsets = offsets
         self.nbytes = nbytes
@@ -69,13 +77,45 @@ class Messages:
             topics=[m.topic() for m in messages],
         )
 
+    @property
+    def messages(self) -> list[Any]:
+        """The message objects (``topic()``, ``partition()``, ``offset()``, ``key()``, ``value()``,
+        ``headers()``, ``timestamp()``)."""
+        return self._messages
+
+    @property
+    def values(self) -> list[bytes | None]:
+        """Each message's value (None: a tombstone)."""
+        return self._values
+
     def __len__(self) -> int:
-        return len(self.messages)
+        return len(self.partitions)
 
     @property
     def topic_names(self) -> list[str] | None:
         """Each message's topic, or None when they all have the first one's."""
         return self._topics
+
+    def topic_at(self, i: int) -> str:
+        """The topic of message ``i``."""
+        return str(self.messages[i].topic() or "")
+
+    def keys(self) -> list[bytes | None]:
+        """Each message's key."""
+        return [m.key() for m in self.messages]
+
+    def key_column(self) -> pa.Array:
+        """Each message's key as a binary column."""
+        return pa.array(self.keys(), pa.binary())
+
+    def value_column(self) -> pa.Array:
+        """Each message's value as a binary column."""
+        return pa.array(self.values, pa.binary())
+
+    def headers_column(self) -> pa.Array:
+        """Each message's headers as a :data:`HEADERS` column (null: none)."""
+        headers = [m.headers() for m in self.messages]
+        return pa.array(headers, HEADERS) if any(h is not None for h in headers) else pa.nulls(len(self), HEADERS)
 
     def timestamps(self) -> np.ndarray:
         """Each message's timestamp in ms (negative: none)."""
@@ -108,10 +148,10 @@ def with_metadata(batch: pa.RecordBatch, messages: Messages, rows: np.ndarray | 
     """``batch`` plus ``_key, _topic, _partition, _offset, _timestamp`` of the messages its ``rows`` came from
     (None: one row per message, in order)."""
     sel: Any = rows if rows is not None else slice(None)
-    picked = [messages.messages[i] for i in rows.tolist()] if rows is not None else messages.messages
     topics = messages.topics()
+    keys = messages.key_column()
     cols = {
-        "_key": pa.array([m.key() for m in picked], pa.binary()),
+        "_key": keys.take(pa.array(rows)) if rows is not None else keys,
         "_topic": topics.take(pa.array(rows)) if rows is not None else topics,
         "_partition": pa.array(messages.partitions[sel]),
         "_offset": pa.array(messages.offsets[sel]),

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import pyarrow as pa
 from sluice.connectors.kafka.formats.base import Decoded, Format, FormatOptions
-from sluice.connectors.kafka.formats.messages import TIMESTAMP, Messages, timestamp_column
+from sluice.connectors.kafka.formats.messages import HEADERS, TIMESTAMP, Messages, timestamp_column
 from sluice.errors import ConfigError
 
 __all__ = ["RAW_SCHEMA", "RawDecoder", "RawFormat", "raw_batch"]
 
-_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 #: the columns of the ``raw`` format
 RAW_SCHEMA = pa.schema(
     [
         ("key", pa.binary()),
         ("value", pa.binary()),
-        ("headers", _HEADERS),
+        ("headers", HEADERS),
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
@@ -27,13 +26,11 @@ RAW_SCHEMA = pa.schema(
 
 def raw_batch(messages: Messages) -> pa.RecordBatch:
     """The ``raw`` format of ``messages``: key, value, headers, topic, partition, offset, timestamp."""
-    msgs = messages.messages
-    headers = [m.headers() for m in msgs]
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([m.key() for m in msgs], pa.binary()),
-            pa.array(messages.values, pa.binary()),
-            pa.array(headers, _HEADERS) if any(h is not None for h in headers) else pa.nulls(len(msgs), _HEADERS),
+            messages.key_column(),
+            messages.value_column(),
+            messages.headers_column(),
             messages.topics(),
             pa.array(messages.partitions),
             pa.array(messages.offsets),
