@@ -184,6 +184,11 @@ class CompletedCheckpointStore:
         completed before a crash), in the background. Only before the attempt's first checkpoint."""
         self._discard_shared(files)
 
+    def sweep_dead_attempts(self, first_id: int) -> None:
+        """Delete, in the background, the folders of checkpoints below ``first_id`` (the attempt's first) that
+        never completed: a process killed while writing one never swept it (its close did not run)."""
+        self._submit("deleting folders of failed checkpoints", lambda: sweep_incomplete(self.storage, first_id))
+
     def close(self, timeout: float, sweep: bool = True) -> None:
         """Wait up to ``timeout`` seconds for the discards under way; then (``sweep``) delete the folders
         of checkpoints that never completed. What is not done by then goes on in the background."""

@@ -106,8 +106,8 @@ class CheckpointCoordinator:
         self._wanted = threading.Event()  # a trigger was requested (end of input)
         self._wake = threading.Event()  # wakes the trigger loop: a request, or a pending checkpoint ended
 
-    # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
+        self.store.sweep_dead_attempts(self.next_id)  # what killed attempts left: their close never ran
         self._thread = threading.Thread(target=self._loop, name="checkpoint-coordinator", daemon=True)
         self._thread.start()
 

@@ -168,14 +168,15 @@ def _forget(storage: CheckpointStorage) -> None:
     write_index(storage, entries, max(newest, int(index.get("cleared_through", 0))))
 
 
-def sweep_incomplete(storage: CheckpointStorage) -> None:
+def sweep_incomplete(storage: CheckpointStorage, below: int | None = None) -> None:
     """Delete the folders of checkpoints that never completed (no metadata), unless the job's records say
-    they completed (those were damaged later: left for the operator to look at)."""
+    they completed (those were damaged later: left for the operator to look at); with ``below``, only those
+    of lower ids (an attempt's own checkpoints start at ``below``)."""
     index = read_index(storage) or {}
     done = {int(e["id"]) for e in index.get("checkpoints", [])}
     done |= {int(r["checkpoint_id"]) for r in _newest(storage) if r.get("status") == "completed"}
     for cid, path, _ in storage.incomplete():
-        if cid not in done:
+        if cid not in done and (below is None or cid < below):
             storage.retrying("discard", storage.delete_dir, path)
             log.info("deleted %s, left by a checkpoint that did not complete", path)
 
