@@ -61,7 +61,7 @@ from _common import Timing, add_round_options, alternate, load_average, ratios, 
 from _peers_env import VERSIONS, install  # type: ignore[import-not-found]
 from _peers_latency import latency_round  # type: ignore[import-not-found]
 from _peers_watch import JobRun, KafkaWatch, ParquetWatch, run_job  # type: ignore[import-not-found]
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.apache_kafka import ApacheKafkaBroker
 
@@ -92,9 +92,16 @@ def records(n: int, keys: int, minutes: int) -> pa.Table:
     return pa.concat_tables([data, sentinels])
 
 
+#: the input's producer: idempotent, because without it librdkafka's retry of a failed produce request (a
+#: just-created partition whose leader is not ready yet, on a loaded machine) lands that batch behind the
+#: batches sent after it, and a partition is no longer in event-time order (seen: records a minute of event
+#: time behind their partition's sentinel an hour ahead, late for every engine's watermark)
+PRODUCER_CONF = {"linger.ms": 20, "batch.num.messages": 10_000, "queue.buffering.max.messages": 2_000_000,
+                 "enable.idempotence": True, "log_level": 0}  # fmt: skip
+
+
 def produce(bootstrap: str, topic: str, table: pa.Table) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
-                  "queue.buffering.max.messages": 2_000_000, "log_level": 0})  # fmt: skip
+    p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONF})
     for u, a, t in zip(*(table.column(c).to_pylist() for c in SCHEMA.names), strict=True):
         while True:
             try:  # each partition in event-time order: no record is late
@@ -104,6 +111,41 @@ def produce(bootstrap: str, topic: str, table: pa.Table) -> None:
                 p.poll(0.05)
     if p.flush(600) != 0:
         raise RuntimeError("records not delivered")
+
+
+def _decode(values: list[bytes]) -> pa.Table:
+    """JSON record values as a table of SCHEMA."""
+    return pajson.read_json(pa.py_buffer(b"\n".join(values)), parse_options=pajson.ParseOptions(explicit_schema=SCHEMA))
+
+
+def check_order(bootstrap: str, topic: str) -> int:
+    """Read ``topic`` back with a plain consumer and raise unless each partition's ``ts`` never goes back
+    (the premise of the ``window`` case: no record is late for a watermark ``DELAY_MS`` behind); returns the
+    records read."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-order-check", "enable.auto.commit": False,
+                  "log_level": 0})  # fmt: skip
+    try:
+        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, 0) for p in parts if ends[p] > 0])
+        last, pos, n, deadline = dict.fromkeys(parts, -(2**63)), dict.fromkeys(parts, 0), 0, time.time() + 600
+        while any(pos[p] < ends[p] for p in parts):
+            if time.time() > deadline:
+                raise RuntimeError(f"{topic}: could not read the input back within 600 s")
+            msgs = [m for m in c.consume(10_000, 1.0) if m.error() is None]
+            if not msgs:
+                continue
+            ts = _decode([m.value() for m in msgs]).column("ts").to_pylist()
+            for m, t in zip(msgs, ts, strict=True):
+                p = m.partition()
+                if t < last[p]:
+                    raise RuntimeError(f"{topic}[{p}] offset {m.offset()}: ts {t} is {last[p] - t} ms behind the "
+                                       "records before it: the input is not in event-time order per partition")  # fmt: skip
+                last[p], pos[p] = t, m.offset() + 1
+            n += len(msgs)
+        return n
+    finally:
+        c.close()
 
 
 def reference_windows(table: pa.Table) -> pa.Table:
@@ -153,7 +195,7 @@ def check(label: str, case: str, got: pa.Table, table: pa.Table, ref: pa.Table |
 def read_output(watch: Any, case: str) -> pa.Table:
     if isinstance(watch, KafkaWatch):
         values = [v for _, vs in watch.batches for v in vs]
-        return pajson.read_json(pa.py_buffer(b"\n".join(values)), parse_options=pajson.ParseOptions(explicit_schema=SCHEMA))
+        return _decode(values)
     tables = [pq.read_table(p) for p in watch.files]
     return pa.concat_tables(tables, promote_options="permissive") if tables else SCHEMA.empty_table()
 
@@ -267,6 +309,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 produce(broker.bootstrap, topic, t)
                 print(f"produced {t.num_rows:,} records into {topic} in {time.perf_counter() - t0:.1f} s", flush=True)
+                if check_order(broker.bootstrap, topic) != t.num_rows:
+                    raise RuntimeError(f"{topic}: another number of records than the {t.num_rows:,} produced")
             refs = {"peers-in": reference_windows(table), "peers-warm": reference_windows(warm)}
             bench = Bench(args, broker, envs, root)
             for case in cases:

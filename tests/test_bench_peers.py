@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from confluent_kafka import Producer
 
+from tests.apache_kafka import ApacheKafkaBroker
 from tests.apache_kafka_jars import JarsUnavailableError, maven_classpath
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -111,3 +114,28 @@ def test_every_engines_window_output_is_read_the_same_way() -> None:
     rows = pa.table({"amount": [1.0], "ts": [7], "user": [2], "_key": ["2"]})
     want = pa.table({"user": [2], "amount": [1.0], "ts": [7]}, schema=peers.SCHEMA)
     assert peers.normalized("quix", rows, "parquet").equals(want)
+
+
+@pytest.mark.apache_kafka
+def test_the_input_is_produced_and_checked_in_event_time_order_per_partition(
+    apache_kafka: ApacheKafkaBroker, kafka_topic: Callable[..., str]
+) -> None:
+    """The window case's premise (no record is late for a watermark 10 s behind) is checked on the topic
+    itself: the producer is idempotent (a retried batch of a plain one lands behind later batches: seen on a
+    loaded machine, records a minute behind their partition's sentinel an hour ahead), and the input read back
+    by a plain consumer must never go back in event time within a partition."""
+    assert peers.PRODUCER_CONF["enable.idempotence"] is True
+    table = peers.records(2_000, 10, 2)
+    good = kafka_topic(peers.PARTITIONS)
+    peers.produce(apache_kafka.bootstrap, good, table)
+    assert peers.check_order(apache_kafka.bootstrap, good) == table.num_rows
+
+    # what the retry did: the first batch of a partition written after the later ones (and its sentinel)
+    rows = [r for r in table.to_pylist() if r["user"] % peers.PARTITIONS == 0]
+    bad = kafka_topic(1)
+    p = Producer({"bootstrap.servers": apache_kafka.bootstrap, "log_level": 0})
+    for r in rows[100:] + rows[:100]:
+        p.produce(bad, json.dumps(r).encode(), partition=0)
+    assert p.flush(60) == 0
+    with pytest.raises(RuntimeError, match=rf"{bad}\[0\] offset {len(rows) - 100}: ts \d+ is \d+ ms behind"):
+        peers.check_order(apache_kafka.bootstrap, bad)

@@ -32,6 +32,9 @@ class Collected:
     def emit_side(self, tag: str, batch: pa.RecordBatch) -> None:
         raise AssertionError(f"unexpected side output {tag}")
 
+    def has_side(self, tag: str) -> bool:
+        return False
+
     def emit_watermark(self, timestamp: int) -> None:
         self.watermarks.append(timestamp)
 

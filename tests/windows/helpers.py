@@ -31,6 +31,9 @@ class Collected:
     def emit_watermark(self, timestamp: int) -> None:
         self.watermarks.append(timestamp)
 
+    def has_side(self, tag: str) -> bool:
+        return True
+
     def rows(self) -> list[dict[str, Any]]:
         """The results so far (and forget them)."""
         out = [r for b in self.batches for r in b.to_pylist()]

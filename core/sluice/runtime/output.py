@@ -130,6 +130,10 @@ class ChainOutput:
         for w in writers:
             w.emit(batch)
 
+    def has_side(self, tag: str) -> bool:
+        """True if a stream reads side output ``tag``."""
+        return bool(self.side.get(tag))
+
     def emit_watermark(self, timestamp: int) -> None:
         """Pass the watermark on if it advances this position's event time."""
         if timestamp <= self.watermark:

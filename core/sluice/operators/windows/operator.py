@@ -13,6 +13,7 @@ record arriving for it emits the window's updated result at once (a new row, ``r
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
@@ -39,8 +40,11 @@ from sluice.state.spi import KeyedStateBackend, TimeDomain
 
 __all__ = ["LATE", "WindowOperator"]
 
-#: the side output of records that arrive after their windows were cleaned up
+#: the side output of records that arrive after their windows were cleaned up (dropped and counted if no
+#: stream reads it)
 LATE = "late"
+_WARN_EVERY_S = 60.0
+log = logging.getLogger("sluice.windows")
 _TIME_TYPE = b"sluice.window.time_type"
 
 
@@ -84,6 +88,7 @@ class WindowOperator(Operator):
         self._key_names: list[str] = list(key._columns or ["key"])
         self._time_type: pa.DataType = pa.int64() if time is not None else pa.timestamp("ms", "UTC")
         self._time_seen = False  # the type of the time column is known from a batch
+        self._late_warned = -_WARN_EVERY_S
 
     @property
     def session(self) -> bool:
@@ -139,7 +144,10 @@ class WindowOperator(Operator):
         if not kept_rows.all():  # every window of these rows is cleaned up already (or they have no time)
             late = batch.filter(pa.array(~kept_rows))
             self.ctx.metric("late_records", late.num_rows)
-            self.output.emit_side(LATE, late)
+            if self.output.has_side(LATE):
+                self.output.emit_side(LATE, late)
+            else:  # as Flink without sideOutputLateData: dropped, counted (numLateRecordsDropped), not fatal
+                self._warn_late(late.num_rows)
         if not live.any():
             return
         rows, start, end = rows[live], start[live], end[live]
@@ -159,6 +167,20 @@ class WindowOperator(Operator):
             self._fire(self._touched(part), self.watermark)
         elif self._pending_rows >= self.max_pending_rows:
             self._flush()
+
+    def _warn_late(self, n: int) -> None:
+        now = time.monotonic()
+        if now - self._late_warned >= _WARN_EVERY_S:
+            self._late_warned = now
+            log.warning(
+                "%s: %d record(s) arrived after their windows closed (watermark %d) and are dropped (metric "
+                "late_records); connect .side_output(%r) to keep them, or raise the source's "
+                "max_out_of_orderness or allowed_lateness",
+                self.name,
+                n,
+                self.watermark,
+                LATE,
+            )
 
     def _kgs(self, table: pa.Table) -> np.ndarray:
         n = len(self._key_names)
