@@ -44,7 +44,7 @@ class SteadyProducer(threading.Thread):
                 p.poll(0.01)
 
     def run(self) -> None:
-        p = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "log_level": 0})
+        p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5, "log_level": 0})
         i = 0
         while not self.ready.wait(0.1) and not self.stop.is_set():
             self._one(p, i)

@@ -85,8 +85,10 @@ def produce(bootstrap: str, topic: str, partitions: int, rate: float, stop: Any,
     """Produce at ``rate`` events per second until ``stop`` is set (a process of its own)."""
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000,
-                  "log_level": 0})  # fmt: skip
+    # idempotent: a retried batch never lands behind later ones (the windows' reference assumes each
+    # partition in event-time order)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                  "queue.buffering.max.messages": 1_000_000, "log_level": 0})  # fmt: skip
     errors: list[str] = []
 
     def delivered(err: Any, _msg: Any) -> None:
