@@ -199,29 +199,6 @@ def test_broker_unavailable_timeout_is_checked(bad: object) -> None:
         KafkaSource("localhost:9092", "t", broker_unavailable_timeout_s=bad).validate()  # type: ignore[arg-type]
 
 
-class _Ctx:
-    """The least a reader needs of its subtask (the reader alone, without a job around it)."""
-
-    subtask, parallelism, job_id = 0, 1, "close-in-outage"
-
-    def request_split(self) -> None: ...
-    def metric(self, name: str, increment: int = 1) -> None: ...
-    def gauge(self, name: str, value: float) -> None: ...
-    def stalled(self, reason: str | None) -> None: ...
-
-
-class _Out:
-    def __init__(self) -> None:
-        self.rows = 0
-
-    def emit(self, batch: Any) -> None:
-        self.rows += batch.num_rows
-
-    def emit_side(self, tag: str, batch: Any) -> None: ...
-    def emit_watermark(self, timestamp_ms: int) -> None: ...
-    def mark_idle(self) -> None: ...
-
-
 def test_a_reader_closed_during_an_outage_does_not_wait_for_its_offset_commit(proxied_broker: ProxiedBroker) -> None:
     """A failover closes its readers while no broker answers: librdkafka's close waited for the offset commit
     of the last checkpoint until request_timeout_s (a failover after a 3 s timeout took 30-100 s)."""
@@ -229,24 +206,26 @@ def test_a_reader_closed_during_an_outage_does_not_wait_for_its_offset_commit(pr
 
     from sluice.source import SourceSplit
 
+    from tests.connectors.kafka.fakes import CollectingOutput, FakeReaderContext
+
     pb, t = proxied_broker, "close-in-outage"
     pb.broker.create_topic(t, 1)
     produce_json(pb.broker, t, {0: range(0, 100)})
     src = KafkaSource(pb.bootstrap, t, format="json", schema=SCHEMA, request_timeout_s=120.0)
-    reader = src.create_reader(_Ctx())
-    out = _Out()
+    reader = src.create_reader(FakeReaderContext(job_id="close-in-outage"))
+    out = CollectingOutput()
     try:
         reader.add_splits([SourceSplit(f"{t}:0", 0)])
         deadline = time.monotonic() + 60
-        while out.rows < 100:
+        while sum(b.num_rows for b in out.batches) < 100:
             assert time.monotonic() < deadline, "the reader read nothing"
-            reader.poll_next(out)  # type: ignore[arg-type]
+            reader.poll_next(out)
         reader.snapshot_state(1)
         pb.proxy.cut()
         health = reader._outages.health  # type: ignore[attr-defined]
         while not health.down:  # librdkafka says no broker is up
             assert time.monotonic() < deadline, "no outage seen"
-            reader.poll_next(out)  # type: ignore[arg-type]
+            reader.poll_next(out)
         reader.notify_checkpoint_complete(1)  # its offset commit cannot reach the group coordinator
     finally:
         started = time.monotonic()
