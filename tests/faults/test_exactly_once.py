@@ -48,7 +48,7 @@ from tests.faults.shapes import (
     table_target,
 )
 
-FAST = 120
+FAST = 60  # every shape in every mode twice (shape period 10, mode period 3); the rest in -m soak
 SOAK = 1000
 #: crash scenarios of the keyed shapes on RocksDB in the default run (local, then on Spark)
 ROCKSDB_FAST = 12
@@ -158,7 +158,7 @@ def test_crash(runtime: str, i: int, backend: str, request: pytest.FixtureReques
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("i", range(24))
+@pytest.mark.parametrize("i", [*range(12), *(pytest.param(i, marks=pytest.mark.soak) for i in range(12, 12 + SOAK // 4))])
 def test_tolerated_checkpoint_failures(i: int) -> None:
     """Declined and expired checkpoints are tolerated: no restart, and their committables are not lost."""
     shape, seed, _, rng = scenario(i)
@@ -182,7 +182,7 @@ def test_tolerated_checkpoint_failures(i: int) -> None:
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("i", range(24))
+@pytest.mark.parametrize("i", range(12))
 def test_at_least_once_loses_nothing(i: int) -> None:
     shape, seed, _, rng = scenario(i)
     expected = reference(shape, seed)
@@ -330,7 +330,7 @@ def test_soak_switch_backends_through_a_savepoint(i: int, tmp_path: Path) -> Non
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("i", range(24, 24 + SOAK))
+@pytest.mark.parametrize("i", range(12, 12 + SOAK))
 def test_soak_at_least_once(i: int) -> None:
     test_at_least_once_loses_nothing(i)
 

@@ -131,7 +131,7 @@ def test_passwords_never_shown(postgres: PostgresServer, tmp_path: Path, caplog:
     with pytest.raises(SluiceError) as err:
         PostgresSink(wrong, "t").recover("j", [])
     assert "not-the-password-123" not in str(err.value) and "password authentication failed" in str(err.value)
-    bad_port = PostgresSink(f"host=127.0.0.1 port=1 user=u password={PASSWORD} dbname=d connect_timeout=2", "t")
+    bad_port = PostgresSink(f"host=127.0.0.1 port=1 user=u password={PASSWORD} dbname=d connect_timeout=2", "t", outage_timeout_s=0)
     with pytest.raises(SluiceError) as err:
         bad_port.committed_checkpoint("j", "uid")
     assert PASSWORD not in str(err.value) and "u@127.0.0.1:1/d" in str(err.value)
