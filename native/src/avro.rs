@@ -13,6 +13,7 @@ use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaSt
 use arrow_schema::{ArrowError, SchemaRef};
 
 use crate::align::same_fields;
+use crate::avro_check::{Refusal, Shape};
 
 /// What one writer schema's payloads decoded into: the rows (of the decoder's schema), the payload
 /// index of each row, and the bad payloads.
@@ -25,6 +26,8 @@ pub struct AvroGroup {
     /// "schema id N" or "avro_schema", as the Python decoder names a schema in errors
     label: String,
     cached: Option<Decoder>,
+    /// the union check of the writer schema, if it has a union
+    shape: Option<Shape>,
 }
 
 const CAPACITY: usize = 1 << 30;
@@ -34,7 +37,9 @@ impl AvroGroup {
     /// rows must be `target`'s columns (up to [`crate::align::same_values`]); Err: it cannot be decoded
     /// here, with why.
     pub fn new(writer: String, reader: Option<String>, label: String, target: &SchemaRef) -> Result<Self, String> {
-        let mut g = AvroGroup { writer, reader, label, cached: None };
+        let shape = Shape::parse(&writer).map_err(|e| format!("the union check cannot read the schema: {e}"))?;
+        let shape = shape.has_union.then_some(shape);
+        let mut g = AvroGroup { writer, reader, label, cached: None, shape };
         let d = g.make().map_err(|e| e.to_string())?;
         let got = d.schema();
         if !same_fields(got.fields(), target.fields()) {
@@ -81,6 +86,10 @@ impl AvroGroup {
         let mut whole = true;
         for i in 0..n {
             let v = payloads.value(i);
+            if self.shape.as_ref().is_some_and(|s| s.check(v).is_err()) {
+                whole = false;
+                break;
+            }
             match d.decode(v) {
                 Ok(used) if used == v.len() => {}
                 _ => {
@@ -107,6 +116,10 @@ impl AvroGroup {
         let mut scratch: Option<Decoder> = None;
         for i in 0..payloads.len() {
             let v = payloads.value(i);
+            if let Some(Err(Refusal::Invalid(why))) = self.shape.as_ref().map(|s| s.check(v)) {
+                bad.push((i, format!("invalid Avro record for {}: {why}", self.label)));
+                continue;
+            }
             let mut d = match scratch.take() {
                 Some(d) => d,
                 None => self.make()?,

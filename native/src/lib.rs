@@ -7,6 +7,7 @@
 
 mod align;
 mod avro;
+mod avro_check;
 mod client;
 mod consumer;
 mod fetch;

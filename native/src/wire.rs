@@ -131,7 +131,13 @@ pub fn configure(
     let mut refused = Vec::new();
     wire.ids.clear();
     for (id, schema) in json {
-        wire.ids.insert(id, Entry::Json(JsonDecoder::new(schema)));
+        let d = JsonDecoder::new(schema);
+        match d.check() {
+            Ok(()) => {
+                wire.ids.insert(id, Entry::Json(d));
+            }
+            Err(e) => refused.push((id, e.to_string())),
+        }
     }
     for (id, writer, reader, label) in avro {
         match AvroGroup::new(writer, reader, label, &target) {
