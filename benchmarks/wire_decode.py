@@ -11,8 +11,8 @@ same data:
 (2) sluice jobs ``KafkaSource -> FileSink(parquet)`` at parallelism 1 with ``reader="native"`` against
     ``reader="python"``, rounds alternated; each output's row count and id sum checked against the input.
 
-Metric, named in advance: records/s by wall time (median of ``--rounds``, every round printed; the jobs'
-process CPU time beside). The last line is ``RESULT {json}``.
+Metric, named in advance: records/s by wall time (median of ``--rounds``, every round printed; CPU time
+beside: the process's, pyarrow.json's thread pool included). The last line is ``RESULT {json}``.
 
 Usage: python benchmarks/wire_decode.py [--messages 200000] [--rounds 3]
 """
@@ -90,12 +90,16 @@ def decoding(fmt: str, registry_url: str, values: list[bytes], rounds: int) -> d
             py.decode(b)  # type: ignore[attr-defined]
 
     out: dict[str, list[float]] = {"native": [], "python": []}
+    cpu: dict[str, list[float]] = {"native": [], "python": []}
     for _ in range(rounds):
         for name, fn in (("native", run_native), ("python", run_python)):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             out[name].append(len(values) / (time.perf_counter() - t0))
-    return summary(f"decode {fmt}", out)
+            cpu[name].append(len(values) / (time.process_time() - c0))  # pyarrow.json parses on its pool
+    res = summary(f"decode {fmt}", out)
+    res["cpu"] = summary(f"decode {fmt} CPU", cpu)
+    return res
 
 
 def summary(label: str, runs: dict[str, list[float]]) -> dict[str, Any]:
