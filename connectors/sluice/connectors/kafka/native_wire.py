@@ -48,12 +48,12 @@ def framing(decoder: Decoder) -> bool | None:
 
 
 def _json_table(d: JsonSchemaDecoder) -> Table | None:
-    stream = d._stream
+    stream = d.stream_schema
     if stream is None:
         return None
     json: list[tuple[int, pa.Schema]] = []
     bad: list[tuple[int, str]] = []
-    for sid, writer in sorted(d._writers.items()):
+    for sid, writer in sorted(d.writers.items()):
         try:
             wider = widen(stream, writer.schema)
         except IncompatibleSchemaError as exc:
@@ -65,10 +65,10 @@ def _json_table(d: JsonSchemaDecoder) -> Table | None:
 
 
 def _avro_table(d: AvroDecoder) -> Table | None:
-    reader = d._reader
+    reader = d.reader_schema
     if reader is None:
         return None
-    writers = d._writers.items() if d.registry is not None else [(0, reader)]
+    writers = d.writers.items() if d.registry is not None else [(0, reader)]
     avro = [
         (sid, w.text, None if w.key == reader.key else reader.text, w.label) for sid, w in sorted(writers)
     ]
@@ -93,9 +93,10 @@ class WireTable:
     def _state(self) -> Any:
         d = self.decoder
         if isinstance(d, JsonSchemaDecoder):
-            return frozenset(d._writers), d._stream
+            return frozenset(d.writers), d.stream_schema
         assert isinstance(d, AvroDecoder)
-        return frozenset(d._writers), None if d._reader is None else (d._reader.schema_id, d._reader.key)
+        reader = d.reader_schema
+        return frozenset(d.writers), None if reader is None else (reader.schema_id, reader.key)
 
     def update(self) -> None:
         """Tell the native side the decoder's state, if it changed since the last call."""
