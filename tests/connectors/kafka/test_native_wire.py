@@ -19,6 +19,7 @@ import pytest
 from sluice.connectors.kafka import _native
 from sluice.connectors.kafka.formats import Decoded, make_decoder
 from sluice.connectors.kafka.formats.avro import AvroDecoder
+from sluice.connectors.kafka.formats.avro_schema import AvroSchema
 from sluice.connectors.kafka.formats.json import JsonSchemaDecoder
 from sluice.connectors.kafka.native_reader import as_decoded
 from sluice.connectors.kafka.native_wire import WireTable
@@ -305,3 +306,38 @@ def test_json_schema_ids_widen_like_python_and_read_like_json(registry: Recorded
     assert all(got[i]["score"] == ref[i]["score"] for i in ref)
     assert [i for i, _ in nat.bad] == [7, 8, 9, 10, 11, 12]
     assert "incompatible with the earlier ones" in dict(nat.bad)[7] and nat.tombstones == 1
+
+
+def test_avro_promotions_defaults_and_dropped_fields_resolve_like_fastavro() -> None:
+    """Avro's resolution rules between a writer and a reader schema (as the registry's ids evolve): the
+    native table entry a WireTable makes for an old id, judged against fastavro with the same pair."""
+    writer = {
+        "type": "record", "name": "R", "fields": [
+            {"name": "a", "type": "int"}, {"name": "b", "type": "float"}, {"name": "c", "type": "string"},
+            {"name": "d", "type": "bytes"}, {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
+            {"name": "gone", "type": {"type": "array", "items": "string"}}, {"name": "n", "type": ["null", "int"]},
+        ],
+    }  # fmt: skip
+    reader = {
+        "type": "record", "name": "R", "fields": [
+            {"name": "a", "type": "long"}, {"name": "b", "type": "double"}, {"name": "c", "type": "bytes"},
+            {"name": "d", "type": "string"}, {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B", "C"]}},
+            {"name": "n", "type": ["null", "long"]}, {"name": "f", "type": "long", "default": 7},
+            {"name": "g", "type": ["null", "string"], "default": None},
+        ],
+    }  # fmt: skip
+    w, r = AvroSchema(writer, 1), AvroSchema(reader, 2)
+    n = _native.WireDecoder(True)
+    assert n.configure(r.logical, [], [(1, w.text, r.text, w.label)], []) == []
+    rng = random.Random(5)
+    records = [
+        {"a": rng.randint(-(2**31), 2**31 - 1), "b": 0.5 * i, "c": f"c{i}", "d": b"d%d" % i, "e": "AB"[i % 2],
+         "gone": ["x"] * (i % 3), "n": None if i % 2 else i}
+        for i in range(40)
+    ]  # fmt: skip
+    values = [b"\x00\x00\x00\x00\x01" + encode(writer, rec) for rec in records]
+    got = n.decode(pa.array(values, pa.binary()))
+    assert got is not None
+    d = as_decoded(got)
+    assert d.bad == [] and d.batch is not None and d.batch.schema.equals(r.logical)
+    assert arrow_rows(d) == fastavro_rows([v[5:] for v in values], writer, reader)
