@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use arrow_array::{Array, Int64Array, RecordBatch, StructArray};
+use arrow_array::{Array, RecordBatch, StructArray};
 use arrow_pyarrow::{PyArrowType, ToPyArrow};
 use arrow_schema::Schema;
 use pyo3::create_exception;
@@ -13,6 +13,8 @@ use pyo3::types::{PyList, PyTuple};
 use crate::client::{self, Callback, Client, KafkaFailure, RawMessage};
 use crate::fetch::{self, Fetched, Positions, Spec};
 use crate::json::JsonDecoder;
+use crate::py_wire::{self, AvroIds, JsonIds};
+use crate::wire::{self, Wire};
 
 create_exception!(_native, KafkaNativeError, PyException, "A librdkafka call failed: args (code, text).");
 
@@ -67,14 +69,7 @@ fn fetched_to_py<'py>(py: Python<'py>, f: Fetched) -> PyResult<Bound<'py, PyTupl
     let events: Vec<(i32, Option<String>, i32, i64, String)> =
         f.events.into_iter().map(|e| (e.code, e.topic, e.partition, e.offset, e.text)).collect();
     let fields = to_struct(py, f.fields)?;
-    let decoded = match f.decoded {
-        None => None,
-        Some(d) => {
-            let batch = d.batch.map(|b| to_struct(py, b)).transpose()?;
-            let rows = d.rows.map(|r| Int64Array::from(r).into_data().to_pyarrow(py).map(|a| a.unbind())).transpose()?;
-            Some((batch, rows, d.bad, d.tombstones).into_pyobject(py)?.into_any().unbind())
-        }
-    };
+    let decoded = f.decoded.map(|d| py_wire::decoded_to_py(py, d)).transpose()?;
     (fields, f.tps, f.passed_end, f.nbytes, events, decoded).into_pyobject(py)
 }
 
@@ -82,9 +77,11 @@ fn fetched_to_py<'py>(py: Python<'py>, f: Fetched) -> PyResult<Bound<'py, PyTupl
 impl Consumer {
     /// Args: conf: librdkafka settings as (name, value) strings; need_*: which message fields to keep;
     /// json_schema: decode the values as JSON objects of this schema here (None: Python decodes them);
-    /// max_record_bytes: longer values are bad records (json_schema only).
+    /// wire: decode values in the schema registry's wire format (True) or plain Avro (False) here, once
+    /// `configure_wire` says how; max_record_bytes: longer values are bad records (json_schema, wire).
     #[new]
-    #[pyo3(signature = (conf, *, need_ts=false, need_keys=false, need_headers=false, json_schema=None, max_record_bytes=None))]
+    #[pyo3(signature = (conf, *, need_ts=false, need_keys=false, need_headers=false, json_schema=None, wire=None, max_record_bytes=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         conf: Vec<(String, String)>,
@@ -92,10 +89,12 @@ impl Consumer {
         need_keys: bool,
         need_headers: bool,
         json_schema: Option<PyArrowType<Schema>>,
+        wire: Option<bool>,
         max_record_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let json = json_schema.map(|s| JsonDecoder::new(Arc::new(s.0)));
-        let spec = Spec { need_ts, need_keys, need_headers, json, max_record_bytes };
+        let wire = wire.map(Wire::new);
+        let spec = Spec { need_ts, need_keys, need_headers, json, wire, max_record_bytes };
         let client = py.detach(|| Client::new(&conf)).map_err(failure)?;
         Ok(Consumer {
             client: RwLock::new(client),
@@ -122,7 +121,7 @@ impl Consumer {
                 Err(f) => Err(failure(f)),
                 Ok(()) if buf.is_empty() => Ok(None),
                 Ok(()) => {
-                    let built = fetch::build(&buf, &st.spec, &mut st.positions);
+                    let built = fetch::build(&buf, &mut st.spec, &mut st.positions);
                     Ok(Some(built))
                 }
             };
@@ -142,6 +141,28 @@ impl Consumer {
             }
         };
         Ok((out, cbs))
+    }
+
+    /// How to decode the wire format's schema ids (a consumer made with `wire`): `target`, the schema
+    /// every batch is aligned to; `json`: [(id, Arrow schema)]; `avro`: [(id, writer schema, reader
+    /// schema or None, label)]; `bad`: [(id, error)] (their records are bad). A batch with an id not
+    /// given is not decoded (`decoded` is None). Returns the ids refused here, with why.
+    fn configure_wire(
+        &self,
+        py: Python<'_>,
+        target: PyArrowType<Schema>,
+        json: JsonIds,
+        avro: AvroIds,
+        bad: Vec<(u32, String)>,
+    ) -> PyResult<Vec<(u32, String)>> {
+        let (target, json) = py_wire::schemas(target, json);
+        py.detach(|| {
+            let mut st = self.state.lock().map_err(poisoned)?;
+            let Some(wire) = st.spec.wire.as_mut() else {
+                return Err(PyRuntimeError::new_err("this consumer does not decode the wire format"));
+            };
+            Ok(wire::configure(wire, target, json, avro, bad))
+        })
     }
 
     /// Add partitions to the assignment: (topic, partition, offset, stop offset or None).

@@ -13,6 +13,7 @@ use arrow_schema::{ArrowError, DataType, Field, Fields, Schema};
 
 use crate::client::{self, RawMessage};
 use crate::json::{Decoded, JsonDecoder};
+use crate::wire::Wire;
 
 /// What a reader needs of its messages.
 pub struct Spec {
@@ -21,6 +22,8 @@ pub struct Spec {
     pub need_headers: bool,
     /// decode the values natively (json with an explicit schema); None: Python decodes them
     pub json: Option<JsonDecoder>,
+    /// decode the values in the schema registry's wire format (or plain Avro) natively
+    pub wire: Option<Wire>,
     pub max_record_bytes: Option<usize>,
 }
 
@@ -174,7 +177,7 @@ fn event(m: &RawMessage, pos: &mut Positions) -> Event {
 
 /// Turn `msgs` (from [`client::Client::consume`]) into a [`Fetched`], decoding the values if `spec` says
 /// so. The messages are not freed here.
-pub fn build(msgs: &[*mut RawMessage], spec: &Spec, pos: &mut Positions) -> Result<Fetched, ArrowError> {
+pub fn build(msgs: &[*mut RawMessage], spec: &mut Spec, pos: &mut Positions) -> Result<Fetched, ArrowError> {
     let mut cols = Columns::new(spec, msgs.len());
     let mut events = Vec::new();
     let mut tps: Vec<(String, i32)> = Vec::new();
@@ -216,9 +219,11 @@ pub fn build(msgs: &[*mut RawMessage], spec: &Spec, pos: &mut Positions) -> Resu
         nbytes += unsafe { cols.push(p, tp) };
     }
     let (fields, values) = cols.finish()?;
-    let decoded = match &spec.json {
-        Some(json) if fields.num_rows() > 0 => Some(json.decode(&values, spec.max_record_bytes)?),
-        _ => None,
+    let decoded = match (&spec.json, spec.wire.as_mut()) {
+        _ if fields.num_rows() == 0 => None,
+        (Some(json), _) => Some(json.decode(&values, spec.max_record_bytes)?),
+        (None, Some(wire)) => wire.decode(&values, spec.max_record_bytes)?,
+        (None, None) => None,
     };
     let mut passed: Vec<i32> = passed_end.into_iter().collect();
     passed.sort_unstable();

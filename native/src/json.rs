@@ -125,6 +125,11 @@ impl JsonDecoder {
         JsonDecoder { schema }
     }
 
+    /// Whether arrow-json can decode the schema's types.
+    pub fn check(&self) -> Result<(), ArrowError> {
+        self.decoder(1).map(|_| ())
+    }
+
     fn decoder(&self, rows: usize) -> Result<Decoder, ArrowError> {
         ReaderBuilder::new(Arc::clone(&self.schema))
             .with_batch_size(rows.max(1) + 1)

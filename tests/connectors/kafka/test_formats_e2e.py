@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from sluice.api import Pipeline
 from sluice.config import FixedDelayRestart, NoRestart
-from sluice.connectors.kafka import KafkaSource
+from sluice.connectors.kafka import KafkaSource, native_wire
 from sluice.connectors.kafka.formats.avro_schema import AvroSchema
 from sluice.connectors.kafka.formats.schemas import align
 from sluice.connectors.kafka.reader import KafkaSourceReader
@@ -71,8 +71,9 @@ METADATA = [
 
 
 def test_avro_round_trips_through_the_registry(
-    broker: TansuBroker, topic: Callable[..., str], registry: RecordedSchemaRegistry, tmp_path: Path
+    broker: TansuBroker, topic: Callable[..., str], registry: RecordedSchemaRegistry, tmp_path: Path, kafka_reader: str
 ) -> None:
+    before = native_wire.RECORDS["native"]
     t = topic(2)
     i1 = registry.register("orders-value", ORDER_V1)
     i2 = registry.register("orders-value", ORDER_V2)
@@ -107,11 +108,14 @@ def test_avro_round_trips_through_the_registry(
     assert r["placed_at"].timestamp() == 1_700_000_005.007 and r["_partition"] == 0
     assert rows[6001]["currency"] == "EUR"  # v1 records after v2 take v2's default
     assert registry.requests["GET /schemas/ids/1"] == 1 and registry.requests["GET /schemas/ids/2"] == 1
+    # the native reader decoded batches itself (Python: the first ones, and the first with id 2)
+    assert (native_wire.RECORDS["native"] > before) == (kafka_reader == "native")
 
 
 def test_json_schema_round_trips_through_the_registry(
-    broker: TansuBroker, topic: Callable[..., str], registry: RecordedSchemaRegistry, tmp_path: Path
+    broker: TansuBroker, topic: Callable[..., str], registry: RecordedSchemaRegistry, tmp_path: Path, kafka_reader: str
 ) -> None:
+    before = native_wire.RECORDS["native"]
     t = topic(1)
     i4 = registry.register("events-value", EVENT_V1, "JSON")
     i5 = registry.register("events-value", EVENT_V2, "JSON")
@@ -125,7 +129,8 @@ def test_json_schema_round_trips_through_the_registry(
     p = pipeline("json-sr", tmp_path, parallelism=1)
     p.source(
         KafkaSource(
-            broker.bootstrap, t, format="json", schema_registry=registry.url, stopping_offsets=stops(broker, t)
+            broker.bootstrap, t, format="json", schema_registry=registry.url, stopping_offsets=stops(broker, t),
+            batch_size=50,
         )
     ).map_batches(aligned_to(target, seen)).sink(TwoPhaseCommitTestSink(str(tmp_path / "out")))
     p.run(runtime="local", restore="none")
@@ -134,6 +139,7 @@ def test_json_schema_round_trips_through_the_registry(
     assert out is not None and committed_ids(out) == list(range(400))
     got = {r["id"]: r for r in out.to_pylist()}
     assert got[3]["score"] == 3 and got[3]["tags"] == ["a"] and got[250]["score"] == 50.5 and got[250]["source"] == "s"
+    assert (native_wire.RECORDS["native"] > before) == (kafka_reader == "native")
 
 
 def test_unknown_schema_id_reaches_dead_letters_with_its_position(

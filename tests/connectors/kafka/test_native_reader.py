@@ -6,23 +6,27 @@ The rest of the native reader's semantics is shown by the Kafka tests that run o
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from sluice.connectors.kafka import KafkaSource, native_choice
+from sluice.connectors.kafka import KafkaSource, native_choice, native_wire
 from sluice.connectors.kafka import native_reader as nr
 from sluice.connectors.kafka.formats import Decoded, Messages
 from sluice.errors import ConfigError
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 
 from tests.connectors.kafka.fakes import FakeReaderContext
+from tests.connectors.kafka.registry_server import RecordedSchemaRegistry, avro_wire, json_wire
+from tests.connectors.kafka.test_formats_units import EVENT_V1, EVENT_V2, ORDER_V1, ORDER_V2, order
 from tests.connectors.kafka.test_kafka_e2e import pipeline, stops
 from tests.kafka_broker import TansuBroker
 
@@ -188,6 +192,119 @@ def test_json_decoded_natively_matches_plain_python_and_today_s_reader(
     native_rows, python_rows = results["native"][0], results["python"][0]
     assert [dict(r, _timestamp=None) for r in native_rows] == [dict(r, _timestamp=None) for r in python_rows]
     assert [r["_timestamp"] for r in native_rows] == [r["_timestamp"] for r in python_rows]
+
+
+# -- the schema registry's wire format decoded natively, against fastavro / json and today's reader ---------
+def _run_registry(broker: TansuBroker, t: str, tmp_path: Path, reader: str, fmt: str, url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    out, dead = tmp_path / f"out-{fmt}-{reader}", tmp_path / f"dead-{fmt}-{reader}"
+    p = pipeline(f"{fmt}-sr-{reader}", tmp_path / f"{fmt}-{reader}", parallelism=1)
+    s = p.source(
+        KafkaSource(
+            broker.bootstrap, t, format=fmt, schema_registry=url, on_bad_record="dead_letter", include_metadata=True,
+            max_record_bytes=2000, stopping_offsets=stops(broker, t), reader=reader, batch_size=16,
+        )
+    )  # fmt: skip
+    s.sink(TwoPhaseCommitTestSink(str(out)))
+    s.side_output("dead_letters").sink(TwoPhaseCommitTestSink(str(dead)), name="dead")
+    p.run(runtime="local", restore="none")
+    rows, bad = read_committed(str(out)), read_committed(str(dead))
+    return (
+        rows.sort_by("_offset").to_pylist() if rows is not None else [],
+        bad.sort_by("offset").to_pylist() if bad is not None else [],
+    )
+
+
+def _registry_readers(broker: TansuBroker, t: str, tmp_path: Path, fmt: str, url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    results = {}
+    for reader in ("native", "python"):
+        before = native_wire.RECORDS["native"]
+        results[reader] = _run_registry(broker, t, tmp_path, reader, fmt, url)
+        assert (native_wire.RECORDS["native"] > before) == (reader == "native"), reader
+    (rows, bad), (py_rows, py_bad) = results["native"], results["python"]
+    assert rows == py_rows  # metadata and timestamps included
+    assert [dict(d, error=None) for d in bad] == [dict(d, error=None) for d in py_bad]  # the texts may differ
+    return rows, bad
+
+
+def test_avro_from_the_registry_decoded_natively_matches_fastavro_and_today_s_reader(
+    broker: TansuBroker, topic: Callable[..., str], registry: RecordedSchemaRegistry, tmp_path: Path
+) -> None:
+    t = topic(1)
+    i1, i2 = registry.register("orders-value", ORDER_V1), registry.register("orders-value", ORDER_V2)
+    values: list[bytes | None] = []
+    for i in range(120):
+        values.append(avro_wire(i1, ORDER_V1, order(i)) if i % 3 else avro_wire(i2, ORDER_V2, order(i, currency="USD")))
+    malformed = {
+        20: values[20][:-3],  # truncated
+        45: values[45] + b"\x00",  # a byte left after the record
+        46: b'{"not": "avro"}',  # no wire-format header
+        70: b"\x00\x00\x00",  # a header cut short
+        71: avro_wire(i1, ORDER_V1, order(71))[:1] + (999).to_bytes(4, "big") + b"\x02",  # an unknown id
+        90: avro_wire(i1, ORDER_V1, order(90, customer="x" * 3000)),  # over max_record_bytes
+        100: None,  # a tombstone
+    }
+    values = [malformed.get(i, v) for i, v in enumerate(values)]
+    broker.produce(t, values, partition=0)
+    rows, bad = _registry_readers(broker, t, tmp_path, "avro", registry.url)
+    # the reference: fastavro on each value, the newest schema (id 2) as the reader schema
+    reader = fastavro.parse_schema(dict(ORDER_V2))
+    expected = {}
+    for i, v in enumerate(values):
+        if v is None or len(v) > 2000 or len(v) < 5 or v[0] != 0 or int.from_bytes(v[1:5], "big") not in (i1, i2):
+            continue
+        writer = fastavro.parse_schema(dict(ORDER_V1 if int.from_bytes(v[1:5], "big") == i1 else ORDER_V2))
+        fo = io.BytesIO(v[5:])
+        try:
+            rec = fastavro.schemaless_reader(fo, writer, reader)
+        except Exception:
+            continue
+        if fo.tell() == len(v) - 5:
+            expected[i] = rec
+    assert len(expected) == 120 - len(malformed)
+    assert {r["_offset"]: {k: r[k] for k in expected[0]} for r in rows} == expected
+    assert [d["offset"] for d in bad] == sorted(set(malformed) - {100})
+    assert all(d["topic"] == t and d["partition"] == 0 and d["error"] for d in bad)
+    errors = {d["offset"]: d["error"] for d in bad}
+    assert "unknown schema id 999" in errors[71] and "not in the Confluent wire format" in errors[46]
+    assert "over max_record_bytes (2000)" in errors[90] and "left after the record" in errors[45]
+
+
+def test_json_schema_from_the_registry_decoded_natively_matches_json_and_today_s_reader(
+    broker: TansuBroker, topic: Callable[..., str], registry: RecordedSchemaRegistry, tmp_path: Path
+) -> None:
+    t = topic(1)
+    i4, i5 = registry.register("events-value", EVENT_V1, "JSON"), registry.register("events-value", EVENT_V2, "JSON")
+    values: list[bytes | None] = []
+    for i in range(120):
+        if i % 2:
+            values.append(json_wire(i4, {"id": i, "kind": "k", "score": i, "tags": ["a", str(i)]}))
+        else:
+            values.append(json_wire(i5, {"id": i, "kind": "k", "score": i + 0.5, "source": "s"}))
+    malformed = {
+        21: json_wire(i4, {"id": "x", "kind": "k"}),  # a string for an integer
+        40: b"\x00" + i5.to_bytes(4, "big") + b"{oops",  # not JSON
+        41: json_wire(i4, [1, 2]),  # not an object
+        60: b'{"id": 60}',  # no wire-format header
+        61: b"\x00" + (999).to_bytes(4, "big") + b"{}",  # an unknown id
+        80: None,  # a tombstone
+    }
+    values = [malformed.get(i, v) for i, v in enumerate(values)]
+    broker.produce(t, values, partition=0)
+    rows, bad = _registry_readers(broker, t, tmp_path, "json", registry.url)
+    expected = {}
+    for i, v in enumerate(values):
+        if v is None or v[:1] != b"\x00" or int.from_bytes(v[1:5], "big") not in (i4, i5):
+            continue
+        try:
+            obj = json.loads(v[5:])
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("id"), int):
+            expected[i] = {k: obj.get(k) for k in ("id", "kind", "score", "tags", "source")}
+    assert len(expected) == 120 - len(malformed)
+    assert {r["_offset"]: {k: r[k] for k in ("id", "kind", "score", "tags", "source")} for r in rows} == expected
+    assert [d["offset"] for d in bad] == sorted(set(malformed) - {80})
+    assert all(d["topic"] == t and d["partition"] == 0 and d["error"] for d in bad)
 
 
 # -- a decoder of your own sees the same messages on the native reader ------------------------------------

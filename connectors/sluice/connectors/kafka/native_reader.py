@@ -4,7 +4,9 @@ The extension ``sluice.connectors.kafka._native`` (Rust, in ``native/``: librdka
 ``arrow-json``, PyO3) consumes a batch of messages and turns it into Arrow columns -- key, value,
 timestamp, partition, offset, headers when a format needs them -- dropping what lies at or past a split's
 stop offset; for ``format="json"`` with a ``schema`` it also decodes the values into the record batch,
-with the bad-record contract of the formats (each bad value an ``(index, error)``). All of it runs with the
+with the bad-record contract of the formats (each bad value an ``(index, error)``), and so it does for the
+schema registry's wire format (``format="avro"`` and ``"json"`` with ``schema_registry``) and plain Avro
+(``avro_schema``), once Python has told it the schema ids (``native_wire.py``). All of it runs with the
 GIL released, so a reader's fetch thread no longer competes with the task threads for it; Python gets
 each batch through the Arrow C data interface. Other formats decode the value column in Python as before.
 
@@ -29,9 +31,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from sluice.connectors.kafka.formats import Decoded
+from sluice.connectors.kafka.formats import Decoded, Decoder
 from sluice.connectors.kafka.native_choice import choose_reader, extension, settings
 from sluice.connectors.kafka.native_messages import ArrowMessages, NativeEvent
+from sluice.connectors.kafka.native_wire import RECORDS, WireTable, framing
 from sluice.connectors.kafka.offsets import TopicPartitionKey
 from sluice.connectors.kafka.options import KafkaSourceOptions
 from sluice.connectors.kafka.prepared import Prepared
@@ -74,10 +77,15 @@ class NativeConsumer:
         conf: the reader's confluent-kafka configuration (callbacks included).
         options: the source's options (what to decode natively).
         ends: the reader's ``(topic, partition) -> stop offset``, read when a partition is assigned.
+        decoder: the reader's decoder (a wire-format one is followed by :attr:`wire`).
     """
 
     def __init__(
-        self, conf: Mapping[str, Any], options: KafkaSourceOptions, ends: Mapping[TopicPartitionKey, int | None]
+        self,
+        conf: Mapping[str, Any],
+        options: KafkaSourceOptions,
+        ends: Mapping[TopicPartitionKey, int | None],
+        decoder: Decoder | None = None,
     ) -> None:
         assert extension() is not None
         conf_pairs, self._callbacks = settings(conf)
@@ -87,6 +95,7 @@ class NativeConsumer:
             if fmt == "json" and options.schema_registry is None and options.value_schema is not None
             else None
         )
+        framed = framing(decoder) if decoder is not None and json_schema is None else None
         self.decodes = json_schema is not None
         try:
             self._c = extension().Consumer(
@@ -95,11 +104,16 @@ class NativeConsumer:
                 need_keys=True,
                 need_headers=fmt == "raw" or not isinstance(fmt, str),
                 json_schema=json_schema,
+                wire=framed,
                 max_record_bytes=options.max_record_bytes,
             )
         except extension().KafkaNativeError as exc:
             raise _kafka_exception(exc) from None
         self._ends = ends
+        #: the schema-id table of a wire-format decoder (None: the format is not decoded that way)
+        self.wire = None if framed is None or decoder is None else WireTable(decoder, self._c.configure_wire)
+        if self.wire is not None:
+            self.wire.update()  # a fixed reader schema (plain Avro) decodes from the first batch
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -153,8 +167,12 @@ class NativeKafkaSourceReader(KafkaSourceReader):
     """:class:`~.reader.KafkaSourceReader` on :class:`NativeConsumer` (same splits, positions, checkpoints,
     watermarks, bad records and metrics; the batches arrive as Arrow)."""
 
+    _wire: WireTable | None = None
+
     def _new_consumer(self, conf: dict[str, Any]) -> NativeConsumer:
-        return NativeConsumer(conf, self.options, self._ends)
+        consumer = NativeConsumer(conf, self.options, self._ends, self._decoder)
+        self._wire = consumer.wire
+        return consumer
 
     def _prepare_batch(self, out: Any) -> Prepared:
         fields, tps, passed_end, nbytes, events, decoded = out
@@ -167,12 +185,26 @@ class NativeKafkaSourceReader(KafkaSourceReader):
             nbytes,
             [NativeEvent(*e) for e in events],
         )
+        wire = self._wire
         if decoded is not None:
-            batch, rows, bad, tombstones = decoded
-            item.decoded = Decoded(
-                None if batch is None else pa.RecordBatch.from_struct_array(batch),
-                None if rows is None else rows.to_numpy(),
-                [(int(i), str(e)) for i, e in bad],
-                int(tombstones),
-            )
-        return self._prepare.finish(item)  # decodes in Python what was not decoded natively
+            item.decoded = as_decoded(decoded)
+            if wire is not None:
+                item.decoded = wire.finish(item.decoded)
+                RECORDS["native"] += item.count
+            return self._prepare.finish(item)
+        item = self._prepare.finish(item)  # decodes in Python what was not decoded natively
+        if wire is not None and item.count:
+            RECORDS["python"] += item.count
+            wire.update()  # the schema ids Python learnt, for the next batches
+        return item
+
+
+def as_decoded(decoded: tuple[Any, Any, list[tuple[int, str]], int]) -> Decoded:
+    """The native decoded tuple ``(StructArray or None, Int64Array or None, bad, tombstones)``."""
+    batch, rows, bad, tombstones = decoded
+    return Decoded(
+        None if batch is None else pa.RecordBatch.from_struct_array(batch),
+        None if rows is None else rows.to_numpy(),
+        [(int(i), str(e)) for i, e in bad],
+        int(tombstones),
+    )

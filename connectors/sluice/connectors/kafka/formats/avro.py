@@ -27,6 +27,11 @@ class AvroDecoder(WireDecoder):
         self._fixed = avro_schema
         self._reader: AvroSchema | None = avro_schema
 
+    @property
+    def reader_schema(self) -> AvroSchema | None:
+        """The reader schema (``avro_schema``, or the newest id met so far; None before the first)."""
+        return self._reader
+
     def _compile(self, schema_id: int, schema_type: str, text: str) -> AvroSchema:
         if schema_type != "AVRO":
             raise UnsupportedSchemaError(f"schema id {schema_id} is a {schema_type} schema, not Avro")

@@ -118,6 +118,7 @@ class AvroSchema:
         physical: the Arrow schema the records decode into.
         logical: the Arrow schema they are cast to (timestamps, dates, times).
         key: identity of the schema (two ids of one schema decode the same way).
+        text: the schema as JSON text, logical types included (for the native decoder).
         record: whether the top-level type is a record (else the value becomes one column ``value``).
     """
 
@@ -143,6 +144,7 @@ class AvroSchema:
             self.physical = pa.schema([("value", _arrow_type(expanded, where))])
         self.plan = compile_plan(expanded) if self.record else None
         self.key = json.dumps(stripped, sort_keys=True)
+        self.text = text_or_schema if isinstance(text_or_schema, str) else json.dumps(raw)
 
     @property
     def label(self) -> str:

@@ -55,6 +55,11 @@ class JsonSchemaDecoder(WireDecoder):
         super().__init__(registry, output)
         self._stream: pa.Schema | None = None
 
+    @property
+    def stream_schema(self) -> pa.Schema | None:
+        """The widening of every id's schema met so far (None before the first)."""
+        return self._stream
+
     def _compile(self, schema_id: int, schema_type: str, text: str) -> JsonDecoder:
         if schema_type != "JSON":
             raise UnsupportedSchemaError(

@@ -49,6 +49,11 @@ class WireDecoder(ValueDecoder):
         self.schema = output
         self._writers: dict[int, Any] = {}
 
+    @property
+    def writers(self) -> dict[int, Any]:
+        """The compiled schema of each id met so far (a copy; the native reader's table is made from it)."""
+        return dict(self._writers)
+
     def _writer(self, schema_id: int) -> Any:
         """The compiled schema of ``schema_id`` (cached); raises for ids that make records bad."""
         found = self._writers.get(schema_id)
