@@ -5,6 +5,10 @@ consumer assigned, its first checkpoint committed); then ``--latency-rate`` reco
 ``--latency-seconds``, each carrying the time it was produced (``ts``, ms). A record's latency is the time
 its file, or the consumer batch that read it, was first seen by the watcher (polled every 50 ms) minus its
 ``ts``; only the steady records count. p50 and p99 over them.
+
+``--quick`` uses :class:`SteadyProducer` with ``prime=False`` on the topic of a job already timed on its
+records (benchmarks/peers.py's ``Bench.run_with_latency``): the steady records start once that input is
+visible, and :func:`latencies` counts only them.
 """
 
 from __future__ import annotations

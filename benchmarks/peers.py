@@ -26,13 +26,17 @@ topic first: benchmarks/_common.py). The metric is named before the run (``--met
 Then latency rounds (cases 1 and 3): each job started on an empty topic, a record every 0.1 s until its
 first output is visible, then ``--latency-rate`` records/s for ``--latency-seconds``; a record's latency is
 the time its file (or its consumed batch) was first seen minus the time it was produced (``ts``).
+``--quick`` (a smoke run, not a result) runs one job per side and case: for cases 1 and 3 the job is timed
+on the records (a topic of its own) and then, still running, gets the latency phase; each phase's elapsed
+time is printed (``[phase]``) and kept in the RESULT (``phases_s``).
 
 Targets (medians of per-round ratios of sluice-local's records/s over the peer's): ``vs_flink_parquet``,
 ``vs_spark_parquet``, ``vs_flink_window``, ``vs_spark_window`` >= 1.5; ``vs_flink_kafka`` >= 1.0; sluice's
 latency p99 <= checkpoint interval + 1 s. Last line ``RESULT {json}``.
 
 Usage: python benchmarks/peers.py [--quick] [--messages 1000000] [--rounds 3] [--metric wall|cpu]
-       [--cases parquet,window,kafka] [--install]
+       [--cases parquet,window,kafka] [--engines sluice-local,sluice-spark,flink,spark,quix] [--install]
+(docs/peers.md: the commands of the quick and the full run, and what each costs.)
 (The peers' venvs and jars are installed on first use under ~/.cache/sluice-bench: benchmarks/_peers_env.py.)
 """
 
