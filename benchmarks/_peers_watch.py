@@ -131,6 +131,7 @@ class JobRun:
     peak_rss: int  #: the largest summed RSS of its process tree (bytes)
     first_visible: float | None  #: seconds from the start to the first visible output
     extra: dict[str, Any] = field(default_factory=dict)
+    split: JobRun | None = None  #: the figures at the poll that first saw ``run_job``'s ``split`` records
 
 
 def kill_tree(pid: int) -> None:
@@ -148,16 +149,19 @@ def kill_tree(pid: int) -> None:
 
 
 def run_job(python: str, cfg: dict[str, Any], watch: Watch, expected: int | Callable[[], int | None],
-            timeout: float, seen: Callable[[int], None] | None = None, poll_s: float = 0.05) -> JobRun:  # fmt: skip
+            timeout: float, seen: Callable[[int], None] | None = None, poll_s: float = 0.05,
+            split: int | None = None) -> JobRun:  # fmt: skip
     """Start the job, wait until ``watch`` sees ``expected`` records (a callable: how many, None while not
-    known yet), kill it; ``seen(n)`` is told the visible count at every poll. Raises with the job's log
-    tail if it exits or ``timeout`` passes first."""
+    known yet), kill it; ``seen(n)`` is told the visible count at every poll. With ``split``, the run's
+    ``split`` holds the figures (wall, CPU, peak RSS) at the poll that first saw that many records: the job
+    timed on a first input while it goes on with more (``--quick``'s latency phase). Raises with the job's
+    log tail if it exits or ``timeout`` passes first."""
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "job.log"
     env = {**os.environ, "TZ": "UTC", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)
-    peak, first, last_rss = 0, None, 0.0
+    peak, first, last_rss, at_split = 0, None, 0.0, None
     with open(log_path, "wb") as log:
         t0 = time.time()
         proc = subprocess.Popen([python, str(JOBS), json.dumps(cfg)], stdout=log, stderr=subprocess.STDOUT,
@@ -168,10 +172,13 @@ def run_job(python: str, cfg: dict[str, Any], watch: Watch, expected: int | Call
                 now = time.time()
                 if first is None and n > 0:
                     first = now - t0
+                if split is not None and at_split is None and n >= split:
+                    peak = max(peak, tree_rss_bytes(proc.pid))
+                    at_split = JobRun(now - t0, tree_cpu_seconds(proc.pid), peak, first)
                 want = expected() if callable(expected) else expected
                 if want is not None and n >= want:
                     cpu = tree_cpu_seconds(proc.pid)
-                    return JobRun(now - t0, cpu, max(peak, tree_rss_bytes(proc.pid)), first)
+                    return JobRun(now - t0, cpu, max(peak, tree_rss_bytes(proc.pid)), first, split=at_split)
                 if now - last_rss >= 0.25:
                     peak, last_rss = max(peak, tree_rss_bytes(proc.pid)), now
                 if proc.poll() is not None or now - t0 > timeout:

@@ -20,8 +20,9 @@ from tests.apache_kafka_jars import JarsUnavailableError, maven_classpath
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import _common  # type: ignore[import-not-found]
-import peers  # type: ignore[import-not-found]
-from _peers_watch import ParquetWatch  # type: ignore[import-not-found]
+import _peers_data as peers_data  # type: ignore[import-not-found]
+import peers  # type: ignore[import-not-found]  # noqa: F401 (it imports)
+from _peers_watch import ParquetWatch, run_job  # type: ignore[import-not-found]
 
 
 def _parquet(path: Path, rows: int) -> Path:
@@ -54,23 +55,51 @@ def test_the_watcher_counts_what_a_reader_sees(tmp_path: Path) -> None:
     assert watch.poll() == 6
 
 
+def test_a_job_is_timed_at_the_split_and_goes_on_until_every_record(tmp_path: Path) -> None:
+    """--quick times a job on its first input, then feeds the same job its latency phase: the figures at the
+    split are the timed run's, the job's later work is not in them."""
+    folder, go = tmp_path / "job" / "parquet", tmp_path / "go"
+    job = tmp_path / "job.py"
+    job.write_text(f"""import pathlib, time
+import pyarrow as pa, pyarrow.parquet as pq
+folder = pathlib.Path({str(folder)!r})
+folder.mkdir(parents=True)
+pq.write_table(pa.table({{"x": [1, 2, 3]}}), folder / "a.parquet")
+while not pathlib.Path({str(go)!r}).exists():
+    time.sleep(0.02)
+t = time.process_time()
+while time.process_time() - t < 0.5:
+    pass
+pq.write_table(pa.table({{"x": [4, 5]}}), folder / "b.parquet")
+time.sleep(120)
+""")
+    python = tmp_path / "python"  # run_job starts `python _peers_jobs.py <config>`: this one runs job.py
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {job}\n")
+    python.chmod(0o755)
+    cfg = {"engine": "fake", "case": "parquet", "out": str(tmp_path / "job")}
+    run = run_job(str(python), cfg, ParquetWatch(folder), 5, 120, seen=lambda n: go.touch() if n >= 3 else None, split=3)
+    assert run.split is not None
+    assert run.split.wall < run.wall and run.cpu - run.split.cpu >= 0.4  # the burn after the split is not in it
+    assert run.split.first_visible == run.first_visible
+
+
 def test_the_sentinels_close_every_window_and_stay_out_of_the_reference() -> None:
-    table = peers.records(1_000, 10, 2)
+    table = peers_data.records(1_000, 10, 2)
     data, sentinels = table.slice(0, 1_000), table.slice(1_000)
-    assert sentinels.num_rows == peers.PARTITIONS
-    assert sorted(u % peers.PARTITIONS for u in sentinels.column("user").to_pylist()) == list(range(peers.PARTITIONS))
+    assert sentinels.num_rows == peers_data.PARTITIONS
+    assert sorted(u % peers_data.PARTITIONS for u in sentinels.column("user").to_pylist()) == list(range(peers_data.PARTITIONS))
     assert not set(sentinels.column("user").to_pylist()) & set(data.column("user").to_pylist())
     last = pc.max(data.column("ts")).as_py()
-    assert pc.min(sentinels.column("ts")).as_py() > last + peers.WINDOW_MS + peers.DELAY_MS  # past every window
-    ref = peers.reference_windows(table)
+    assert pc.min(sentinels.column("ts")).as_py() > last + peers_data.WINDOW_MS + peers_data.DELAY_MS  # past every window
+    ref = peers_data.reference_windows(table)
     assert pc.sum(ref.column("count")).as_py() == 1_000  # the sentinels' windows are not expected
-    assert ref.num_rows == len({(u, t // peers.WINDOW_MS) for u, t in zip(*(data.column(c).to_pylist() for c in ("user", "ts")), strict=True)})
+    assert ref.num_rows == len({(u, t // peers_data.WINDOW_MS) for u, t in zip(*(data.column(c).to_pylist() for c in ("user", "ts")), strict=True)})
     got = ref.slice(1)
     with pytest.raises(RuntimeError, match="window rows differ"):
-        peers.check("x", "window", got, table, ref)
+        peers_data.check("x", "window", got, table, ref)
     with pytest.raises(RuntimeError, match="differs from the input"):
-        peers.check("x", "parquet", data.slice(1), data, None)
-    assert peers.check("x", "parquet", pa.concat_tables([data, data.slice(0, 2)]), data, None) == {"duplicates": 2}
+        peers_data.check("x", "parquet", data.slice(1), data, None)
+    assert peers_data.check("x", "parquet", pa.concat_tables([data, data.slice(0, 2)]), data, None) == {"duplicates": 2}
 
 
 def test_process_tree_cpu_and_memory_include_the_children() -> None:
@@ -109,11 +138,11 @@ def test_every_engines_window_output_is_read_the_same_way() -> None:
                      "sum_amount": [1.5, 2.0], "max_amount": [1.0, 2.0]})  # fmt: skip
     spark = flink.cast(flink.schema.set(1, pa.field("window_start", pa.timestamp("us", "UTC"))))
     for engine, got in (("sluice-local", ref), ("flink", flink), ("spark", spark)):
-        assert peers.normalized(engine, got, "window").equals(ref), engine
-    assert peers.normalized("quix", quix, "window").equals(ref)
+        assert peers_data.normalized(engine, got, "window").equals(ref), engine
+    assert peers_data.normalized("quix", quix, "window").equals(ref)
     rows = pa.table({"amount": [1.0], "ts": [7], "user": [2], "_key": ["2"]})
-    want = pa.table({"user": [2], "amount": [1.0], "ts": [7]}, schema=peers.SCHEMA)
-    assert peers.normalized("quix", rows, "parquet").equals(want)
+    want = pa.table({"user": [2], "amount": [1.0], "ts": [7]}, schema=peers_data.SCHEMA)
+    assert peers_data.normalized("quix", rows, "parquet").equals(want)
 
 
 @pytest.mark.apache_kafka
@@ -124,18 +153,18 @@ def test_the_input_is_produced_and_checked_in_event_time_order_per_partition(
     itself: the producer is idempotent (a retried batch of a plain one lands behind later batches: seen on a
     loaded machine, records a minute behind their partition's sentinel an hour ahead), and the input read back
     by a plain consumer must never go back in event time within a partition."""
-    assert peers.PRODUCER_CONF["enable.idempotence"] is True
-    table = peers.records(2_000, 10, 2)
-    good = kafka_topic(peers.PARTITIONS)
-    peers.produce(apache_kafka.bootstrap, good, table)
-    assert peers.check_order(apache_kafka.bootstrap, good) == table.num_rows
+    assert peers_data.PRODUCER_CONF["enable.idempotence"] is True
+    table = peers_data.records(2_000, 10, 2)
+    good = kafka_topic(peers_data.PARTITIONS)
+    peers_data.produce(apache_kafka.bootstrap, good, table)
+    assert peers_data.check_order(apache_kafka.bootstrap, good) == table.num_rows
 
     # what the retry did: the first batch of a partition written after the later ones (and its sentinel)
-    rows = [r for r in table.to_pylist() if r["user"] % peers.PARTITIONS == 0]
+    rows = [r for r in table.to_pylist() if r["user"] % peers_data.PARTITIONS == 0]
     bad = kafka_topic(1)
     p = Producer({"bootstrap.servers": apache_kafka.bootstrap, "log_level": 0})
     for r in rows[100:] + rows[:100]:
         p.produce(bad, json.dumps(r).encode(), partition=0)
     assert p.flush(60) == 0
     with pytest.raises(RuntimeError, match=rf"{bad}\[0\] offset {len(rows) - 100}: ts \d+ is \d+ ms behind"):
-        peers.check_order(apache_kafka.bootstrap, bad)
+        peers_data.check_order(apache_kafka.bootstrap, bad)
