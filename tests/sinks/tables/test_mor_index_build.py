@@ -1,7 +1,8 @@
 """The merge-on-read index built from an existing table (``rebuild_index``), compared with the table read apart
 from the index code (each data file's ids with pyarrow minus the positions its delete files name:
 ``tests.sinks.tables.mor.live_rows``), on both state backends and for a subtask owning part of the key
-groups; a key the table holds twice is refused naming the file."""
+groups; a key the table holds twice is refused naming the file. A commit that was pending when the table
+changed behind the job is refused naming what to do (its staged deletes are positions in rewritten files)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from sluice.errors import ConfigError
 from sluice.sinks.iceberg.mor.committer import MergeOnReadCommitter
 from sluice.sinks.iceberg.mor.positions import INDEX, index_descriptor, unpack
 from sluice.sinks.iceberg.mor.writer import MergeOnReadWriter, rebuild_index
@@ -22,7 +24,7 @@ from sluice.state.spi import KeyBatch, KeyedStateBackend
 from sluice.state.transfer import LocalFileTransfer
 
 from tests.sinks.tables.helpers import Target
-from tests.sinks.tables.mor import MOR, live_rows
+from tests.sinks.tables.mor import MOR, live_rows, orphan_deletes
 from tests.sinks.tables.upserts import ROW_SCHEMA, Upserts
 
 MAX_PAR = 128
@@ -144,3 +146,37 @@ def test_a_key_held_twice_is_refused_naming_the_file(tmp_path: Path, twice: str)
     built = _writer(other, _backend("rocksdb", KeyGroupRange(0, MAX_PAR)))
     assert rebuild_index(built, other.iceberg_table(), None) == 102 and _index(built) == live_rows(other)
     built.backend.dispose()
+
+
+def test_a_commit_pending_when_the_table_changed_is_refused_naming_what_to_do(tmp_path: Path) -> None:
+    # checkpoint 2's old positions are staged (pre-commit done, commit pending) when another writer rewrites
+    # every row into new files: the staged positions name rows of files the table no longer holds and the
+    # staged file carries no keys to find those rows again, so a restored attempt (rebuild_index=True) must
+    # refuse the commit, in one line naming what to do, and commit nothing
+    t = _table_with_deletes(tmp_path, "hashmap")
+    backend = _backend("hashmap", KeyGroupRange(0, MAX_PAR))
+    sink = t.sink(mode="upsert", rebuild_index=True, **MOR)
+    ctx = _Ctx(backend)
+    writer = MergeOnReadWriter(sink.options, ctx)  # type: ignore[arg-type]
+    rebuild_index(writer, t.iceberg_table(), [pa.int64()])
+    writer._rebuild = False
+    ids = sorted(live_rows(t))[:40]
+    writer.write(change_table(_rows(ids, 3), [int(Op.UPDATE)] * 40, list(range(40))).to_batches()[0])
+    staged = writer.prepare_commit(3)
+    table = t.iceberg_table()
+    table.overwrite(table.scan().to_arrow())  # another writer: the same rows, in new files at new positions
+    before = t.iceberg_table().current_snapshot().snapshot_id
+    ctx.attempt, ctx.restored_checkpoint_id = 1, 3  # the restored attempt commits the pending checkpoint
+    committer = MergeOnReadCommitter(sink.options, ctx)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(Exception, match="no longer holds") as refused:
+            committer.commit(3, staged)
+    finally:
+        committer.close()
+        backend.dispose()
+    text = str(refused.value)
+    assert "\n" not in text and "rebuild_index=True" in text and "allow_reprocessing=True" in text, text
+    assert "pending" in text and "checkpoint 3" in text and "positions, not keys" in text, text  # why
+    assert isinstance(refused.value, ConfigError)  # a restart cannot cure it: the job fails at once
+    assert t.iceberg_table().current_snapshot().snapshot_id == before  # nothing committed
+    assert not orphan_deletes(t), "the refused commit left position-delete files behind"
