@@ -61,10 +61,11 @@ class _Ctx:
 
 
 class MorJob:
-    """A merge-on-read writer and committer of table ``name`` (one subtask), its index built from the table."""
+    """A merge-on-read writer and committer of table ``name`` (one subtask), its index built from the table
+    (unless not ``build_index``)."""
 
     def __init__(self, props: dict[str, str], name: str, backend: str, work: Path,
-                 rewrite: RewritePolicy | None = None) -> None:  # fmt: skip
+                 rewrite: RewritePolicy | None = None, build_index: bool = True) -> None:  # fmt: skip
         sink = IcebergSink(name, catalog_properties=props, mode="upsert", key_columns=["id"],
                            write_mode="merge-on-read", rebuild_index=True, rewrite=rewrite)  # fmt: skip
         self.backend = state_backend_for(StateBackendConfig(type=backend)).create_keyed_backend(
@@ -75,7 +76,7 @@ class MorJob:
         self.writer = MergeOnReadWriter(sink.options, self.ctx)
         self.committer = MergeOnReadCommitter(sink.options, self.ctx)
         t0 = time.perf_counter()
-        self.indexed = rebuild_index(self.writer, self.committer.load(), [pa.int64()])
+        self.indexed = rebuild_index(self.writer, self.committer.load(), [pa.int64()]) if build_index else 0
         self.index_s = time.perf_counter() - t0
         self.writer._rebuild = False
         self.write_s = self.commit_s = 0.0

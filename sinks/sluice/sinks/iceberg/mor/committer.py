@@ -294,8 +294,10 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
             raise IndexLineageError(
                 f"{self.name}: checkpoint {checkpoint_id}: its deletes were staged against data files the table "
                 f"no longer holds ({len(lost)}; it changed behind the job while this checkpoint's commit was "
-                "pending), so rebuild_index=True cannot place them: restore an earlier checkpoint with "
-                "allow_reprocessing=True, or start without restore and rebuild_index=True"
+                "pending), and staged deletes are row positions, not keys, so rebuild_index=True cannot place "
+                "them on the rewritten rows: restore an earlier checkpoint with allow_reprocessing=True, or start "
+                "without restore with rebuild_index=True (the changes are read again and applied to the table as "
+                "it is)"
             )
         if lost:
             raise IndexLineageError(
@@ -313,14 +315,15 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
         for (spec_id, partition), fids in groups.items():
             mask = np.isin(files, fids)
             sel_files, sel_pos = files[mask], positions[mask]
-            counts = np.array([known[int(x)].record_count for x in sel_files.tolist()], np.int64)
+            uniq = np.unique(sel_files)
+            codes = np.searchsorted(uniq, sel_files)  # per position, its data file among ``uniq``
+            counts = np.array([known[int(x)].record_count for x in uniq.tolist()], np.int64)[codes]
             if (sel_pos < 0).any() or (sel_pos >= counts).any():
                 raise IndexLineageError(
                     f"{self.name}: checkpoint {checkpoint_id}: the merge-on-read index holds a position past the "
                     "end of its data file: the index does not describe the table; restart with rebuild_index=True"
                 )
-            paths = pa.array([known[int(x)].file_path for x in np.unique(sel_files).tolist()], pa.string())
-            codes = np.searchsorted(np.unique(sel_files), sel_files)
+            paths = pa.array([known[int(x)].file_path for x in uniq.tolist()], pa.string())
             spec = table.specs()[spec_id]
             ppath = spec.partition_to_path(partition, schema) if spec.fields else ""
             self._seq += 1

@@ -27,6 +27,7 @@ table (the key columns of every live data file, minus deleted positions, for the
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ from sluice.sinks.tables.changes import CHANGES_DIR, ChangeError, row_columns
 from sluice.sinks.tables.files import TableFile, data_file_name, schema_fingerprint, write_parquet
 from sluice.sinks.tables.storage import arrow_filesystem
 from sluice.sinks.tables.writer import write_file
-from sluice.state.spi import KeyBatch, distinct, take_keys
+from sluice.state.spi import KeyBatch, take_keys
 
 __all__ = ["MergeOnReadWriter"]
 
@@ -137,49 +138,110 @@ def rebuild_index(writer: MergeOnReadWriter, table: Any, key_types: list[pa.Data
     """Drop ``writer``'s index and read it from ``table``: every live row of the key groups the writer owns
     (its key columns cast to the stream's ``key_types``; None, before any change arrived: the data files'
     types, large strings and binaries as the plain ones a stream carries); returns the entries written. A key
-    the table holds twice is refused (merge-on-read needs one row per key)."""
+    the table holds twice is refused (merge-on-read needs one row per key).
+
+    Works file by file on whole arrays: each data file's key columns (its row positions are their row
+    numbers), minus the positions its delete files name (each delete file read once), written to the index
+    in bulk (:meth:`~sluice.state.spi.BatchValueState.insert`: sorted write batches past the cache on
+    RocksDB). Keys held twice are found from the keys' 64-bit hashes (a repeated hash is checked against the
+    keys themselves, in a second pass that only runs then)."""
     from pyiceberg.manifest import DataFileContent
 
-    backend, keys = writer.backend, writer.keys
+    backend = writer.backend
+    tasks = list(table.scan().plan_files())
+    if any(d.content == DataFileContent.EQUALITY_DELETES for t in tasks for d in t.delete_files):
+        raise ChangeError(
+            f"IcebergSink {writer.options.table}: the table has equality delete files, which the index cannot "
+            "be read from: compact them away (rewrite_data_files in Spark) first"
+        )
     backend.drop_state(INDEX)
     writer.index = backend.batch_state(index_descriptor())
     fs, _ = arrow_filesystem(table.location(), writer.options.storage_options)
-    owned = backend.key_groups
-    entries = 0
-    for task in table.scan().plan_files():
-        if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
-            raise ChangeError(
-                f"IcebergSink {writer.options.table}: the table has equality delete files, which the index cannot "
-                "be read from: compact them away (rewrite_data_files in Spark) first"
-            )
+    deletes = _DeletedPositions(fs)
+    hashes: list[np.ndarray[Any, Any]] = []
+    for path, kb, at, key_hashes in _live_keys(writer, fs, tasks, deletes, key_types):
+        writer.index.insert(kb, pack(np.full(len(at), file_id(path), np.int64), at.astype(np.int64)))
+        hashes.append(key_hashes)
+    entries = sum(len(h) for h in hashes)
+    seen = np.sort(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)
+    repeated = np.unique(seen[1:][seen[1:] == seen[:-1]])
+    if len(repeated):
+        _refuse_repeated_keys(writer, fs, tasks, deletes, key_types, repeated)
+    writer.ctx.metric("mor_index_rebuilt", entries)
+    return entries
+
+
+def _live_keys(
+    writer: MergeOnReadWriter, fs: Any, tasks: list[Any], deletes: _DeletedPositions,
+    key_types: list[pa.DataType] | None,
+) -> Iterator[tuple[str, KeyBatch, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:  # fmt: skip
+    """Per data file of ``tasks`` with live rows in the writer's key groups: its path, those rows' keys, their
+    positions and their keys' hashes."""
+    backend, keys, owned = writer.backend, writer.keys, writer.backend.key_groups
+    for task in tasks:
         path = task.file.file_path
         rows = pq.read_table(_in_fs(path), filesystem=fs, columns=keys)
-        deleted = [
-            d.filter(pc.equal(d.column("file_path"), path)).column("pos").to_numpy()
-            for d in (read_deletes(fs, _in_fs(df.file_path)) for df in task.delete_files)
-        ]
         live = np.ones(rows.num_rows, bool)
-        for positions in deleted:
+        for positions in deletes.of(task):
             live[positions[positions < rows.num_rows]] = False
         types = key_types if key_types is not None else [_plain(rows.column(k).type) for k in keys]
         cols = [rows.column(k).cast(t) for k, t in zip(keys, types, strict=True)]
         batch = KeyBatch.of(cols, backend.max_parallelism)
-        mine = live & (batch.key_groups >= owned.start) & (batch.key_groups < owned.end)
-        at = np.flatnonzero(mine)
-        if not len(at):
-            continue
-        kb = take_keys(batch, at)
-        _, firsts = distinct(kb)
-        had, _, _ = unpack(writer.index.get(kb))
-        if len(firsts) != len(at) or had.any():
-            raise ChangeError(
-                f"IcebergSink {writer.options.table}: the table holds a key twice (in {path}): merge-on-read "
-                "needs one row per key; deduplicate the table (a copy-on-write run) first"
-            )
-        writer.index.put(kb, pack(np.full(len(at), file_id(path), np.int64), at.astype(np.int64)))
-        entries += len(at)
-    writer.ctx.metric("mor_index_rebuilt", entries)
-    return entries
+        assert batch.hashes is not None  # KeyBatch.of hashes every key
+        at = np.flatnonzero(live & (batch.key_groups >= owned.start) & (batch.key_groups < owned.end))
+        if len(at):
+            yield path, take_keys(batch, at), at, batch.hashes[at]
+
+
+def _refuse_repeated_keys(
+    writer: MergeOnReadWriter, fs: Any, tasks: list[Any], deletes: _DeletedPositions,
+    key_types: list[pa.DataType] | None, repeated: np.ndarray[Any, Any],
+) -> None:  # fmt: skip
+    """Raise ChangeError naming a data file that holds a key another live row holds too, if any (the rows
+    whose hash is in ``repeated``, compared by their encoded keys); else (hashes of distinct keys collided)
+    return."""
+    where: dict[bytes, str] = {}
+    for path, kb, _, key_hashes in _live_keys(writer, fs, tasks, deletes, key_types):
+        for i in np.flatnonzero(np.isin(key_hashes, repeated)).tolist():
+            key = kb.keys[i]
+            if key in where:
+                raise ChangeError(
+                    f"IcebergSink {writer.options.table}: the table holds a key twice (in {path}"
+                    f"{'' if where[key] == path else ' and ' + where[key]}): merge-on-read needs one row per key; "
+                    "deduplicate the table (a copy-on-write run) first"
+                )
+            where[key] = path
+
+
+class _DeletedPositions:
+    """The positions the position-delete files of a scan task name in its data file, each delete file read
+    once (a delete file a commit writes names many data files of its partition)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self._by_file: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
+
+    def of(self, task: Any) -> list[np.ndarray[Any, Any]]:
+        path = task.file.file_path
+        out = []
+        for d in task.delete_files:
+            if d.file_path not in self._by_file:
+                self._by_file[d.file_path] = self._read(d.file_path)
+            positions = self._by_file[d.file_path].get(path)
+            if positions is not None:
+                out.append(positions)
+        return out
+
+    def _read(self, uri: str) -> dict[str, np.ndarray[Any, Any]]:
+        rows = read_deletes(self.fs, _in_fs(uri))
+        if rows.num_rows == 0:
+            return {}
+        grouped = rows.group_by("file_path").aggregate([("pos", "list")])
+        paths = grouped.column("file_path").to_pylist()
+        lists = grouped.column("pos_list").combine_chunks()
+        values = np.asarray(lists.flatten().to_numpy(zero_copy_only=False), np.int64)
+        offsets = np.asarray(lists.offsets.to_numpy(), np.int64) - int(lists.offsets[0].as_py())
+        return {p: values[offsets[i] : offsets[i + 1]] for i, p in enumerate(paths)}
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
