@@ -49,10 +49,11 @@ def target_of(sink: str, store: str, tmp: Path, request: pytest.FixtureRequest) 
 
 def run(
     target: Target, tmp: Path, faults: Any, *, runtime: str = "local", parallelism: int = 2, attempts: int = 6,
-    restore: str = "none", **sink: Any,
+    restore: str = "none", source: Any = None, **sink: Any,
 ) -> Any:
+    """``source``: another source of STREAM's changes (default: the stream at ``RATE``)."""
     p = pipeline(STREAM, target.sink(mode="upsert", **sink), str(tmp), parallelism=parallelism, rate=RATE,
-                 attempts=attempts)
+                 attempts=attempts, source=source)
     try:
         return p.run(runtime=runtime, faults=faults, restore=restore)
     except Exception as exc:  # the run's error is asserted by the caller

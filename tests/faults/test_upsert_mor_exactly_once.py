@@ -21,10 +21,11 @@ import pytest
 from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 
 from tests.faults.plans import _first
-from tests.faults.test_upsert_exactly_once import STREAM, check, run, target_of
+from tests.faults.test_upsert_exactly_once import RATE, STREAM, check, run, target_of
 from tests.sinks.tables.cdc import check_versions, table_state
 from tests.sinks.tables.helpers import Target
 from tests.sinks.tables.mor import MOR, check_index, index_in_checkpoint, orphan_deletes
+from tests.sinks.tables.paced import Paced
 
 #: the points a merge-on-read checkpoint passes: while writing, in the writer's pre-commit (data files
 #: written, index not yet updated), between snapshot and ack, between completion and the commit, with the
@@ -47,11 +48,23 @@ def hits() -> dict[str, int]:
     return dict(counter.hits)
 
 
-def check_mor(label: str, target: Target, tmp: Path, rewrites: bool) -> None:
+def until_rewritten(target: Target) -> Any:
+    """STREAM for a job with the background rewrite on: two batches a checkpoint (so each attempt that has
+    changes left commits several times however slow its checkpoints are, and rounds come due), and the input
+    ends only once a rewrite committed, so the job cannot finish before the round it asked for. On a loaded
+    machine a rate-paced source fitted an attempt's changes into one checkpoint commit: with ``every=2`` no
+    round came due, and the rewrite check failed though nothing was wrong."""
+    return Paced(num_splits=STREAM.splits, records_per_split=STREAM.per_split, batch_size=STREAM.batch,
+                 rows=STREAM.rows(), name="changes", rows_per_second=RATE, chunk_batches=2,
+                 until=target.rewrote)  # fmt: skip
+
+
+def check_mor(label: str, target: Target, tmp: Path, rewrites: bool, result: Any = None) -> None:
     """The index of the last completed checkpoint describes the table; no orphan position-delete file; the
     rewrite (if on) committed."""
     check_index(target, index_in_checkpoint(f"{tmp}/chk", "cdc"))
-    assert not rewrites or target.rewrites() >= 1, f"{label}: the rewrite never committed"
+    metrics = getattr(result, "metrics", None)
+    assert not rewrites or target.rewrites() >= 1, f"{label}: the rewrite never committed ({metrics})"
     assert orphan_deletes(target) == [], f"{label}: position-delete files no snapshot names"
 
 
@@ -66,12 +79,15 @@ def crash_scenario(i: int, tmp: Path, request: pytest.FixtureRequest, runtime: s
     faults = FaultInjector(plan=plan)
     target = target_of("iceberg", store, tmp, request)
     extra: dict[str, Any] = {"partition_by": ["bucket(4, id)"]} if i % 2 else {}
+    source = None
     if i % 3 != 1:  # the rewrite folds deletes every other commit: rows move under the index
         extra["rewrite"] = {"every": 2, "min_files": 2}
-    result = run(target, tmp, faults, runtime=runtime, parallelism=rng.choice([1, 2, 3]), **MOR, **extra)
+        source = until_rewritten(target)
+    parallelism = rng.choice([1, 2, 3])
+    result = run(target, tmp, faults, runtime=runtime, parallelism=parallelism, source=source, **MOR, **extra)
     label = f"merge-on-read upsert on {runtime}/{store}, plan={plan}, fired={faults.fired}"
     check(label, target, result, faults.all_fired, faults.crashes, "upsert-mor", i)
-    check_mor(label, target, tmp, "rewrite" in extra)
+    check_mor(label, target, tmp, "rewrite" in extra, result)
 
 
 @pytest.mark.faults
@@ -96,13 +112,16 @@ def rescale_scenario(i: int, tmp: Path, request: pytest.FixtureRequest, store: s
     point = rng.choice(["complete_to_commit", "commit", "global_commit", "pre_commit"])
     faults = FaultInjector(point=point, after=rng.randint(0, 1))
     rewrite = {"rewrite": {"every": 2, "min_files": 2}}
-    first = run(target, tmp, faults, parallelism=rng.choice([1, 2]), attempts=0, **MOR, **rewrite)
+    # paced in both runs: the first crashes within its first checkpoints, so the second has changes for
+    # several commits left, and rounds come due there too
+    first = run(target, tmp, faults, parallelism=rng.choice([1, 2]), attempts=0, source=until_rewritten(target),
+                **MOR, **rewrite)  # fmt: skip
     assert isinstance(first, Exception) and faults.all_fired, f"the first run did not crash at {point}"
     check_versions(STREAM, target)
-    second = run(target, tmp, None, parallelism=3, restore="latest", **MOR, **rewrite)
+    second = run(target, tmp, None, parallelism=3, restore="latest", source=until_rewritten(target), **MOR, **rewrite)
     label = f"merge-on-read: crash at {point}, restore rescaled"
     check(label, target, second, True, 1, "upsert-mor-rescale", i, False)
-    check_mor(label, target, tmp, True)
+    check_mor(label, target, tmp, True, second)
 
 
 @pytest.mark.faults

@@ -67,6 +67,15 @@ class FakeSlot:
         self.conn.close(flush_timeout=5.0)
 
 
+def rendezvous(*slots: FakeSlot) -> None:
+    """Wait until the driver handled every slot's Hello: it sends each the peers' addresses. A real slot
+    reports nothing before (it builds its subtasks once it knows its peers), so its connection is one the
+    driver waits for in ``wait_closed``; without this, a connection the driver had not yet set up could
+    deliver its reports after ``wait_closed`` returned, however the driver ranks failures."""
+    for s in slots:
+        assert s.got.wait(10) and isinstance(s.received[0], m.Peers), f"slot {s.index} got no peers"
+
+
 @pytest.fixture
 def control(tmp_path: Path) -> Iterator[tuple[JobAttempt, ControlServer]]:
     a = new_attempt(tmp_path)
@@ -80,6 +89,7 @@ def test_a_reported_error_is_the_root_cause_though_a_loss_was_seen_first(
 ) -> None:
     a, server = control
     s0, s1 = FakeSlot(server, 0, a.attempt).hello(), FakeSlot(server, 1, a.attempt).hello()
+    rendezvous(s0, s1)
     s1.end(goodbye=False)  # Spark killed slot 1 after slot 0 failed; its loss reaches the driver first
     assert a.done.wait(10) and isinstance(a.failure, SlotLostError)
     server.end(m.Cancel())
@@ -94,6 +104,7 @@ def test_a_reported_error_is_the_root_cause_though_a_loss_was_seen_first(
 def test_a_loss_outranks_the_consequences_it_caused(control: tuple[JobAttempt, ControlServer]) -> None:
     a, server = control
     s0, s1 = FakeSlot(server, 0, a.attempt).hello(), FakeSlot(server, 1, a.attempt).hello()
+    rendezvous(s0, s1)
     s1.send(lambda n: m.SlotFailed(n, 1, ConnectionError("slot 1 lost its link to slot 0"), True))
     s1.end(goodbye=True)
     s0.end(goodbye=False)  # slot 0's process died: no report, no goodbye
@@ -104,9 +115,11 @@ def test_a_loss_outranks_the_consequences_it_caused(control: tuple[JobAttempt, C
 
 def test_a_slot_that_says_goodbye_did_not_fail(control: tuple[JobAttempt, ControlServer]) -> None:
     a, server = control
-    s0 = FakeSlot(server, 0, a.attempt).hello()
+    s0, s1 = FakeSlot(server, 0, a.attempt).hello(), FakeSlot(server, 1, a.attempt).hello()
+    rendezvous(s0, s1)
     s0.send(lambda n: m.Registered(n, 0, ((T0, "source (1/2)"),)))
     s0.end(goodbye=True)
+    s1.end(goodbye=True)
     assert server.wait_closed(10)
     assert a.failure is None and not a.done.is_set() and not server.all_registered.is_set()
 
