@@ -104,10 +104,23 @@ JVM_OPTIONS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int, exclude: int | None = None) -> list[int]:
+    """``n`` distinct free loopback ports, none equal to ``exclude``. The sockets stay bound until all are
+    chosen: a port closed before the next is asked for can come back at once (CI once got one port for
+    two listeners)."""
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            s = socket.socket()
+            sockets.append(s)  # an excluded port stays bound too, so that it is not offered again
+            s.bind(("127.0.0.1", 0))
+            if (port := int(s.getsockname()[1])) != exclude:
+                ports.append(port)
+        return ports
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _cluster_id() -> str:
@@ -220,7 +233,8 @@ class ApacheKafkaBroker(KafkaTestBroker):
             return self
         for attempt in range(3):
             self._dir = Path(tempfile.mkdtemp(prefix="apache-kafka-"))
-            self._ports = (self.port or _free_port(), _free_port(), _free_port())
+            client, internal, controller = _free_ports(3, exclude=self.port)
+            self._ports = (self.port or client, internal, controller)
             try:
                 self._format(java, classpath)
                 self._launch(java, classpath)
