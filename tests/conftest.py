@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,29 @@ def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger("sluice").setLevel(logging.ERROR)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: ``SLUICE_SOAK_SAMPLE=N`` keeps one soak case in N of each soak test (its first always), so that a bounded
+#: ``-m soak`` run still walks every soak test; unset, the soak runs whole
+SOAK_SAMPLE = int(os.environ.get("SLUICE_SOAK_SAMPLE", "1"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # every test on Apache Kafka is marked, so `-m "not apache_kafka"` gives the suite without the JVM broker
     for item in items:
         if "apache_kafka" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.apache_kafka)
+    if SOAK_SAMPLE > 1:
+        seen: Counter[str] = Counter()
+        kept, dropped = [], []
+        for item in items:
+            if item.get_closest_marker("soak") is None:
+                kept.append(item)
+                continue
+            base = item.nodeid.split("[", 1)[0]
+            (kept if seen[base] % SOAK_SAMPLE == 0 else dropped).append(item)
+            seen[base] += 1
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
 
 #: task slots of the session's embedded Spark (local[4,1]): enough for every test's largest parallelism
