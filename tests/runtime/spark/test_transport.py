@@ -243,7 +243,9 @@ def test_a_listener_drops_the_oldest_unauthenticated_connections_over_its_cap() 
         flood = idle_connections(server.getsockname()[1], 10)
         for s in flood[:6]:  # the handshake timeout is far away: only the cap closes these
             assert closed_by_server(s)
-        wait_for(lambda: listener.dropped == 6, timeout=60)
+        # at least: another test's client retrying a port that was its broker's (a Kafka client reconnects
+        # to a killed broker for as long as it lives) can land on this listener's port and be dropped too
+        wait_for(lambda: listener.dropped >= 6, timeout=60)
         sock = rpc.connect("127.0.0.1", server.getsockname()[1], SECRET, None)  # a peer still gets through
         wait_for(lambda: len(peers) == 1, timeout=60)
         sock.close()
@@ -278,6 +280,6 @@ def test_a_handshake_has_one_deadline_for_all_of_it() -> None:
                 break
         assert closed, "the server kept a slow, unauthenticated peer"
         slow.close()
-        assert listener.dropped == 1
+        assert listener.dropped >= 1  # at least: a stray connection from another test is dropped too (above)
     finally:
         listener.close()
