@@ -34,7 +34,14 @@ from sluice.sinks.testing import read_committed
 from sluice.testing.faults import FaultInjector, HitCounter, PlannedFault
 
 from tests.faults.expected import expected_rows
-from tests.faults.plans import MODE_POINTS, _first, checkpoint_failure_plan, crash_plan, injector_for, reachable
+from tests.faults.plans import (
+    MODE_POINTS,
+    _first,
+    checkpoint_failure_plan,
+    crash_plan,
+    injector_for,
+    reachable,
+)
 from tests.faults.shapes import (
     KEYED_SHAPES,
     SHAPE,
