@@ -29,54 +29,10 @@ from sluice.connectors.generator import GeneratorSource
 from sluice.errors import RestoreError
 from sluice.runtime.job import JobConfig, RunRestore, resolve_restore
 from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
-from sluice.source import InputStatus, ReaderContext, ReaderOutput, SourceReader, SourceSplit
+
+from tests.faults.shapes import _Lingering
 
 RECORDS = 3000
-#: completed checkpoints a run of ``bounded`` waits for before its last rows, so that it retains three
-#: however slowly checkpoints are triggered on a loaded machine (a busy-loop run once ended with two)
-HELD_UNTIL = 3
-
-
-class _HeldReader(SourceReader):
-    """The generator's reader, holding each split's last batch until ``HELD_UNTIL`` checkpoints of this
-    run have completed."""
-
-    def __init__(self, inner: SourceReader, batch_size: int) -> None:
-        self.inner, self.batch_size, self.completed = inner, batch_size, 0
-        self.splits: dict[str, SourceSplit] = {}
-
-    def start(self) -> None:
-        self.inner.start()
-
-    def add_splits(self, splits: list[SourceSplit]) -> None:
-        self.splits.update({s.split_id: s for s in splits})
-        self.inner.add_splits(splits)
-
-    def notify_no_more_splits(self) -> None:
-        self.inner.notify_no_more_splits()
-
-    def poll_next(self, output: ReaderOutput) -> InputStatus:
-        if self.completed < HELD_UNTIL:
-            positions = {s.split_id: s.position for s in self.inner.snapshot_state(0)}
-            ends = {sid: s.end for sid, s in self.splits.items()}
-            if any(end is not None and end - positions.get(sid, 0) <= self.batch_size for sid, end in ends.items()):
-                return InputStatus.NOTHING_AVAILABLE
-        return self.inner.poll_next(output)
-
-    def snapshot_state(self, checkpoint_id: int) -> list[SourceSplit]:
-        return self.inner.snapshot_state(checkpoint_id)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.completed += 1
-        self.inner.notify_checkpoint_complete(checkpoint_id)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class _HeldGenerator(GeneratorSource):
-    def create_reader(self, ctx: ReaderContext) -> SourceReader:
-        return _HeldReader(super().create_reader(ctx), self.options.batch_size)
 
 
 def bounded(tmp: Path, name: str = "hist", out: str = "out") -> Pipeline:
@@ -86,7 +42,8 @@ def bounded(tmp: Path, name: str = "hist", out: str = "out") -> Pipeline:
         checkpoint=CheckpointConfig(interval=0.05, num_retained=3, storage=str(tmp / "chk")),
         restart=NoRestart(),
     )
-    src = _HeldGenerator(num_splits=2, records_per_split=RECORDS // 2, batch_size=50, rows_per_second=10000)
+    src = _Lingering(  # ends only after 3 completed checkpoints, however loaded the machine
+        num_splits=2, records_per_split=RECORDS // 2, batch_size=50, rows_per_second=10000)
     p.source(src).sink(TwoPhaseCommitTestSink(str(tmp / out)))
     return p
 
