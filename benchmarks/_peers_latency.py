@@ -38,6 +38,7 @@ class SteadyProducer(threading.Thread):
         self.prime = prime  # False: produce nothing until ``ready`` (the job is known to be running)
         self.ready, self.done, self.stop = threading.Event(), threading.Event(), threading.Event()
         self.sent, self.steady_from_ms = 0, 0
+        self.error = ""  # set (with ``done``) when the broker did not take every record
         self.rows: list[tuple[int, float, int]] = []  # (user, amount, ts) of every record produced
 
     def _one(self, p: Producer, i: int) -> None:
@@ -69,9 +70,20 @@ class SteadyProducer(threading.Thread):
                 time.sleep((j - due) / self.rate)
                 p.poll(0)
             self._one(p, i + j)
-        p.flush(60)
+        left = p.flush(60)
+        if left:
+            self.error = f"steady producer: {left} of {i + total} records to {self.topic} not delivered within 60 s"
         self.sent = i + total
         self.done.set()
+
+    def total(self) -> int | None:
+        """How many records were produced, None while producing; raises when some were not delivered, so a
+        job is not waited for up to ``--timeout`` for records that never reached the broker."""
+        if not self.done.is_set():
+            return None
+        if self.error:
+            raise RuntimeError(self.error)
+        return self.sent
 
 
 def latency_round(bench: Any, engine: str, case: str, args: argparse.Namespace) -> dict[str, float]:
@@ -88,7 +100,7 @@ def latency_round(bench: Any, engine: str, case: str, args: argparse.Namespace) 
             prod.ready.set()
 
     try:
-        run_job(bench.engine(engine)[0], cfg, watch, lambda: prod.sent if prod.done.is_set() else None,
+        run_job(bench.engine(engine)[0], cfg, watch, prod.total,
                 args.timeout, seen=seen)  # fmt: skip
     finally:
         prod.stop.set()

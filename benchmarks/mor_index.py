@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import Stopwatch, Timing, add_round_options, alternate, check_rounds, load_average, ratios  # type: ignore[import-not-found]
-from sluice.sinks.iceberg.mor.positions import file_id, unpack
+from sluice.sinks.iceberg.mor.positions import INDEX, file_id, unpack
 from sluice.sinks.iceberg.mor.writer import rebuild_index
 from sluice.state.spi import KeyBatch
 
@@ -44,11 +44,25 @@ from tests.sinks.tables.helpers import Target
 from tests.sinks.tables.upserts import Upserts
 
 
+def deleted_positions(task: Any) -> np.ndarray:
+    """The row positions of ``task``'s data file that its position-delete files name, read with pyarrow."""
+    path = task.file.file_path
+    found = [np.zeros(0, np.int64)]
+    for d in task.delete_files:
+        rows = pq.read_table(d.file_path.removeprefix("file://"), columns=["file_path", "pos"])
+        paths = rows.column("file_path").to_numpy(zero_copy_only=False)
+        found.append(rows.column("pos").to_numpy()[paths == path])
+    return np.concatenate(found)
+
+
 def check_index(job: MorJob, table: Any, scanned: pa.Table) -> None:
-    """The index holds one entry per live key and each entry's data file holds its key at its position."""
+    """The index holds one entry per live key (counted in the state backend, not from what the build says)
+    and each entry's data file holds its key at its position, a position no delete file of the table names."""
     ids = scanned.column("id").combine_chunks()
-    if job.indexed != len(ids):
-        raise RuntimeError(f"the index has {job.indexed} entries, the table {len(ids)} live rows")
+    stored = sum(len(keys) for _, keys in job.backend.encoded_keys(INDEX))
+    if stored != len(ids) or job.indexed != stored:
+        raise RuntimeError(f"the index holds {stored} entries (its build said {job.indexed}), the table "
+                           f"{len(ids)} live rows")  # fmt: skip
     present, files, pos = unpack(job.writer.index.get(KeyBatch.of([ids], job.backend.max_parallelism)))
     if not present.all():
         raise RuntimeError(f"{int((~present).sum())} live keys have no index entry")
@@ -59,6 +73,8 @@ def check_index(job: MorJob, table: Any, scanned: pa.Table) -> None:
             held = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["id"]).column("id").to_numpy()
             if (pos[at] >= len(held)).any() or not np.array_equal(held[pos[at]], keys[at]):
                 raise RuntimeError(f"index entries point at other rows than their keys' in {task.file.file_path}")
+            if np.isin(pos[at], deleted_positions(task)).any():
+                raise RuntimeError(f"index entries point at deleted rows of {task.file.file_path}")
             files[at] = 0
     if files.any():
         raise RuntimeError("index entries name data files the table does not hold")

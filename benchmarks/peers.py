@@ -148,7 +148,7 @@ class Bench:
                 prod.ready.set()
 
         try:
-            whole = run_job(self.engine(engine)[0], cfg, watch, lambda: n + prod.sent if prod.done.is_set() else None,
+            whole = run_job(self.engine(engine)[0], cfg, watch, lambda: None if (t := prod.total()) is None else n + t,
                             a.timeout, seen=seen, split=n)  # fmt: skip
         finally:
             prod.stop.set()
@@ -217,6 +217,16 @@ def record_latency(result: dict[str, Any], case: str, lat: dict[str, list[dict[s
             row[f"latency_{q}_runs"] = [round(x[q], 3) for x in xs]
 
 
+def _choice_list(ap: argparse.ArgumentParser, option: str, given: str, allowed: list[str]) -> list[str]:
+    """``given`` split at commas; an unknown name stops the run before the broker starts, in one line."""
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        what = f"unknown {', '.join(map(repr, unknown))}" if unknown else "no name given"
+        ap.error(f"{option}: {what} (allowed: {', '.join(allowed)})")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--messages", type=int, default=None, help="records (default 1,000,000; --quick 100,000)")
@@ -235,6 +245,8 @@ def main() -> None:
     ap.add_argument("--install", action="store_true", help="install the peers' venvs and jars, then exit")
     add_round_options(ap)
     args = ap.parse_args()
+    cases = _choice_list(ap, "--cases", args.cases, list(CASES))
+    engines = set(_choice_list(ap, "--engines", args.engines, list(CASES["parquet"])))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the broker and the jobs on a plain kill
     if args.quick:
         args.rounds, args.no_warmup = 1, True
@@ -249,7 +261,6 @@ def main() -> None:
         envs = install()
     if args.install:
         return
-    cases, engines = args.cases.split(","), set(args.engines.split(","))
     result: dict[str, Any] = {"messages": args.messages, "keys": args.keys, "minutes": args.minutes, "rounds": args.rounds,
                               "metric": args.metric, "quick": args.quick, "checkpoint_interval_s": INTERVAL_S,
                               "versions": VERSIONS, "loadavg_before": load_average()}  # fmt: skip

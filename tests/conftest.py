@@ -23,12 +23,22 @@ _names = itertools.count()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global SOAK_SAMPLE
     logging.getLogger("sluice").setLevel(logging.ERROR)
+    SOAK_SAMPLE = _soak_sample()
+
+
+def _soak_sample() -> int:
+    raw = os.environ.get("SLUICE_SOAK_SAMPLE", "1")
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise pytest.UsageError(f"SLUICE_SOAK_SAMPLE must be an integer >= 1 (1: the whole soak), got {raw!r}")
+    return int(raw)
 
 
 #: ``SLUICE_SOAK_SAMPLE=N`` keeps one soak case in N of each soak test (its first always), so that a bounded
-#: ``-m soak`` run still walks every soak test; unset, the soak runs whole
-SOAK_SAMPLE = int(os.environ.get("SLUICE_SOAK_SAMPLE", "1"))
+#: ``-m soak`` run still walks every soak test; unset, the soak runs whole. Read in pytest_configure, where a
+#: bad value is a usage error of one line.
+SOAK_SAMPLE = 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -296,8 +296,9 @@ class MergeOnReadCommitter(GlobalCommitter[TableFile]):
                 f"no longer holds ({len(lost)}; it changed behind the job while this checkpoint's commit was "
                 "pending), and staged deletes are row positions, not keys, so rebuild_index=True cannot place "
                 "them on the rewritten rows: restore an earlier checkpoint with allow_reprocessing=True, or start "
-                "without restore with rebuild_index=True (the changes are read again and applied to the table as "
-                "it is)"
+                "without restore with rebuild_index=True and a source that reads again from at or before this "
+                "checkpoint's offsets (e.g. KafkaSource(starting_offsets='earliest') within the topic's "
+                "retention; a source that starts later skips this checkpoint's changes)"
             )
         if lost:
             raise IndexLineageError(
