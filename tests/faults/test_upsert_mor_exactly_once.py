@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,15 @@ def hits() -> dict[str, int]:
     return dict(counter.hits)
 
 
-def until_rewritten(target: Target) -> Any:
+def until_rewritten(target: Target, until: Callable[[], bool] | None = None) -> Any:
     """STREAM for a job with the background rewrite on: two batches a checkpoint (so each attempt that has
     changes left commits several times however slow its checkpoints are, and rounds come due), and the input
-    ends only once a rewrite committed, so the job cannot finish before the round it asked for. On a loaded
+    ends only once a rewrite committed (or ``until`` holds), so the job cannot finish before the round it asked for. On a loaded
     machine a rate-paced source fitted an attempt's changes into one checkpoint commit: with ``every=2`` no
     round came due, and the rewrite check failed though nothing was wrong."""
     return Paced(num_splits=STREAM.splits, records_per_split=STREAM.per_split, batch_size=STREAM.batch,
                  rows=STREAM.rows(), name="changes", rows_per_second=RATE, chunk_batches=2,
-                 until=target.rewrote)  # fmt: skip
+                 until=until or target.rewrote)  # fmt: skip
 
 
 def check_mor(label: str, target: Target, tmp: Path, rewrites: bool, result: Any = None) -> None:
@@ -118,10 +119,15 @@ def rescale_scenario(i: int, tmp: Path, request: pytest.FixtureRequest, store: s
                 **MOR, **rewrite)  # fmt: skip
     assert isinstance(first, Exception) and faults.all_fired, f"the first run did not crash at {point}"
     check_versions(STREAM, target)
-    second = run(target, tmp, None, parallelism=3, restore="latest", source=until_rewritten(target), **MOR, **rewrite)
+    # the rescaled run must commit a rewrite of its own: one the first run committed before its crash
+    # would otherwise satisfy both the source's wait and the check
+    before = target.rewrites()
+    source = until_rewritten(target, lambda: target.rewrites() > before)
+    second = run(target, tmp, None, parallelism=3, restore="latest", source=source, **MOR, **rewrite)
     label = f"merge-on-read: crash at {point}, restore rescaled"
     check(label, target, second, True, 1, "upsert-mor-rescale", i, False)
     check_mor(label, target, tmp, True, second)
+    assert target.rewrites() > before, f"{label}: no rewrite committed after the rescaled restore"
 
 
 @pytest.mark.faults
