@@ -283,3 +283,30 @@ def test_a_handshake_has_one_deadline_for_all_of_it() -> None:
         assert listener.dropped >= 1  # at least: a stray connection from another test is dropped too (above)
     finally:
         listener.close()
+
+
+def test_what_a_peer_sent_before_it_closed_arrives_though_a_write_broke_first() -> None:
+    """A slot reports its failure, says goodbye and closes; the driver's next write (a checkpoint trigger)
+    breaks on the closed peer before its reader took the report. The report must still arrive, and the
+    connection end after it (with the write's error): else the driver names the lost connection, not the
+    failure, as the job's root cause."""
+    from sluice.runtime.spark import messages as m
+
+    ours, theirs = socket.socketpair()
+    frame = m.encode(m.Goodbye(0, 7))
+    theirs.sendall(rpc._LEN.pack(len(frame)) + frame)
+    theirs.close()
+    got: list[Any] = []
+    ended: list[BaseException | None] = []
+    done = threading.Event()
+    conn = rpc.MessageConnection(ours, got.append, lambda e: (ended.append(e), done.set()), "test")
+    conn._writer.start()  # the writer alone first: its write breaks before any read
+    deadline = time.monotonic() + 10
+    while conn._write_error is None:
+        conn.send(m.Goodbye(0, 0))
+        assert time.monotonic() < deadline, "the write to a closed peer never failed"
+        time.sleep(0.01)
+    conn._reader.start()
+    assert done.wait(10)
+    assert got == [m.Goodbye(0, 7)], got
+    assert isinstance(ended[0], OSError), ended

@@ -191,6 +191,10 @@ def shutdown(sock: socket.socket) -> None:
     sock.close()
 
 
+#: how long a connection whose write failed waits for its reader to take what the peer sent before it ended
+DRAIN_S = 2.0
+
+
 class MessageConnection:
     """Control messages over an authenticated socket: a writer thread and a reader thread.
 
@@ -212,6 +216,7 @@ class MessageConnection:
         self._out: queue.SimpleQueue[tuple[bytes, threading.Event | None] | None] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._close_once = threading.Lock()
+        self._write_error: BaseException | None = None
         self._reader = threading.Thread(target=self._read, name=f"{name}-in", daemon=True)
         self._writer = threading.Thread(target=self._write, name=f"{name}-out", daemon=True)
 
@@ -265,7 +270,14 @@ class MessageConnection:
                 if done is not None:
                     done.set()
         except (OSError, ValueError) as exc:
-            self._finish(exc)
+            # A peer that closed after its last messages (a slot's failure report) breaks the pipe of the
+            # next write; those messages may still wait unread. The reader takes them before the connection
+            # ends, so the failure they report is not lost to this write's error; a reader the peer leaves
+            # blocked (no end of stream) is cut off after DRAIN_S.
+            self._write_error = exc
+            timer = threading.Timer(DRAIN_S, self._finish, (exc,))
+            timer.daemon = True
+            timer.start()
 
     def _read(self) -> None:
         try:
@@ -273,7 +285,7 @@ class MessageConnection:
                 (n,) = _LEN.unpack(recv_exact(self.sock, _LEN.size))
                 self._on_message(messages.decode(recv_exact(self.sock, n)))
         except (OSError, ValueError, EOFError) as exc:
-            self._finish(exc if not self._closed.is_set() else None)
+            self._finish((self._write_error or exc) if not self._closed.is_set() else None)
         except BaseException as exc:  # a handler bug must not leave a silent half-open connection
             log.exception("message handler failed")
             self._finish(exc)
