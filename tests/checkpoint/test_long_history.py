@@ -60,7 +60,6 @@ class Requests:
         self.ops: collections.Counter[str] = collections.Counter()
         self.sent = 0
         self.received = 0
-        self.retried = 0
         client.meta.events.register("before-send.s3", self._send)
         client.meta.events.register("after-call.s3", self._answer)
 
@@ -72,7 +71,6 @@ class Requests:
             # a server error, which the storage's retrying() sends again (boto3's own retries are off): not
             # a request of the design. moto's server answers 500 now and then when a listing races a delete
             # (KeyError in its key dict): a soak run counted 21 listings in 20 checkpoints so
-            self.retried += 1
             return
         self.ops[model.name] += 1
         self.received += int(http_response.headers.get("content-length") or 0)
