@@ -24,6 +24,7 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
             "state.backend.rocksdb.memory.write-cache-ratio": "0.1",
             "state.backend.rocksdb.compaction.style": "UNIVERSAL",
             "state.backend.rocksdb.bloom-filter.bits-per-key": "20",
+            "state.backend.rocksdb.memory.partitioned-index-filters": "false",
             "state.backend.changelog.periodic-materialize.interval": "5 min",
             "execution.checkpointing.interval": "10 s",  # not a state key: left to the caller
         }
@@ -31,7 +32,7 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
     in_code = StateBackendConfig(
         type="rocksdb", incremental=True, local_dir=str(tmp_path), memory=512 << 20, write_buffer_ratio=0.25,
         write_cache_ratio=0.1, changelog_materialize_interval=300, compaction_style="universal",
-        bloom_bits_per_key=20,
+        bloom_bits_per_key=20, partitioned_index_filters=False,
     )  # fmt: skip
     assert from_keys == in_code
     layered = StateBackendConfig.from_settings(
@@ -61,6 +62,7 @@ def test_flink_keys_set_the_same_options_as_the_python_api(tmp_path: Path) -> No
         ({"state.backend.rocksdb.memory.write-cache-ratio": "many"}, "write-cache-ratio: 'many' is not a number"),
         ({"state.backend.rocksdb.compaction.style": "fifo"}, "compaction.style: 'fifo' is not allowed (allowed: level, universal)"),
         ({"state.backend.rocksdb.bloom-filter.bits-per-key": "0.5"}, "bloom_bits_per_key must be a number from 1 to 64"),
+        ({"state.backend.rocksdb.memory.partitioned-index-filters": "on"}, "partitioned-index-filters: 'on' is not a boolean"),
         ({"state.backend.changelog.periodic-materialize.interval": "600"}, "is not a duration"),
         ({"state.backend.changelog.enabled": "maybe"}, "state.backend.changelog.enabled: 'maybe' is not a boolean"),
         ({"state.backend.local-recovery": "1"}, "state.backend.local-recovery: '1' is not a boolean"),

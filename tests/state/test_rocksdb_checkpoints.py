@@ -210,3 +210,61 @@ def test_a_checkpoint_restores_under_the_other_compaction_style(make_backend: Ma
     write(restored, range(60_000, 70_000), 3)
     restored.snapshot(14).run()
     assert read(restored, [0, 65_000]) == [2, 3]
+
+
+def _table_options(be: Any) -> dict[str, str]:
+    """The block-based table options RocksDB wrote into the database's newest OPTIONS file."""
+    db = Path(be._db_path)
+    newest = max(db.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    lines = newest.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("[TableOptions/BlockBasedTable"))
+    out = {}
+    for line in lines[start + 1 :]:
+        if line.startswith("["):
+            break
+        if "=" in line:
+            k, v = line.strip().split("=", 1)
+            out[k] = v
+    return out
+
+
+@pytest.mark.parametrize(("before", "after"), [(True, False), (False, True)])
+def test_partitioned_index_filters_reach_rocksdb_and_a_checkpoint_restores_across_the_switch(
+    make_backend: MakeBackend, before: bool, after: bool
+) -> None:
+    """state.backend.rocksdb.memory.partitioned-index-filters sets RocksDB's index type and filter
+    partitioning (read back from the OPTIONS file RocksDB writes), and files written one way are read the other
+    way after a restore (the table format records its index type per file)."""
+    be = make_backend("rocksdb", incremental=True, partitioned_index_filters=before)
+    opts = _table_options(be)
+    assert opts["index_type"] == ("kTwoLevelIndexSearch" if before else "kBinarySearch")
+    assert opts["partition_filters"] == str(before).lower()
+    assert opts["pin_top_level_index_and_filter"] == "true"  # RocksDB's default too: only used with partitions
+    write(be, range(50_000), 1)
+    last = be.snapshot(1).run()
+    restored = make_backend("rocksdb", incremental=True, partitioned_index_filters=after)
+    restored.restore([last])
+    assert _table_options(restored)["index_type"] == ("kTwoLevelIndexSearch" if after else "kBinarySearch")
+    assert read(restored, [0, 25_000, 49_999, 50_000]) == [1, 1, 1, None]
+
+
+@pytest.mark.parametrize(("before", "after"), [("level", "universal"), ("universal", "level")])
+def test_a_restored_database_runs_with_the_options_and_memory_budget_of_the_restoring_job(
+    make_backend: MakeBackend, before: str, after: str
+) -> None:
+    """A restore opens the checkpoint's folder, which holds the OPTIONS file of the job that wrote it. The
+    database must run with the restoring job's options, not that file's: the shared block cache of the memory
+    budget (not RocksDB's default 8 MB cache of its own), its compaction style and table options."""
+    be = make_backend("rocksdb", incremental=True, compaction_style=before, memory="96 mb")
+    write(be, range(20_000), 1)
+    last = be.snapshot(1).run()
+    restored = make_backend("rocksdb", incremental=True, compaction_style=after, memory="160 mb",
+                            partitioned_index_filters=False)  # fmt: skip
+    restored.restore([last])
+    budget = restored.resources.block_cache  # type: ignore[attr-defined]
+    assert restored.db.property_int_value("rocksdb.block-cache-capacity") == budget > 100 << 20  # type: ignore[attr-defined]
+    db = Path(restored._db_path)  # type: ignore[attr-defined]
+    newest = max(db.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1])).read_text()
+    assert f"compaction_style=kCompactionStyle{after.capitalize()}" in newest
+    assert _table_options(restored)["partition_filters"] == "false"
+    assert read(restored, [0, 19_999]) == [1, 1]

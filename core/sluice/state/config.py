@@ -96,6 +96,10 @@ class StateBackendConfig(_Frozen):
             (``state.backend.rocksdb.compaction.style``; docs/state.md, *RocksDB options*).
         bloom_bits_per_key: bits per key of RocksDB's Bloom filters
             (``state.backend.rocksdb.bloom-filter.bits-per-key``); more bits, fewer reads of absent keys.
+        partitioned_index_filters: RocksDB's index and filters in 4 KiB partitions, the top level pinned
+            (``state.backend.rocksdb.memory.partitioned-index-filters``; Flink's default is off, sluice's on): a
+            point read loads one partition, not a file's whole filter; for state larger than the block cache
+            (docs/state.md, *RocksDB options*).
     """
 
     type: Literal["hashmap", "rocksdb"] = "hashmap"
@@ -110,6 +114,7 @@ class StateBackendConfig(_Frozen):
     write_cache_ratio: float = 0.25
     compaction_style: Literal["level", "universal"] = "level"
     bloom_bits_per_key: float = 16.0
+    partitioned_index_filters: bool = True
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -215,6 +220,7 @@ STATE_KEYS: dict[str, tuple[str, Any]] = {
     "state.backend.rocksdb.memory.write-cache-ratio": ("write_cache_ratio", _float),
     "state.backend.rocksdb.compaction.style": ("compaction_style", _compaction_style),
     "state.backend.rocksdb.bloom-filter.bits-per-key": ("bloom_bits_per_key", _float),
+    "state.backend.rocksdb.memory.partitioned-index-filters": ("partitioned_index_filters", _bool),
 }
 
 

@@ -112,7 +112,13 @@ class RocksDBKeyedStateBackend(RegisteringKeyedStateBackend):
 
     # -- the database ---------------------------------------------------------------------------------
     def _open(self, path: str) -> Any:
-        return rocksdict_module().Rdict(path, self.resources.options())
+        # the column family's options named explicitly: given only the database's, rocksdict opens a folder
+        # that holds an OPTIONS file (a restored checkpoint, a reopened database) with the column family
+        # options of that file, so a restored database ran with RocksDB's default 8 MB block cache of its
+        # own, outside the memory budget, and with the table and compaction options of the checkpoint's job
+        return rocksdict_module().Rdict(
+            path, self.resources.options(), column_families={"default": self.resources.options()}
+        )
 
     def open_readonly(self, path: str) -> Any:
         """Open another database folder (a checkpoint, a downloaded handle) with this backend's options."""
@@ -356,8 +362,9 @@ class RocksDBStateBackend(StateBackend):
         if self._resources is None:
             c = self.config
             self._resources = RocksResources(
-                c.memory, c.write_buffer_ratio, c.write_cache_ratio, c.compaction_style, c.bloom_bits_per_key
-            )
+                c.memory, c.write_buffer_ratio, c.write_cache_ratio, c.compaction_style, c.bloom_bits_per_key,
+                c.partitioned_index_filters,
+            )  # fmt: skip
         return self._resources
 
     def create_keyed_backend(

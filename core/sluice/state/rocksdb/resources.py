@@ -55,11 +55,13 @@ class RocksResources:
         write_cache_ratio: float = 0.0,
         compaction_style: str = "level",
         bloom_bits_per_key: float = 16.0,
+        partitioned_index_filters: bool = True,
     ) -> None:
         rd = rocksdict_module()
         self.memory = memory
         self.compaction_style = compaction_style
         self.bloom_bits_per_key = bloom_bits_per_key
+        self.partitioned_index_filters = partitioned_index_filters
         #: bytes of the write-back caches of all instances together
         self.write_cache = int(memory * write_cache_ratio)
         self.block_cache = memory - self.write_cache
@@ -87,14 +89,15 @@ class RocksResources:
         # positive a data block read. Not optimize_filters_for_hits, which drops the last level's filters:
         # lookups of absent keys would all read a block there.
         table.set_bloom_filter(self.bloom_bits_per_key, False)
-        # partitioned index and filters: a point read loads one small index and filter partition instead of a
-        # file's whole index and filter block. An SST of 10M keys has a 20 MB filter; in a block cache of a
-        # few hundred MB, random reads of many keys evicted and reloaded it (the merge-on-read index of a
-        # 10M-row table: 100k look-ups took 3.5 s, 0.6 s with partitions; docs/state.md, RocksDB options)
-        table.set_index_type(rd.BlockBasedIndexType.two_level_index_search())
-        table.set_partition_filters(True)
-        table.set_metadata_block_size(_METADATA_BLOCK)
-        table.set_pin_top_level_index_and_filter(True)
+        if self.partitioned_index_filters:
+            # a point read loads one small index and filter partition instead of a file's whole index and
+            # filter block. An SST of 10M keys has a 20 MB filter; in a block cache of a few hundred MB,
+            # random reads of many keys evicted and reloaded it (the merge-on-read index of a 10M-row table:
+            # 100k look-ups took 3.5 s, the whole pre-commit 0.8 s with partitions; docs/state.md)
+            table.set_index_type(rd.BlockBasedIndexType.two_level_index_search())
+            table.set_partition_filters(True)
+            table.set_metadata_block_size(_METADATA_BLOCK)
+            table.set_pin_top_level_index_and_filter(True)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_manager(self.write_buffer_manager)
         opts.set_write_buffer_size(max(2 * _MB, min(64 * _MB, self.write_buffers // 4)))
