@@ -18,6 +18,7 @@ Kafka is left out: decoding costs both jobs the same (docs/kafka.md measures the
 from __future__ import annotations
 
 import functools
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +126,14 @@ def upsert_vs_append(
         def run(mode: str, r: int, kind: str = kind, info: dict[str, list[dict[str, Any]]] = info) -> Timing:
             work = root / f"e2e-{kind}-{mode}-{r}"
             work.mkdir(parents=True)
-            if r == 0:  # warm-up: imports, first table creation, thread pools (a small run, checked too)
-                return run_job(kind, mode, work, 20_000, 2_000, 1.0, batch, small[mode])[0]
-            timing, figures = run_job(kind, mode, work, events, keys, interval, batch, expected[mode])
-            info[mode].append(figures)
-            return timing
+            try:
+                if r == 0:  # warm-up: imports, first table creation, thread pools (a small run, checked too)
+                    return run_job(kind, mode, work, 20_000, 2_000, 1.0, batch, small[mode])[0]
+                timing, figures = run_job(kind, mode, work, events, keys, interval, batch, expected[mode])
+                info[mode].append(figures)
+                return timing
+            finally:  # each run's table and checkpoints go once checked (30M events: several GB a run)
+                shutil.rmtree(work, ignore_errors=True)
 
         print(f"e2e {kind}: append and upsert of {events:,} events, alternated", flush=True)
         timings = alternate(["append", "upsert"], rounds, run, warmup=warmup)
