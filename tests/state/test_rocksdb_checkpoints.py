@@ -4,6 +4,7 @@ uses them."""
 
 from __future__ import annotations
 
+import configparser
 import importlib.util
 import os
 import sys
@@ -212,20 +213,17 @@ def test_a_checkpoint_restores_under_the_other_compaction_style(make_backend: Ma
     assert read(restored, [0, 65_000]) == [2, 3]
 
 
+def _rocksdb_options(be: Any, section: str) -> dict[str, str]:
+    """One section (``TableOptions/BlockBasedTable``, ``CFOptions``) of the options RocksDB wrote into the
+    database's newest OPTIONS file: what the database runs with."""
+    newest = max(Path(be._db_path).glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    parsed = configparser.ConfigParser(interpolation=None)
+    parsed.read_string(newest.read_text())
+    return dict(parsed[next(name for name in parsed.sections() if name.startswith(section))])
+
+
 def _table_options(be: Any) -> dict[str, str]:
-    """The block-based table options RocksDB wrote into the database's newest OPTIONS file."""
-    db = Path(be._db_path)
-    newest = max(db.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
-    lines = newest.read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("[TableOptions/BlockBasedTable"))
-    out = {}
-    for line in lines[start + 1 :]:
-        if line.startswith("["):
-            break
-        if "=" in line:
-            k, v = line.strip().split("=", 1)
-            out[k] = v
-    return out
+    return _rocksdb_options(be, "TableOptions/BlockBasedTable")
 
 
 @pytest.mark.parametrize(("before", "after"), [(True, False), (False, True)])
@@ -263,8 +261,6 @@ def test_a_restored_database_runs_with_the_options_and_memory_budget_of_the_rest
     restored.restore([last])
     budget = restored.resources.block_cache  # type: ignore[attr-defined]
     assert restored.db.property_int_value("rocksdb.block-cache-capacity") == budget > 100 << 20  # type: ignore[attr-defined]
-    db = Path(restored._db_path)  # type: ignore[attr-defined]
-    newest = max(db.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1])).read_text()
-    assert f"compaction_style=kCompactionStyle{after.capitalize()}" in newest
+    assert _rocksdb_options(restored, "CFOptions")["compaction_style"] == f"kCompactionStyle{after.capitalize()}"
     assert _table_options(restored)["partition_filters"] == "false"
     assert read(restored, [0, 19_999]) == [1, 1]
