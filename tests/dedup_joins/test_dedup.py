@@ -22,6 +22,7 @@ from sluice.state.api import ValueStateDescriptor
 from tests.dedup_joins import data
 from tests.dedup_joins.harness import Harness
 from tests.dedup_joins.shapes import SHAPE
+from tests.faults.backends import backend_config
 from tests.faults.shapes import BACKENDS, pipeline_of, rows_of
 
 
@@ -45,6 +46,39 @@ def test_processing_time_deduplication_keeps_each_keys_first_record(tmp_path: Pa
     p.run(runtime="local", restore="none")
     got = read_committed(f"{tmp_path}/out")
     assert got is not None and sorted(got.column("key").to_pylist()) == list(range(61))
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("key_type", [pa.timestamp("ms"), pa.timestamp("ns", "UTC"), pa.date32()], ids=str)
+def test_a_key_is_one_key_whether_or_not_its_batch_holds_a_null(backend: str, key_type: pa.DataType, tmp_path: Path) -> None:
+    """Timestamp and date keys, at parallelism 2: every other batch holds null keys. Each distinct key (null
+    included) passes once, as plain Python's first-seen set says. Before, a timestamp key hashed differently
+    in a batch with a null (and by its column's unit), so its duplicates passed; date keys failed the job."""
+    zoned = pa.types.is_timestamp(key_type) and key_type.tz is not None
+    t0 = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC if zoned else None)
+
+    def key(i: int) -> Any:
+        day = t0 + datetime.timedelta(days=i % 40) + datetime.timedelta(milliseconds=i % 3)
+        return day.date() if pa.types.is_date(key_type) else day
+
+    def rows(split: int, start: int, end: int) -> pa.RecordBatch:
+        seq = range(start, end)
+        keys = [None if s % 10 == 0 and s // 20 % 2 == 0 else key(split * 1000 + s) for s in seq]  # batches of 20
+        return pa.record_batch({"id": [split * 1000 + s for s in seq], "k": pa.array(keys, key_type)})
+
+    src = GeneratorSource(num_splits=2, records_per_split=400, batch_size=20, rows=rows)
+    expected = {row: None for split in range(2) for row in rows(split, 0, 400).column("k").to_pylist()}
+    p = Pipeline(
+        "dedup-null-keys", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"),
+        state_backend=backend_config(backend, str(tmp_path)),
+    )  # fmt: skip
+    p.source(src).deduplicate("k", within="1 h", parallelism=2).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    p.run(runtime="local", restore="none")
+    got = read_committed(f"{tmp_path}/out")
+    assert got is not None
+    keys = got.column("k").to_pylist()
+    assert len(keys) == len(set(keys)), "a key passed twice"
+    assert set(keys) == set(expected) and len(expected) > 30
 
 
 def _events(ids: list[int], keys: list[tuple[str, int]], ts: list[int]) -> pa.RecordBatch:

@@ -3,10 +3,17 @@
 The hash is stable across processes and Python versions (never ``hash()``): integers are mixed with
 splitmix64 in NumPy, other values hashed once per distinct value with BLAKE2b, so a batch costs one pass
 in C plus one Python call per *distinct* key.
+
+A key hashes the same whatever batch it comes in, as its encoding in state does (:mod:`sluice.state.keycodec`):
+timestamps as their microseconds since the epoch whatever the column's unit (the precision the encoding
+keeps), dates as their days, with or without nulls beside them in the batch; and a key's Python value
+(:func:`key_group_of`) hashes as its column does. Otherwise one key would fall in two key groups: two
+entries in state, and a duplicate let through or a join missed.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 from collections.abc import Sequence
 
@@ -39,34 +46,70 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+_EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_EPOCH_DATE = datetime.date(1970, 1, 1)
+_MICROSECOND = datetime.timedelta(microseconds=1)
+#: a timestamp unit -> (multiply by, floor-divide by) to microseconds
+_TO_MICROS = {"s": (1_000_000, 1), "ms": (1000, 1), "us": (1, 1), "ns": (1, 1000)}
+
+
 def _hash_scalar(value: object) -> int:
-    if isinstance(value, bool) or value is None:
+    if value is None:  # as a null in a column
+        return 0
+    if isinstance(value, bool):
         data = repr(value).encode()
     elif isinstance(value, int):
         return int(_splitmix(np.array([value & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0])
+    elif isinstance(value, datetime.datetime):  # as its column hashes: microseconds since the epoch
+        return _hash_scalar((value - (_EPOCH if value.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND)
+    elif isinstance(value, datetime.date):  # days since the epoch
+        return _hash_scalar((value - _EPOCH_DATE).days)
+    elif isinstance(value, float):  # -0.0 is 0.0, as in the key's encoding
+        data = repr(value + 0.0).encode()
     elif isinstance(value, bytes):
         data = value
     elif isinstance(value, str):
         data = value.encode("utf-8")
-    elif isinstance(value, tuple):
-        h = 0x345678
-        for v in value:
-            h = (h * 1000003) ^ _hash_scalar(v)
-            h &= 0xFFFFFFFFFFFFFFFF
-        return h
     else:
         data = repr(value).encode("utf-8")
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+def _as_ints(column: pa.Array) -> np.ndarray | None:
+    """The int64 values a column of ints, timestamps (microseconds since the epoch, whatever the unit) or dates
+    (days) hashes as, nulls as 0; None for other columns."""
+    t = column.type
+    if pa.types.is_integer(t):
+        ints = column
+    elif pa.types.is_timestamp(t) or pa.types.is_date64(t):
+        ints = column.cast(pa.int64())
+    elif pa.types.is_date32(t):
+        ints = column.cast(pa.int32())
+    else:
+        return None
+    if ints.null_count:
+        ints = ints.fill_null(0)
+    out = np.asarray(ints.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
+    if pa.types.is_timestamp(t) and t.unit != "us":
+        mul, div = _TO_MICROS[t.unit]
+        with np.errstate(over="ignore"):
+            out = out * mul // div
+    elif pa.types.is_date64(t):  # milliseconds of whole days
+        out = out // 86_400_000
+    return out
+
+
 def hash_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Stable 64-bit hashes of every value of ``column`` (a NumPy uint64 array)."""
+    """Stable 64-bit hashes of every value of ``column`` (a NumPy uint64 array); a null hashes as 0."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    t = column.type
-    if (pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)) and column.null_count == 0:
-        ints = column.cast(pa.int64()) if not pa.types.is_integer(t) else column
-        return _splitmix(ints.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64))
+    ints = _as_ints(column)
+    if ints is not None:
+        out = _splitmix(ints.view(np.uint64))
+        if column.null_count:
+            out[np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)] = 0
+        return out
     encoded = pc.dictionary_encode(column)
     uniques = np.array([_hash_scalar(v) for v in encoded.dictionary.to_pylist()], dtype=np.uint64)
     indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
@@ -89,8 +132,15 @@ def key_groups(hashes: np.ndarray, max_parallelism: int) -> np.ndarray:
 
 
 def key_group_of(key: object, max_parallelism: int) -> int:
-    """Key group of one key value (same result as the vectorized path)."""
-    return _hash_scalar(key) % max_parallelism
+    """Key group of one key value, a tuple for a key of several columns (the same as :func:`hash_columns`
+    and :func:`key_groups` give for the key's columns)."""
+    if not isinstance(key, tuple):
+        return _hash_scalar(key) % max_parallelism
+    h = np.array([_hash_scalar(key[0])], np.uint64)
+    for v in key[1:]:
+        with np.errstate(over="ignore"):
+            h = _splitmix(h * np.uint64(1000003) ^ np.array([_hash_scalar(v)], np.uint64))
+    return int(h[0]) % max_parallelism
 
 
 def subtask_for_key_groups(groups: np.ndarray, max_parallelism: int, parallelism: int) -> np.ndarray:
