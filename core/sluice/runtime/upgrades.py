@@ -9,7 +9,9 @@ job's and refuses a change in one line naming the operator and what changed, unl
 (``allow_changed_operators``: the old state is then read with the new settings).
 
 A checkpoint written before this record existed holds no settings: nothing is compared, except an interval
-join's, refused because its ``between`` changed meaning (Flink's since).
+join's, refused because its ``between`` changed meaning (Flink's since). A checkpoint whose keyed state was
+written before timestamp and date keys hashed as they do now (``key_hash``, :data:`KEY_HASH`) is refused
+where its key types were among those whose key groups changed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sluice.errors import RestoreError
 from sluice.graph import JobGraph, LogicalNode
 from sluice.keys import KeySelector
 
-__all__ = ["check_operator_changes", "key_config", "operator_configs"]
+__all__ = ["KEY_HASH", "check_operator_changes", "key_config", "operator_configs"]
 
 #: how a setting is named in messages; ``_ms`` settings are shown in milliseconds
 _LABELS = {
@@ -52,9 +54,22 @@ _HOW = (
 )
 
 
+#: how keys hash to key groups (sluice.state.keygroups), recorded with key types whose hashing changed: 2
+#: since timestamps hash as microseconds whatever their unit and dates as days, with or without nulls in
+#: their batch (before, a timestamp[ms] key hashed by its milliseconds, and a date key failed the job)
+KEY_HASH = 2
+
+
+def _rehashed(types: list[str]) -> bool:
+    """Whether key columns of ``types`` fell in other key groups before :data:`KEY_HASH` 2 (timestamps of a
+    unit other than microseconds, dates)."""
+    return any(t.startswith(("timestamp[s", "timestamp[ms", "timestamp[ns", "date")) for t in types)
+
+
 def key_config(key: KeySelector | None, schema: Any = None) -> dict[str, Any]:
     """The key part of an operator's settings: its key columns (or the key function's name) and, where the
-    stream's schema is known, their types (a type change moves every key to another key group)."""
+    stream's schema is known, their types (a type change moves every key to another key group), with
+    :data:`KEY_HASH` where the types are among those whose key groups changed."""
     if key is None:
         return {}
     if key._columns is None:
@@ -62,6 +77,8 @@ def key_config(key: KeySelector | None, schema: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"key": list(key._columns)}
     if schema is not None and all(schema.get_field_index(c) >= 0 for c in key._columns):
         out["key_types"] = [str(schema.field(c).type) for c in key._columns]
+        if _rehashed(out["key_types"]):
+            out["key_hash"] = KEY_HASH
     return out
 
 
@@ -98,8 +115,8 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         return [f"operator {_show('operator', old.get('operator'))} -> {_show('operator', new.get('operator'))}"]
     out = []
     for field in [*old, *(f for f in new if f not in old)]:
-        if field == "key_types" and ("key_types" not in old or "key_types" not in new):
-            continue  # a schema the job did not know when one of them was built: nothing to compare
+        if field in ("key_types", "key_hash") and (field not in old or field not in new):
+            continue  # a schema the job did not know when one of them was built (key_hash: _check_key_hash)
         if old.get(field) != new.get(field):
             label = _LABELS.get(field, field)
             out.append(f"{label} {_show(field, old.get(field))} -> {_show(field, new.get(field))}")
@@ -129,9 +146,24 @@ def check_operator_changes(path: str, metadata: dict[str, Any], job: JobGraph, h
         old = recorded.get(node.uid)
         if old is None:
             continue
+        _check_key_hash(path, node, old)
         changes = _changes(old, new)
         if changes:
             raise RestoreError(
                 f"checkpoint {path}: operator {node.name!r} (uid {node.uid!r}) changed since the checkpoint: "
                 f"{'; '.join(changes)}. Its state was written with the old settings: {_HOW}"
             )
+
+
+def _check_key_hash(path: str, node: LogicalNode, old: dict[str, Any]) -> None:
+    """Refuse keyed state written before :data:`KEY_HASH` 2 by key types whose key groups changed."""
+    types = old.get("key_types") or []
+    if "key_hash" in old or not _rehashed(types):
+        return
+    raise RestoreError(
+        f"checkpoint {path}: operator {node.name!r} (uid {node.uid!r}) is keyed by {json.dumps(types)} and was "
+        "written by an earlier sluice, in whose key groups a timestamp key depended on its column's unit and on "
+        "nulls in its batch (a date key failed the job); restore with allow_changed_operators=True (sluice run "
+        "--allow-changed-operators) to read its state as it is (a key held in another key group is not found: "
+        "a duplicate may pass once, a window may be split), or restore='none' (docs/upgrades.md)"
+    )
