@@ -134,12 +134,22 @@ def test_zero_and_nan_have_one_encoding_each() -> None:
         pa.array([datetime.datetime(2021, 5, 1, 1, 2, 3)], pa.timestamp("us")),
         pa.array([datetime.datetime(2021, 5, 1, 1, 2, 3, tzinfo=UTC)], pa.timestamp("ms", "UTC")),
         pa.array([datetime.datetime(2021, 5, 1, 1, 2, 3, tzinfo=UTC)], pa.timestamp("s", "Europe/Paris")),
+        pa.array([datetime.datetime(1969, 12, 31, 23, 59, 59, 999999), None], pa.timestamp("ns")),
+        pa.array([datetime.datetime(2021, 5, 1, tzinfo=UTC), None], pa.timestamp("ms", "+01:00")),
         pa.array(["x", "y", "x"]).dictionary_encode(),
     ],
     ids=lambda c: str(c.type),
 )
 def test_arrow_keys_encode_as_their_python_values(column: pa.Array) -> None:
     assert encode_keys([column]) == [encode_key(v) for v in column.to_pylist()]
+
+
+def test_nanosecond_timestamps_keep_their_microseconds() -> None:
+    """A timestamp key keeps microseconds (as a Python datetime does): nanoseconds below one are dropped,
+    floored, where a Python value could not be made of them at all without pandas."""
+    ns = pa.array([1_000_000_001, 1_000_000_999, -1], pa.timestamp("ns"))
+    us = pa.array([1_000_000, 1_000_000, -1], pa.timestamp("us"))
+    assert encode_keys([ns]) == encode_keys([us]) == [encode_key(v) for v in us.to_pylist()]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ tag        encoding
 ``0x03``   float64: 8 bytes, sortable (-0.0 as 0.0, one NaN)
 ``0x04``   string: u32 length, UTF-8
 ``0x05``   binary: u32 length, bytes
-``0x06``   timestamp: u8 zone length, zone name, int64 microseconds (sortable)
+``0x06``   timestamp: u8 zone length, zone name, int64 microseconds (sortable; below a microsecond dropped)
 ``0x07``   date: int32 days (sortable)
 ``0x08``   tuple (several key columns): u8 count, then each value
 =========  ===========================================================
@@ -303,11 +303,44 @@ def rows_as_bytes(rows: np.ndarray) -> list[bytes]:
     return np.ascontiguousarray(rows).view(f"V{rows.shape[1]}").ravel().tolist()
 
 
+def epoch_micros(column: pa.Array) -> np.ndarray:
+    """The microseconds since the epoch of a timestamp column's values, whatever its unit (nanoseconds
+    floored, as a Python datetime keeps them), nulls as 0: what a timestamp key is encoded and hashed as."""
+    t = column.type
+    ints = column.cast(pa.int64())
+    if ints.null_count:
+        ints = ints.fill_null(0)
+    out = np.asarray(ints.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
+    if t.unit == "us":
+        return out
+    mul, div = {"s": (1_000_000, 1), "ms": (1000, 1), "ns": (1, 1000)}[t.unit]
+    with np.errstate(over="ignore"):
+        return out * mul // div
+
+
+def _encode_timestamps(column: pa.Array) -> list[bytes]:
+    """:func:`encode_key` of each value of a timestamp column, without a Python datetime per value (which
+    a nanosecond that is not a whole microsecond cannot become without pandas)."""
+    zone = pa.scalar(0, pa.timestamp("s", column.type.tz)).as_py() if column.type.tz else None
+    head = b"\x06" + (b"\x00" if zone is None else bytes([len(name := _zone_name(zone).encode())]) + name)
+    micros = (epoch_micros(column).view(np.uint64) + np.uint64(_SIGN)).astype(">u8")
+    rows = np.empty((len(column), len(head) + 8), dtype=np.uint8)
+    rows[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
+    rows[:, len(head) :] = micros.view(np.uint8).reshape(-1, 8)
+    out = rows_as_bytes(rows)
+    if column.null_count:
+        for i in np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)).tolist():
+            out[i] = b"\x00"
+    return out
+
+
 def _encode_column(column: pa.Array) -> list[bytes]:
     t = column.type
     fixed = _fixed_column(column)
     if fixed is not None:
         return rows_as_bytes(fixed)
+    if pa.types.is_timestamp(t):
+        return _encode_timestamps(column)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
         tag = b"\x04" if pa.types.is_string(t) or pa.types.is_large_string(t) else b"\x05"
         raw_values = column.cast(pa.large_binary()).to_pylist()

@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.state.keycodec import epoch_micros
+
 __all__ = [
     "DEFAULT_MAX_PARALLELISM",
     "KeyGroupRange",
@@ -50,8 +52,6 @@ _EPOCH = datetime.datetime(1970, 1, 1)
 _EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _EPOCH_DATE = datetime.date(1970, 1, 1)
 _MICROSECOND = datetime.timedelta(microseconds=1)
-#: a timestamp unit -> (multiply by, floor-divide by) to microseconds
-_TO_MICROS = {"s": (1_000_000, 1), "ms": (1000, 1), "us": (1, 1), "ns": (1, 1000)}
 
 
 def _hash_scalar(value: object) -> int:
@@ -80,9 +80,11 @@ def _as_ints(column: pa.Array) -> np.ndarray | None:
     """The int64 values a column of ints, timestamps (microseconds since the epoch, whatever the unit) or dates
     (days) hashes as, nulls as 0; None for other columns."""
     t = column.type
+    if pa.types.is_timestamp(t):
+        return epoch_micros(column)
     if pa.types.is_integer(t):
         ints = column
-    elif pa.types.is_timestamp(t) or pa.types.is_date64(t):
+    elif pa.types.is_date64(t):
         ints = column.cast(pa.int64())
     elif pa.types.is_date32(t):
         ints = column.cast(pa.int32())
@@ -91,13 +93,7 @@ def _as_ints(column: pa.Array) -> np.ndarray | None:
     if ints.null_count:
         ints = ints.fill_null(0)
     out = np.asarray(ints.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
-    if pa.types.is_timestamp(t) and t.unit != "us":
-        mul, div = _TO_MICROS[t.unit]
-        with np.errstate(over="ignore"):
-            out = out * mul // div
-    elif pa.types.is_date64(t):  # milliseconds of whole days
-        out = out // 86_400_000
-    return out
+    return out // 86_400_000 if pa.types.is_date64(t) else out  # date64: milliseconds of whole days
 
 
 def hash_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
