@@ -10,12 +10,14 @@ must hash the same.
 from __future__ import annotations
 
 import datetime
+import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from sluice.state.keycodec import encode_key
+from sluice.state.keycodec import encode_key, encode_keys
 from sluice.state.keygroups import hash_columns, hash_values, key_group_of, key_groups
 from sluice.state.spi import KeyBatch
 
@@ -93,3 +95,50 @@ def test_hashes_that_checkpoints_already_hold_did_not_change() -> None:
     ts = pa.array([datetime.datetime(2024, 1, 1, 12)], pa.timestamp("us"))
     assert hash_values(ts).tolist() == [12020455212665614693]
     assert np.array_equal(hash_values(pa.array([7], pa.int32())), hash_values(pa.array([7], pa.int64())))
+
+
+_RND = random.Random(36)
+#: a generator of Python key values per key type that keyed state stores
+VALUES: dict[pa.DataType, Callable[[], Any]] = {
+    pa.int8(): lambda: _RND.randint(-128, 127),
+    pa.int64(): lambda: _RND.randint(-(2**63), 2**63 - 1),
+    pa.uint64(): lambda: _RND.randint(0, 2**64 - 1),
+    pa.float64(): lambda: _RND.choice([0.0, -0.0, 1.5, float("nan"), float("inf"), _RND.random()]),
+    pa.float32(): lambda: _RND.choice([0.0, -0.0, 1.5, float("inf")]),
+    pa.bool_(): lambda: _RND.random() < 0.5,
+    pa.string(): lambda: _RND.choice(["", "a", "ü", "x" * 10]),
+    pa.large_string(): lambda: _RND.choice(["", "a", "ü"]),
+    pa.binary(): lambda: _RND.choice([b"", b"\x00", b"ab"]),
+    pa.binary(2): lambda: _RND.choice([b"\x00\x01", b"ab"]),
+    pa.date32(): lambda: datetime.date(1, 1, 1) + datetime.timedelta(days=_RND.randint(0, 3_000_000)),
+    pa.date64(): lambda: datetime.date(1970, 1, 1) + datetime.timedelta(days=_RND.randint(-30_000, 30_000)),
+    pa.timestamp("s"): lambda: datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=_RND.randint(-(10**9), 10**9)),
+    pa.timestamp("ms", "UTC"): lambda: _AWARE[0] + datetime.timedelta(milliseconds=_RND.randint(-(10**12), 10**12)),
+    pa.timestamp("us", "Europe/Paris"): lambda: _AWARE[0] + datetime.timedelta(microseconds=_RND.randint(-(10**15), 10**15)),
+    pa.timestamp("ns"): lambda: _NAIVE[0] + datetime.timedelta(microseconds=_RND.randint(-(10**15), 10**15)),
+}
+
+
+@pytest.mark.parametrize("t", list(VALUES), ids=str)
+def test_every_representation_of_a_column_gives_its_values_groups_and_bytes(t: pa.DataType) -> None:
+    """Random keys of each type as Arrow hands them to an operator (plain, with a null, sliced, chunked,
+    dictionary-encoded, beside a second key column): each key's key group and encoding are those of its
+    Python value (``key_group_of``, ``encode_key``)."""
+    values = [VALUES[t]() for _ in range(50)]
+    plain = pa.array(values, t)
+    keys = plain.to_pylist()
+    groups, encoded = [key_group_of(k, MAX) for k in keys], [encode_key(k) for k in keys]
+    forms = {
+        "plain": plain,
+        "with a null": pa.array([*values, None], t),
+        "sliced": pa.array([values[0], *values], t).slice(1),
+        "chunked": pa.chunked_array([plain.slice(0, 20), plain.slice(20)]),
+        "dictionary": plain.dictionary_encode(),
+    }
+    for form, column in forms.items():
+        batch = KeyBatch.of([column], MAX)
+        assert batch.key_groups.tolist()[:50] == groups, form
+        assert encode_keys([column])[:50] == encoded, form
+    other = pa.array([_RND.randint(0, 5) for _ in values])
+    pairs = KeyBatch.of([pa.array([*values, None], t), pa.array([*other.to_pylist(), 1])], MAX)
+    assert pairs.key_groups.tolist()[:50] == [key_group_of(p, MAX) for p in zip(keys, other.to_pylist(), strict=True)]
