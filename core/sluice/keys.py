@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.errors import ConfigError
+from sluice.state.keycodec import epoch_micros
 from sluice.state.keygroups import hash_columns
 
 __all__ = ["KeySelector"]
@@ -27,6 +28,17 @@ def _state_key_type(t: pa.DataType) -> bool:
         or pa.types.is_fixed_size_binary(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)
         or pa.types.is_null(t)
     )  # fmt: skip
+
+
+def _as_microseconds(column: pa.Array) -> pa.Array:
+    """A nanosecond timestamp column as microseconds, floored as its keys are in state
+    (:func:`~sluice.state.keycodec.epoch_micros`): a Python datetime, the key a function gets, holds no
+    nanoseconds (pyarrow cannot make one of a value that is not a whole microsecond without pandas)."""
+    t = column.type
+    if not (pa.types.is_timestamp(t) and t.unit == "ns"):
+        return column
+    nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) if column.null_count else None
+    return pa.array(epoch_micros(column), pa.int64(), mask=nulls).cast(pa.timestamp("us", t.tz))
 
 
 class KeySelector:
@@ -94,7 +106,7 @@ class KeySelector:
 
         Returns (keys, row indices of each key in input order, hash of each key).
         """
-        arrays = self.arrays(batch)
+        arrays = [_as_microseconds(a) for a in self.arrays(batch)]
         if len(arrays) == 1:
             enc = pc.dictionary_encode(arrays[0])
             keys = enc.dictionary.to_pylist()

@@ -12,11 +12,15 @@ from __future__ import annotations
 import datetime
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from sluice import CheckpointConfig, KeyedProcessFunction, Pipeline, ValueStateDescriptor
+from sluice.connectors.generator import GeneratorSource
+from sluice.sinks.testing import TwoPhaseCommitTestSink, read_committed
 from sluice.state.keycodec import encode_key, encode_keys
 from sluice.state.keygroups import hash_columns, hash_values, key_group_of, key_groups
 from sluice.state.spi import KeyBatch
@@ -142,3 +146,50 @@ def test_every_representation_of_a_column_gives_its_values_groups_and_bytes(t: p
     other = pa.array([_RND.randint(0, 5) for _ in values])
     pairs = KeyBatch.of([pa.array([*values, None], t), pa.array([*other.to_pylist(), 1])], MAX)
     assert pairs.key_groups.tolist()[:50] == [key_group_of(p, MAX) for p in zip(keys, other.to_pylist(), strict=True)]
+
+
+class _Count(KeyedProcessFunction):
+    """Counts a key's rows; emits each key's count when the input ends."""
+
+    def open(self, ctx: Any) -> None:
+        self.n = ValueStateDescriptor("n", 0)
+
+    def process(self, key: Any, rows: pa.RecordBatch, ctx: Any) -> None:
+        st = ctx.state(self.n)
+        st.update(st.value() + rows.num_rows)
+        ctx.timer_service.register_event_time_timer(2**62)
+
+    def on_timer(self, timestamp: int, key: Any, ctx: Any) -> list[dict[str, Any]]:
+        return [{"k": str(key), "n": ctx.state(self.n).value()}]
+
+
+@pytest.mark.parametrize("unit", ["ns", "ms"])
+def test_a_process_function_keyed_by_timestamps_with_nulls(unit: str, tmp_path: Path) -> None:
+    """``key_by`` a timestamp column (``ns``: values that are not whole microseconds), every other batch with
+    null keys, at parallelism 2: each key (as its microseconds, as state keeps it) is counted once, in one
+    subtask. Before, an ``ns`` key failed the job (no Python datetime of it without pandas), and a timestamp
+    key in a batch with a null was routed to one subtask and hashed for another ("routed to the wrong
+    subtask")."""
+    base, step = {"ns": (1_700_000_000_000_000_000, 1_000_001), "ms": (1_700_000_000_000, 1_001)}[unit]
+
+    def micros(v: int) -> int:  # the judge: the value's microseconds, floored
+        return v // 1000 if unit == "ns" else v * 1000
+
+    def rows(split: int, start: int, end: int) -> pa.RecordBatch:
+        seq = range(start, end)
+        raw = [None if s % 10 == 0 and s // 20 % 2 == 0 else base + (split * 1000 + s) % 37 * step for s in seq]
+        return pa.record_batch({"k": pa.array(raw, pa.timestamp(unit)), "ts": pa.array([0] * len(raw), pa.int64())})
+
+    expected: dict[Any, int] = {}
+    for split in range(2):
+        for v in rows(split, 0, 400).column("k").cast(pa.int64()).to_pylist():
+            key = str(None if v is None else datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=micros(v)))
+            expected[key] = expected.get(key, 0) + 1
+    p = Pipeline("timestamp-keys", checkpoint=CheckpointConfig(interval=0.05, storage=f"{tmp_path}/chk"))
+    src = GeneratorSource(num_splits=2, records_per_split=400, batch_size=20, rows=rows)
+    p.source(src).key_by("k").process(_Count(), parallelism=2).sink(TwoPhaseCommitTestSink(f"{tmp_path}/out"))
+    p.run(runtime="local", restore="none")
+    out = read_committed(f"{tmp_path}/out")
+    assert out is not None
+    got = dict(zip(out.column("k").to_pylist(), out.column("n").to_pylist(), strict=True))
+    assert len(got) == out.num_rows and got == expected and len(expected) > 30
