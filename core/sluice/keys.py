@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.errors import ConfigError
-from sluice.state.keycodec import epoch_micros
+from sluice.state.keycodec import epoch_micros, null_mask
 from sluice.state.keygroups import hash_columns
 
 __all__ = ["KeySelector"]
@@ -37,7 +37,7 @@ def _as_microseconds(column: pa.Array) -> pa.Array:
     t = column.type
     if not (pa.types.is_timestamp(t) and t.unit == "ns"):
         return column
-    nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) if column.null_count else None
+    nulls = null_mask(column) if column.null_count else None
     return pa.array(epoch_micros(column), pa.int64(), mask=nulls).cast(pa.timestamp("us", t.tz))
 
 

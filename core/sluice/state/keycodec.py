@@ -303,6 +303,11 @@ def rows_as_bytes(rows: np.ndarray) -> list[bytes]:
     return np.ascontiguousarray(rows).view(f"V{rows.shape[1]}").ravel().tolist()
 
 
+def null_mask(column: pa.Array) -> np.ndarray:
+    """Which values of ``column`` are null (a NumPy bool array)."""
+    return np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
 def epoch_micros(column: pa.Array) -> np.ndarray:
     """The microseconds since the epoch of a timestamp column's values, whatever its unit (nanoseconds
     floored, as a Python datetime keeps them), nulls as 0: what a timestamp key is encoded and hashed as."""
@@ -329,7 +334,7 @@ def _encode_timestamps(column: pa.Array) -> list[bytes]:
     rows[:, len(head) :] = micros.view(np.uint8).reshape(-1, 8)
     out = rows_as_bytes(rows)
     if column.null_count:
-        for i in np.flatnonzero(np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)).tolist():
+        for i in np.flatnonzero(null_mask(column)).tolist():
             out[i] = b"\x00"
     return out
 

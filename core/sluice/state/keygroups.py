@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.state.keycodec import epoch_micros
+from sluice.state.keycodec import epoch_micros, null_mask
 
 __all__ = [
     "DEFAULT_MAX_PARALLELISM",
@@ -104,7 +104,7 @@ def hash_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if ints is not None:
         out = _splitmix(ints.view(np.uint64))
         if column.null_count:
-            out[np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)] = 0
+            out[null_mask(column)] = 0
         return out
     encoded = pc.dictionary_encode(column)
     uniques = np.array([_hash_scalar(v) for v in encoded.dictionary.to_pylist()], dtype=np.uint64)
